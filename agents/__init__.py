@@ -1,0 +1,1 @@
+"""Node agent: collectors (NVML, sysfs NIC, dcgm-exporter), training-side client, simulator."""

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Single-node Apache Kafka 4.x (KRaft, combined broker+controller) on loopback, for CI and
+# local development. Jars come from Maven Central through deploy/kafka/pom.xml.
+#
+#   deploy/kafka/kafka.sh start    resolve jars (once), format storage, start, wait until it answers;
+#                                  prints the bootstrap address (also in $GUARD_KAFKA_DIR/bootstrap)
+#   deploy/kafka/kafka.sh stop     stop it (SIGTERM, then SIGKILL after 30 s) and delete its data
+#   deploy/kafka/kafka.sh status   running or not, and where
+#
+# Environment: GUARD_KAFKA_DIR (work folder, default deploy/kafka/.run), GUARD_KAFKA_PORT
+# (default: a free port), KAFKA_HEAP_OPTS (default -Xms256m -Xmx768m), GUARD_KAFKA_START_TIMEOUT (s, 120).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+dir="${GUARD_KAFKA_DIR:-$here/.run}"
+lib="$dir/lib"
+pidfile="$dir/kafka.pid"
+
+log() { echo "kafka.sh: $*" >&2; }
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+resolve_jars() {
+  if [[ -f "$lib/.complete" ]]; then return; fi
+  command -v mvn >/dev/null || { log "mvn not found: install Maven (apt-get install maven)"; exit 1; }
+  command -v java >/dev/null || { log "java not found: install a JDK >= 17"; exit 1; }
+  log "resolving Apache Kafka jars from Maven Central into $lib"
+  rm -rf "$lib"; mkdir -p "$lib"
+  mvn -q -B -f "$here/pom.xml" dependency:copy-dependencies \
+      -Dstyle.color=never -DoutputDirectory="$lib" -DincludeScope=runtime >&2
+  touch "$lib/.complete"
+}
+
+is_running() { [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
+
+start() {
+  if is_running; then log "already running (pid $(cat "$pidfile"))"; cat "$dir/bootstrap"; return; fi
+  resolve_jars
+  local port="${GUARD_KAFKA_PORT:-$(free_port)}" cport
+  cport="$(free_port)"
+  rm -rf "$dir/data" "$dir/logs"; mkdir -p "$dir/data" "$dir/logs"
+  cat > "$dir/server.properties" <<PROPS
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$cport
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$dir/data
+num.partitions=1
+auto.create.topics.enable=true
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=10
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+log.retention.check.interval.ms=60000
+PROPS
+  cat > "$dir/log4j2.properties" <<PROPS
+status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = $dir/logs/server.log
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = file
+PROPS
+  local java_opts=(${KAFKA_HEAP_OPTS:--Xms256m -Xmx768m} -XX:+UseG1GC -XX:MaxGCPauseMillis=20
+                   -Djava.awt.headless=true -Dlog4j2.configurationFile="$dir/log4j2.properties")
+  local cp="$lib/*"
+  local cluster_id
+  cluster_id="$(java -cp "$cp" "${java_opts[@]}" kafka.tools.StorageTool random-uuid)"
+  java -cp "$cp" "${java_opts[@]}" kafka.tools.StorageTool format \
+       -t "$cluster_id" -c "$dir/server.properties" >"$dir/logs/format.log" 2>&1 \
+    || { log "storage format failed:"; cat "$dir/logs/format.log" >&2; exit 1; }
+  local t0=$SECONDS
+  nohup java -cp "$cp" "${java_opts[@]}" kafka.Kafka "$dir/server.properties" \
+        >"$dir/logs/stdout.log" 2>&1 &
+  echo $! >"$pidfile"
+  echo "127.0.0.1:$port" >"$dir/bootstrap"
+  local deadline=$((SECONDS + ${GUARD_KAFKA_START_TIMEOUT:-120}))
+  until grep -q "Kafka Server started" "$dir/logs/server.log" 2>/dev/null; do
+    if ! is_running; then
+      log "broker exited during start-up; last lines of its logs:"
+      tail -n 40 "$dir/logs/stdout.log" "$dir/logs/server.log" >&2 2>/dev/null || true
+      exit 1
+    fi
+    if (( SECONDS > deadline )); then
+      log "broker did not start within ${GUARD_KAFKA_START_TIMEOUT:-120} s; see $dir/logs"; stop; exit 1
+    fi
+    sleep 0.5
+  done
+  log "Apache Kafka up at 127.0.0.1:$port after $((SECONDS - t0)) s (pid $(cat "$pidfile"))"
+  echo "127.0.0.1:$port"
+}
+
+stop() {
+  if ! is_running; then log "not running"; rm -f "$pidfile"; return; fi
+  local pid; pid="$(cat "$pidfile")"
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  if kill -0 "$pid" 2>/dev/null; then log "still alive after 30 s, killing"; kill -KILL "$pid" || true; fi
+  rm -f "$pidfile"; rm -rf "$dir/data"
+  log "stopped"
+}
+
+status() {
+  if is_running; then echo "running pid $(cat "$pidfile") at $(cat "$dir/bootstrap")"; else echo "not running"; return 1; fi
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  status) status ;;
+  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac

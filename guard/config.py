@@ -1,0 +1,190 @@
+"""One settings object for every Guard service: a TOML file plus ``GUARD_*`` environment.
+
+Precedence (highest first): keyword arguments, ``GUARD_<SECTION>_<FIELD>`` environment
+variables (e.g. ``GUARD_KAFKA_BOOTSTRAP``, ``GUARD_CLICKHOUSE_DSN``), the TOML file
+(``--config``, else ``$GUARD_CONFIG``, else ``./guard.toml`` if present), the defaults.
+The object is built once by the CLI and passed in; nothing reads it from a global.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+__all__ = ["Settings", "load_settings"]
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "guard"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class KafkaSettings(Section):
+    bootstrap: str = Field(
+        "127.0.0.1:9092", description="bootstrap servers, comma-separated host:port"
+    )
+    client_id: str = "guard"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: str | None = Field(None, description="PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, ...")
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: str | None = None
+    ssl_certificate_location: str | None = None
+    ssl_key_location: str | None = None
+    ssl_key_password: SecretStr | None = None
+    extra: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="passed through to librdkafka as they are"
+    )
+    topic_prefix: str = "guard."
+    telemetry_partitions: int = Field(12, ge=1)
+    control_partitions: int = Field(3, ge=1, description="remediation, sweeps, node-state, dlq")
+    replication_factor: int = Field(1, ge=1)
+    telemetry_retention_hours: float = Field(72, gt=0)
+    dlq_retention_hours: float = Field(24 * 14, gt=0)
+    session_timeout_ms: int = Field(
+        6000, ge=1000, description="consumer session timeout; low keeps first joins fast"
+    )
+
+
+class ClickHouseSettings(Section):
+    dsn: str | None = Field(
+        None,
+        description="clickhouse-connect DSN; default chdb://<data_dir>/chdb (in-process chDB). "
+        "For a server: http://user:password@host:8123",
+    )
+    database: str = "guard"
+    ttl_days: int = Field(30, ge=0, description="raw telemetry retention, 0 keeps forever")
+    rollup_ttl_days: int = Field(365, ge=0)
+    batch_rows: int = Field(50_000, ge=1)
+    batch_seconds: float = Field(2.0, gt=0)
+
+
+class AgentSettings(Section):
+    interval_s: float = Field(1.0, gt=0)
+    job: str | None = Field(None, description="explicit job label for this node's telemetry")
+    socket_path: str = "/run/guard/agent.sock"
+    spool_dir: str | None = Field(None, description="default <data_dir>/spool")
+    spool_max_bytes: int = Field(256 << 20, ge=0)
+
+
+class StreamsSettings(Section):
+    app_id: str = "guard-streams"
+    workers: int = Field(1, ge=1)
+    web_port: int = Field(6066, ge=0)
+
+
+class OrchestratorSettings(Section):
+    scheduler: Literal["dry-run", "slurm", "kubernetes"] = "dry-run"
+    max_cordoned_fraction: float = Field(0.05, gt=0, le=1)
+    cooldown_s: float = Field(3600, ge=0)
+    webhook_url: str | None = None
+    webhook_secret: SecretStr | None = None
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="GUARD_",
+        env_nested_delimiter="_",
+        env_nested_max_split=1,
+        extra="forbid",
+        validate_assignment=True,
+    )
+
+    home: Path = Field(default_factory=_default_data_dir, description="data directory")
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
+    agent: AgentSettings = Field(default_factory=AgentSettings)
+    streams: StreamsSettings = Field(default_factory=StreamsSettings)
+    orchestrator: OrchestratorSettings = Field(default_factory=OrchestratorSettings)
+
+    _toml_file: Path | None = None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        toml_file = _CONFIG_FILE.get("path")
+        if toml_file is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
+        return tuple(sources)
+
+    @property
+    def clickhouse_dsn(self) -> str:
+        return self.clickhouse.dsn or f"chdb://{(self.home / 'chdb').resolve()}"
+
+    def topic(self, name: str) -> str:
+        """Full topic name: ``topic("gpu")`` is ``guard.gpu`` with the default prefix."""
+        return f"{self.kafka.topic_prefix}{name}"
+
+    def masked(self) -> dict[str, Any]:
+        """The effective settings as plain data, secrets shown as ``***``."""
+        data = json.loads(self.model_dump_json())
+        data["clickhouse"]["dsn"] = _mask_dsn(self.clickhouse_dsn)
+        for section in data.values():
+            if isinstance(section, dict):
+                for key in section:
+                    if _is_secret(key) and section[key] is not None:
+                        section[key] = "***"
+                if isinstance(section.get("extra"), dict):
+                    for key in section["extra"]:
+                        if _is_secret(key):
+                            section["extra"][key] = "***"
+        return data
+
+
+_CONFIG_FILE: dict[str, Path | None] = {"path": None}
+
+
+def _is_secret(key: str) -> bool:
+    return any(word in key.lower() for word in ("password", "secret", "token"))
+
+
+def _mask_dsn(dsn: str) -> str:
+    # scheme://user:password@host -> scheme://user:***@host
+    if "://" in dsn and "@" in dsn.split("://", 1)[1]:
+        scheme, rest = dsn.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        if ":" in creds:
+            creds = creds.split(":", 1)[0] + ":***"
+        return f"{scheme}://{creds}@{host}"
+    return dsn
+
+
+def load_settings(config: str | Path | None = None, **overrides: Any) -> Settings:
+    """Build the settings from a TOML file (if any), ``GUARD_*`` env and ``overrides``."""
+    path: Path | None = None
+    if config is not None:
+        path = Path(config)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {path} does not exist")
+    elif os.environ.get("GUARD_CONFIG"):
+        path = Path(os.environ["GUARD_CONFIG"])
+        if not path.is_file():
+            raise FileNotFoundError(f"GUARD_CONFIG={path} does not exist")
+    elif Path("guard.toml").is_file():
+        path = Path("guard.toml")
+    _CONFIG_FILE["path"] = path
+    try:
+        return Settings(**overrides)
+    finally:
+        _CONFIG_FILE["path"] = None

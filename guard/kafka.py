@@ -1,0 +1,262 @@
+"""Kafka plumbing: topics, producer and consumer factories, model → record, dead letters.
+
+confluent-kafka (librdkafka) is used for everything outside the faust workers. Producers
+use ``partitioner=murmur2_random`` so that a key lands on the partition faust (aiokafka,
+murmur2) expects, and stamp each record with the message's event time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from guard.config import Settings
+from guard.schemas import GuardMessage, encode
+
+__all__ = [
+    "CONTROL_TOPICS",
+    "DLQ_ERROR_HEADER",
+    "TELEMETRY_TOPICS",
+    "TOPIC_BY_KIND",
+    "BrokerUnreachable",
+    "KafkaRecord",
+    "client_config",
+    "create_topics",
+    "dead_letter",
+    "make_consumer",
+    "make_producer",
+    "produce",
+    "to_record",
+    "topic_specs",
+    "wait_for_broker",
+]
+
+#: Topic suffix (after the prefix, default ``guard.``) for each message kind.
+TOPIC_BY_KIND: dict[str, str] = {
+    "gpu": "gpu",
+    "nic": "nic",
+    "step": "steps",
+    "collective": "collectives",
+    "flag": "remediation",
+    "sweep": "sweeps",
+    "node_state": "node-state",
+}
+TELEMETRY_TOPICS = ("gpu", "nic", "steps", "collectives")
+CONTROL_TOPICS = ("remediation", "sweeps", "node-state", "dlq")
+
+DLQ_ERROR_HEADER = "guard-error"
+DLQ_SOURCE_HEADER = "guard-source"
+
+
+class BrokerUnreachable(RuntimeError):
+    """No Kafka broker answered at the configured bootstrap address."""
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaRecord:
+    topic: str
+    key: bytes | None
+    value: bytes
+    timestamp_ms: int
+
+
+def client_config(settings: Settings) -> dict[str, Any]:
+    """librdkafka settings shared by producers, consumers and the admin client."""
+    k = settings.kafka
+    conf: dict[str, Any] = {
+        "bootstrap.servers": k.bootstrap,
+        "client.id": k.client_id,
+        "security.protocol": k.security_protocol,
+    }
+    optional = {
+        "sasl.mechanism": k.sasl_mechanism,
+        "sasl.username": k.sasl_username,
+        "sasl.password": k.sasl_password.get_secret_value() if k.sasl_password else None,
+        "ssl.ca.location": k.ssl_ca_location,
+        "ssl.certificate.location": k.ssl_certificate_location,
+        "ssl.key.location": k.ssl_key_location,
+        "ssl.key.password": k.ssl_key_password.get_secret_value() if k.ssl_key_password else None,
+    }
+    conf.update({key: value for key, value in optional.items() if value is not None})
+    conf.update(k.extra)
+    return conf
+
+
+def make_producer(settings: Settings, **overrides: Any) -> Producer:
+    """An idempotent, zstd-compressing producer that partitions like faust does."""
+    conf = client_config(settings)
+    conf.update(
+        {
+            "enable.idempotence": True,
+            "acks": "all",
+            "compression.type": "zstd",
+            "linger.ms": 20,
+            "batch.size": 1_000_000,
+            "partitioner": "murmur2_random",
+            "message.timeout.ms": 120_000,
+        }
+    )
+    conf.update(overrides)
+    return Producer(conf)
+
+
+def make_consumer(
+    settings: Settings, group_id: str, topics: Iterable[str] | None = None, **overrides: Any
+) -> Consumer:
+    """A consumer that commits only when told (``enable.auto.commit`` off), from the start."""
+    conf = client_config(settings)
+    conf.update(
+        {
+            "group.id": group_id,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "session.timeout.ms": settings.kafka.session_timeout_ms,
+            "heartbeat.interval.ms": max(500, settings.kafka.session_timeout_ms // 4),
+        }
+    )
+    conf.update(overrides)
+    consumer = Consumer(conf)
+    if topics is not None:
+        consumer.subscribe(list(topics))
+    return consumer
+
+
+def to_record(settings: Settings, message: GuardMessage) -> KafkaRecord:
+    """The one place a model becomes a Kafka record: topic by kind, key per the contract."""
+    return KafkaRecord(
+        topic=settings.topic(TOPIC_BY_KIND[message.kind]),
+        key=message.kafka_key(),
+        value=encode(message),
+        timestamp_ms=int(message.ts * 1000),
+    )
+
+
+def produce(
+    producer: Producer, settings: Settings, message: GuardMessage, on_delivery: Any = None
+) -> None:
+    """Queue one message; waits (polling) instead of failing when the local queue is full."""
+    record = to_record(settings, message)
+    while True:
+        try:
+            producer.produce(
+                record.topic,
+                record.value,
+                record.key,
+                timestamp=record.timestamp_ms,
+                on_delivery=on_delivery,
+            )
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
+def dead_letter(
+    producer: Producer,
+    settings: Settings,
+    raw: bytes | None,
+    error: Exception | str,
+    source: str,
+    key: bytes | None = None,
+) -> None:
+    """Send an unusable message to the dead-letter topic, as it was, with the reason.
+
+    The value is the original bytes untouched (even when not UTF-8); the reason and the
+    source (``topic/partition/offset``) travel in headers.
+    """
+    producer.produce(
+        settings.topic("dlq"),
+        raw,
+        key,
+        headers=[(DLQ_ERROR_HEADER, str(error).encode()[:4096]), (DLQ_SOURCE_HEADER, source.encode())],
+    )
+
+
+def topic_specs(settings: Settings) -> list[NewTopic]:
+    """Every topic Guard uses, with partitions and retention."""
+    k = settings.kafka
+    hours = 3_600_000
+    specs = [
+        NewTopic(
+            settings.topic(name),
+            num_partitions=k.telemetry_partitions,
+            replication_factor=k.replication_factor,
+            config={"retention.ms": str(int(k.telemetry_retention_hours * hours))},
+        )
+        for name in TELEMETRY_TOPICS
+    ]
+    control = {
+        "remediation": {"retention.ms": str(int(k.dlq_retention_hours * hours))},
+        "sweeps": {"retention.ms": str(int(k.dlq_retention_hours * hours))},
+        # The latest state per node wins; tombstones are kept a day for slow readers.
+        "node-state": {"cleanup.policy": "compact", "delete.retention.ms": str(24 * hours)},
+        "dlq": {"retention.ms": str(int(k.dlq_retention_hours * hours))},
+    }
+    specs += [
+        NewTopic(
+            settings.topic(name),
+            num_partitions=k.control_partitions,
+            replication_factor=k.replication_factor,
+            config=config,
+        )
+        for name, config in control.items()
+    ]
+    return specs
+
+
+def wait_for_broker(settings: Settings, timeout_s: float = 15.0) -> AdminClient:
+    """An admin client once the broker answers, else :class:`BrokerUnreachable`."""
+    admin = AdminClient(client_config(settings))
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            admin.list_topics(timeout=min(5.0, max(0.5, deadline - time.monotonic())))
+            return admin
+        except KafkaException as exc:
+            last = exc
+            time.sleep(0.2)
+    raise BrokerUnreachable(
+        f"no Kafka broker answered at {settings.kafka.bootstrap} within {timeout_s:.0f} s "
+        f"({last}); start one with `guard broker` or deploy/kafka/kafka.sh start, "
+        "or set GUARD_KAFKA_BOOTSTRAP"
+    )
+
+
+def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]:
+    """Create every topic that does not exist yet. Returns topic → ``created`` | ``exists``."""
+    admin = wait_for_broker(settings, timeout_s=timeout_s)
+    existing = set(admin.list_topics(timeout=timeout_s).topics)
+    wanted = [spec for spec in topic_specs(settings) if spec.topic not in existing]
+    result = {spec.topic: "exists" for spec in topic_specs(settings) if spec.topic in existing}
+    if not wanted:
+        return result
+    futures = admin.create_topics(wanted, request_timeout=timeout_s)
+    for topic, future in futures.items():
+        try:
+            future.result(timeout=timeout_s)
+            result[topic] = "created"
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                result[topic] = "exists"
+            else:
+                raise
+    _wait_for_metadata(admin, [spec.topic for spec in wanted], timeout_s)
+    return result
+
+
+def _wait_for_metadata(admin: AdminClient, topics: list[str], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        metadata = admin.list_topics(timeout=timeout_s)
+        if all(
+            t in metadata.topics and metadata.topics[t].partitions and not metadata.topics[t].error
+            for t in topics
+        ):
+            return
+        time.sleep(0.1)

@@ -1,0 +1,94 @@
+"""ClickHouse connection, migrations and batched inserts from wire models.
+
+The same client (clickhouse-connect) talks to chDB in-process (``chdb:///path``) and to a
+ClickHouse server over HTTP. A chDB path can be open in one process only: in embedded
+mode one process owns the store and other commands ask it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import clickhouse_connect
+
+from guard.config import Settings
+from guard.schemas import GuardMessage
+from guard.schemas.tables import TABLES, ddl_statements, rows_by_table
+
+__all__ = ["StoreUnavailable", "connect", "insert_messages", "migrate"]
+
+
+class StoreUnavailable(RuntimeError):
+    """ClickHouse could not be reached or opened."""
+
+
+def connect(settings: Settings) -> Any:
+    """A clickhouse-connect client for the configured DSN."""
+    dsn = settings.clickhouse_dsn
+    if dsn.startswith("chdb://"):
+        Path(dsn.removeprefix("chdb://")).mkdir(parents=True, exist_ok=True)
+    try:
+        return clickhouse_connect.get_client(dsn=dsn)
+    except Exception as exc:
+        hint = (
+            " (a chDB path can be open in one process only: is a `guard sink` or `guard demo`"
+            " using it? Point GUARD_CLICKHOUSE_DSN elsewhere or ask that process)"
+            if dsn.startswith("chdb://")
+            else ""
+        )
+        raise StoreUnavailable(f"cannot open ClickHouse at {_safe(dsn)}: {exc}{hint}") from exc
+
+
+def migrate(client: Any, settings: Settings) -> list[str]:
+    """Create the database, tables, rollup and view if missing. Safe to run again."""
+    statements = ddl_statements(
+        settings.clickhouse.database,
+        ttl_days=settings.clickhouse.ttl_days,
+        rollup_ttl_days=settings.clickhouse.rollup_ttl_days,
+    )
+    for statement in statements:
+        client.command(statement)
+    return [t.name for t in TABLES] + ["gpu_1m", "gpu_1m_mv"]
+
+
+def insert_messages(
+    client: Any,
+    settings: Settings,
+    messages: Iterable[GuardMessage],
+    dedup_token: str | None = None,
+) -> dict[str, int]:
+    """Insert messages as rows, one batch per table. Returns rows written per table.
+
+    With ``dedup_token`` (e.g. the Kafka offsets the batch came from), retrying the same
+    batch is a no-op instead of a second copy.
+    """
+    written: dict[str, int] = {}
+    database = settings.clickhouse.database
+    for table_name, rows in rows_by_table(messages).items():
+        table = next(t for t in TABLES if t.name == table_name)
+        settings_arg: dict[str, Any] = {}
+        if dedup_token is not None:
+            token = hashlib.blake2b(f"{dedup_token}/{table_name}".encode(), digest_size=16)
+            settings_arg = {
+                "insert_deduplicate": 1,
+                "insert_deduplication_token": token.hexdigest(),
+                "deduplicate_blocks_in_dependent_materialized_views": 1,
+            }
+        client.insert(
+            f"`{database}`.`{table_name}`",
+            rows,
+            column_names=table.column_names,
+            settings=settings_arg,
+        )
+        written[table_name] = len(rows)
+    return written
+
+
+def _safe(dsn: str) -> str:
+    if "@" in dsn and "://" in dsn:
+        scheme, rest = dsn.split("://", 1)
+        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+    return dsn

@@ -1,0 +1,135 @@
+"""JSON encoding and decoding of wire messages, with one error type for every bad input.
+
+Decoding goes straight from bytes to models in pydantic-core (Rust), without an
+intermediate dict; encoding drops null optional fields. Any invalid input — garbage
+bytes, non-UTF-8, wrong types, missing fields, oversized or deeply nested values —
+raises :class:`SchemaError`, which names the kind and the field when they are known.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Union
+
+from pydantic import Field, TypeAdapter, ValidationError
+
+from .messages import (
+    CollectiveTiming,
+    Flag,
+    GpuSample,
+    GuardMessage,
+    NicSample,
+    NodeState,
+    StepTiming,
+    SweepResult,
+)
+
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "MODELS",
+    "Message",
+    "SchemaError",
+    "decode",
+    "encode",
+    "json_schemas",
+    "parse_message",
+]
+
+#: Largest message accepted, bytes. A real sample is a few hundred bytes; a flag's evidence
+#: or a sweep's checks a few kilobytes.
+MAX_MESSAGE_BYTES = 1 << 20
+
+MODELS: dict[str, type[GuardMessage]] = {
+    "gpu": GpuSample,
+    "nic": NicSample,
+    "step": StepTiming,
+    "collective": CollectiveTiming,
+    "flag": Flag,
+    "sweep": SweepResult,
+    "node_state": NodeState,
+}
+
+Message = Annotated[
+    Union[GpuSample, NicSample, StepTiming, CollectiveTiming, Flag, SweepResult, NodeState],
+    Field(discriminator="kind"),
+]
+
+_MESSAGE_ADAPTER: TypeAdapter[Any] = TypeAdapter(Message)
+
+
+class SchemaError(ValueError):
+    """An input that is not a valid wire message.
+
+    ``kind`` and ``field`` name what was wrong when they could be told (``None`` when the
+    input was not even a JSON object); ``reason`` says why in words.
+    """
+
+    def __init__(self, reason: str, kind: str | None = None, field: str | None = None):
+        self.reason = reason
+        self.kind = kind
+        self.field = field
+        where = f"{kind or 'unknown'} message"
+        if field:
+            where += f", field '{field}'"
+        super().__init__(f"{where}: {reason}")
+
+
+def parse_message(data: bytes | bytearray | memoryview | str) -> GuardMessage:
+    """Parse one message of any kind, dispatching on its ``kind`` field."""
+    return _validate(_MESSAGE_ADAPTER.validate_json, data, None)
+
+
+def decode(data: bytes | bytearray | memoryview | str, kind: str) -> GuardMessage:
+    """Parse one message that must be of ``kind`` (faster when the topic tells the kind)."""
+    model = MODELS.get(kind)
+    if model is None:
+        raise SchemaError(f"unknown kind {kind!r}; known kinds: {', '.join(MODELS)}")
+    message = _validate(model.model_validate_json, data, kind)
+    return message
+
+
+def encode(message: GuardMessage) -> bytes:
+    """The compact JSON of a message, without null optional fields."""
+    return message.__pydantic_serializer__.to_json(message, exclude_none=True)
+
+
+def json_schemas() -> dict[str, dict[str, Any]]:
+    """JSON Schema of every message kind, keyed by kind."""
+    return {kind: model.model_json_schema(mode="validation") for kind, model in MODELS.items()}
+
+
+def _validate(validator: Any, data: Any, kind: str | None) -> GuardMessage:
+    if isinstance(data, memoryview):
+        data = data.tobytes()
+    if not isinstance(data, (bytes, bytearray, str)):
+        raise SchemaError(f"expected bytes or str, got {type(data).__name__}", kind)
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise SchemaError(f"message is {len(data)} bytes; the limit is {MAX_MESSAGE_BYTES}", kind)
+    try:
+        return validator(data)  # type: ignore[no-any-return]
+    except ValidationError as exc:
+        raise _schema_error(exc, kind) from None
+    except (ValueError, RecursionError, MemoryError) as exc:  # defensive: parser limits
+        raise SchemaError(f"unreadable input ({type(exc).__name__}: {exc})", kind) from None
+
+
+def _schema_error(exc: ValidationError, kind: str | None) -> SchemaError:
+    first = exc.errors(include_url=False, include_input=False)[0]
+    loc = [str(part) for part in first.get("loc", ())]
+    kind_found = kind
+    error_type = first.get("type", "")
+    if error_type == "json_invalid":
+        return SchemaError(f"not valid JSON: {first.get('msg', '')}", kind)
+    if error_type in ("union_tag_invalid", "union_tag_not_found"):
+        ctx = first.get("ctx") or {}
+        tag = ctx.get("tag")
+        if tag is not None and error_type == "union_tag_invalid":
+            return SchemaError(f"unknown kind {tag!r}; known kinds: {', '.join(MODELS)}", None, "kind")
+        return SchemaError("missing 'kind'", None, "kind")
+    if kind is None and loc and loc[0] in MODELS:
+        kind_found, loc = loc[0], loc[1:]
+    field = ".".join(loc) or None
+    reason = first.get("msg", "invalid")
+    more = exc.error_count() - 1
+    if more:
+        reason += f" (and {more} more error{'s' if more > 1 else ''})"
+    return SchemaError(reason, kind_found, field)

@@ -1,0 +1,268 @@
+"""Wire contract v1: one pydantic model per message kind.
+
+Every message is one JSON object with the common fields ``kind``, ``v``, ``ts``, ``node``
+and ``job``. Unknown fields are ignored so that newer producers can add fields without
+breaking older consumers; limits on strings and collections keep a hostile or broken
+producer from making a worker allocate without bound.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+
+__all__ = [
+    "CATEGORIES",
+    "NODE_STATES",
+    "SEVERITIES",
+    "CollectiveTiming",
+    "ConnectionStat",
+    "Flag",
+    "GpuSample",
+    "GuardMessage",
+    "NicSample",
+    "NodeState",
+    "StepTiming",
+    "SweepCheck",
+    "SweepResult",
+    "stable_id",
+]
+
+# Hostnames are at most 253 characters; jobs, devices and communicators get the same bound.
+Name = Annotated[str, Field(min_length=1, max_length=253)]
+ShortText = Annotated[str, Field(max_length=4096)]
+Count = Annotated[int, Field(ge=0, le=2**64 - 1)]
+Index = Annotated[int, Field(ge=0, le=1_000_000)]
+Seconds = Annotated[float, Field(ge=0.0)]
+EpochSeconds = Annotated[float, Field(ge=0.0, le=32503680000.0)]  # up to year 3000
+
+CATEGORIES = (
+    "straggler",
+    "thermal",
+    "power",
+    "clock",
+    "nic",
+    "link",
+    "comm_slow",
+    "comm_hang",
+    "gpu_error",
+    "imbalance",
+    "anomaly",
+)
+SEVERITIES = ("info", "warning", "critical")
+NODE_STATES = ("healthy", "suspect", "cordoned", "sweeping", "failed", "repair")
+
+Category = Literal[
+    "straggler",
+    "thermal",
+    "power",
+    "clock",
+    "nic",
+    "link",
+    "comm_slow",
+    "comm_hang",
+    "gpu_error",
+    "imbalance",
+    "anomaly",
+]
+Severity = Literal["info", "warning", "critical"]
+NodeStateName = Literal["healthy", "suspect", "cordoned", "sweeping", "failed", "repair"]
+
+
+class GuardMessage(BaseModel):
+    """Fields every message carries."""
+
+    model_config = ConfigDict(
+        extra="ignore",
+        allow_inf_nan=False,
+        frozen=False,
+        str_max_length=4096,
+        validate_default=False,
+    )
+
+    kind: str
+    v: int = Field(1, ge=1, le=1000, description="contract version")
+    ts: EpochSeconds = Field(description="event time, UNIX epoch seconds (UTC)")
+    node: Name = Field(description="host name of the node the message is about")
+    job: Name | None = Field(None, description="training job id, null when not known")
+
+    #: Kafka record key field for this kind (see ARCHITECTURE.md, wire contract).
+    key_field: ClassVar[str] = "node"
+
+    def kafka_key(self) -> bytes | None:
+        value = getattr(self, self.key_field, None)
+        if value is None:  # a job-level flag has no node: key it by its job
+            value = self.job
+        return value.encode() if value is not None else None
+
+
+class GpuSample(GuardMessage):
+    """One NVML sample of one GPU (all metrics optional: not every GPU supports every one)."""
+
+    kind: Literal["gpu"] = "gpu"
+    gpu: Index = Field(description="GPU index on the node")
+    uuid: Name | None = None
+    temp_c: float | None = Field(None, ge=-273.15, le=1000, description="core temperature, deg C")
+    power_w: float | None = Field(None, ge=0, le=100_000, description="power draw, W")
+    power_limit_w: float | None = Field(None, ge=0, le=100_000, description="enforced limit, W")
+    sm_clock_mhz: float | None = Field(None, ge=0, le=100_000, description="SM clock, MHz")
+    sm_clock_max_mhz: float | None = Field(None, ge=0, le=100_000, description="max SM clock, MHz")
+    mem_clock_mhz: float | None = Field(None, ge=0, le=100_000, description="memory clock, MHz")
+    util_pct: float | None = Field(None, ge=0, le=100, description="GPU utilisation, %")
+    mem_util_pct: float | None = Field(None, ge=0, le=100, description="memory utilisation, %")
+    clock_event_reasons: Count | None = Field(
+        None,
+        description="NVML clocks-event bitmask: 0x1 idle, 0x4 sw power cap, 0x8 hw slowdown, "
+        "0x20 sw thermal, 0x40 hw thermal, 0x80 hw power brake",
+    )
+    ecc_sbe_total: Count | None = Field(None, description="cumulative single-bit ECC errors")
+    ecc_dbe_total: Count | None = Field(None, description="cumulative double-bit ECC errors")
+    xid: Annotated[int, Field(ge=0, le=1_000_000)] | None = Field(
+        None, description="last Xid error in the interval"
+    )
+    pcie_replay_total: Count | None = Field(None, description="cumulative PCIe replays")
+
+
+class NicSample(GuardMessage):
+    """Cumulative counters of one NIC port, under their sysfs / ethtool names."""
+
+    kind: Literal["nic"] = "nic"
+    device: Name = Field(description="RDMA device, e.g. mlx5_0")
+    port: Index = Field(description="port number on the device")
+    netdev: Name | None = Field(None, description="network interface, e.g. ib0 or eth2")
+    link_up: bool | None = None
+    speed_gbps: float | None = Field(None, ge=0, le=100_000, description="link rate, Gb/s")
+    counters: dict[Annotated[str, Field(max_length=128)], Count] = Field(
+        default_factory=dict, max_length=512, description="cumulative counters"
+    )
+
+
+class StepTiming(GuardMessage):
+    """One training iteration of one rank."""
+
+    kind: Literal["step"] = "step"
+    key_field: ClassVar[str] = "job"
+    job: Name = Field(description="training job id")  # type: ignore[assignment]
+    rank: Index = Field(description="global rank")
+    gpu: Index | None = Field(None, description="local GPU index")
+    step: Annotated[int, Field(ge=0)] = Field(description="iteration number")
+    step_s: Seconds = Field(description="wall time of the iteration, s")
+    compute_s: Seconds | None = Field(
+        None, description="busy time before entering the step's synchronising collective(s), s"
+    )
+    pp_stage: Index | None = Field(None, description="pipeline stage")
+    dp_rank: Index | None = Field(None, description="data-parallel rank")
+    tokens: Count | None = Field(None, description="tokens processed in the iteration")
+
+
+class ConnectionStat(BaseModel):
+    """Transfer statistics of one connection of a collective."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    rank: Index = Field(description="peer rank")
+    bytes: Count = Field(description="bytes moved on this connection")
+    duration_s: Seconds = Field(description="transfer time on this connection, s")
+
+
+class CollectiveTiming(GuardMessage):
+    """One rank's view of one collective operation."""
+
+    kind: Literal["collective"] = "collective"
+    key_field: ClassVar[str] = "job"
+    job: Name = Field(description="training job id")  # type: ignore[assignment]
+    rank: Index = Field(description="global rank")
+    comm: Name = Field(description="communicator id")
+    op: Annotated[str, Field(min_length=1, max_length=64)] = Field(
+        description="allreduce, allgather, reducescatter, broadcast, send, recv, ..."
+    )
+    seq: Annotated[int, Field(ge=0)] = Field(description="sequence number within the communicator")
+    bytes: Count = Field(description="payload size, bytes")
+    arrive_ts: EpochSeconds = Field(description="when this rank entered the op, epoch s")
+    end_ts: EpochSeconds | None = Field(None, description="when it left; null while running")
+    peers: list[ConnectionStat] | None = Field(None, max_length=65_536)
+
+
+class Flag(GuardMessage):
+    """A detector's finding. ``node`` null: about the job as a whole; never triggers a sweep."""
+
+    kind: Literal["flag"] = "flag"
+    node: Name | None = None  # type: ignore[assignment]
+    id: Annotated[str, Field(min_length=1, max_length=128)] = Field(
+        description="stable id: the same evidence gives the same id"
+    )
+    gpu: Index | None = None
+    device: Name | None = None
+    rank: Index | None = None
+    detector: Annotated[str, Field(min_length=1, max_length=128)]
+    category: Category
+    severity: Severity
+    score: float = Field(description="detector-specific strength of the finding")
+    evidence: dict[str, JsonValue] = Field(default_factory=dict, max_length=256)
+    window_s: Seconds | None = Field(None, description="length of the evidence window, s")
+
+    @property
+    def is_claim(self) -> bool:
+        """Warning and critical flags claim a node (or link) is at fault; info flags observe."""
+        return self.severity != "info"
+
+
+class SweepCheck(BaseModel):
+    """One check of a sweep, with its verdict."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    name: Annotated[str, Field(min_length=1, max_length=128)]
+    value: float | None = None
+    unit: Annotated[str, Field(max_length=32)] = ""
+    baseline: float | None = None
+    passed: bool
+    detail: ShortText = ""
+
+
+class SweepResult(GuardMessage):
+    """Outcome of a single-node or multi-node sweep of ``node``."""
+
+    kind: Literal["sweep"] = "sweep"
+    id: Annotated[str, Field(min_length=1, max_length=128)]
+    sweep: Literal["single", "multi"]
+    peers: list[Name] = Field(default_factory=list, max_length=1024)
+    checks: list[SweepCheck] = Field(default_factory=list, max_length=1024)
+    passed: bool
+
+
+class NodeState(GuardMessage):
+    """A node-health state transition (compacted topic: the latest per node wins)."""
+
+    kind: Literal["node_state"] = "node_state"
+    state: NodeStateName
+    prev: NodeStateName | None = None
+    reason: ShortText = ""
+    actor: Annotated[str, Field(max_length=128)] = ""
+
+    @field_validator("reason", mode="before")
+    @classmethod
+    def _null_reason_is_empty(cls, value: Any) -> Any:
+        return "" if value is None else value
+
+
+def stable_id(*parts: object) -> str:
+    """A short, stable id from evidence parts: the same parts always give the same id.
+
+    >>> stable_id("peer_straggler", "node-7", 3, 1700000000.0) == stable_id(
+    ...     "peer_straggler", "node-7", 3, 1700000000.0)
+    True
+    >>> len(stable_id("thermal", "node-7"))
+    24
+    """
+    text = "\x1f".join("" if p is None else _canonical(p) for p in parts)
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+def _canonical(part: object) -> str:
+    if isinstance(part, float):
+        return repr(part) if math.isfinite(part) else "nan"
+    return str(part)

@@ -1,0 +1,1 @@
+"""faust stream processors and the ClickHouse sink: transport around ``guard.detectors``."""

@@ -1,0 +1,1 @@
+"""Sweep orchestrator: policy, node-state machine, scheduler adapters, sweep checks, webhook."""

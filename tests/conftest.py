@@ -1,0 +1,57 @@
+"""Shared fixtures: a real Kafka broker for the session and isolated settings per test.
+
+The broker is the one ``GUARD_KAFKA_BOOTSTRAP`` names (CI: real Apache Kafka started by
+``.ci/run``); without it the session starts the embedded Tansu broker itself. Each test
+gets its own topic prefix and data directory, so tests never see each other's messages.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from guard.config import Settings, load_settings
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    bootstrap = os.environ.get("GUARD_KAFKA_BOOTSTRAP")
+    if bootstrap:
+        yield bootstrap
+        return
+    from guard.broker import EmbeddedBroker
+
+    with EmbeddedBroker() as broker:
+        yield broker.bootstrap
+
+
+@pytest.fixture
+def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """Settings with a private data directory and topic prefix; Kafka not started."""
+    for name in list(os.environ):
+        if name.startswith("GUARD_") and name != "GUARD_KAFKA_BOOTSTRAP":
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    return load_settings(
+        home=tmp_path / "home",
+        kafka={
+            "bootstrap": os.environ.get("GUARD_KAFKA_BOOTSTRAP", "127.0.0.1:9"),
+            "topic_prefix": f"t{uuid.uuid4().hex[:10]}.",
+            "telemetry_partitions": 3,
+            "control_partitions": 2,
+        },
+    )
+
+
+@pytest.fixture
+def kafka_settings(settings: Settings, kafka_bootstrap: str) -> Settings:
+    """Settings pointing at the session's real broker, with Guard's topics created."""
+    from guard.kafka import create_topics
+
+    settings.kafka.bootstrap = kafka_bootstrap
+    create_topics(settings)
+    return settings

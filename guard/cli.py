@@ -65,7 +65,10 @@ def cmd_db_migrate(args: argparse.Namespace, settings: Settings) -> int:
         created = migrate(client, settings)
     finally:
         client.close()
-    print(f"schema ready in {settings.clickhouse.database} at {settings.masked()['clickhouse']['dsn']}:")
+    print(
+        f"schema ready in {settings.clickhouse.database} "
+        f"at {settings.masked()['clickhouse']['dsn']}:"
+    )
     for name in created:
         print(f"  {name}")
     return 0
@@ -125,10 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="guard",
         description="Find grey GPU nodes and stragglers in training jobs; manage node health.",
     )
-    parser.add_argument("--config", help="TOML config file (default: $GUARD_CONFIG or ./guard.toml)")
+    parser.add_argument(
+        "--config", help="TOML config file (default: $GUARD_CONFIG or ./guard.toml)"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, handler: Handler, help_text: str, parent: Any = sub) -> argparse.ArgumentParser:
+    def add(
+        name: str, handler: Handler, help_text: str, parent: Any = sub
+    ) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = parent.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(handler=handler)
         return p
@@ -150,10 +157,14 @@ def build_parser() -> argparse.ArgumentParser:
     db = sub.add_parser("db", help="ClickHouse schema").add_subparsers(dest="sub", required=True)
     add("migrate", cmd_db_migrate, "create the ClickHouse schema (idempotent)", db)
 
-    config = sub.add_parser("config", help="configuration").add_subparsers(dest="sub", required=True)
+    config = sub.add_parser("config", help="configuration").add_subparsers(
+        dest="sub", required=True
+    )
     add("show", cmd_config_show, "print the effective configuration, secrets masked", config)
 
-    schema = sub.add_parser("schema", help="wire contract").add_subparsers(dest="sub", required=True)
+    schema = sub.add_parser("schema", help="wire contract").add_subparsers(
+        dest="sub", required=True
+    )
     p = add("export", cmd_schema_export, "write one JSON Schema file per message kind", schema)
     p.add_argument("dir")
 

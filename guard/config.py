@@ -89,10 +89,85 @@ class StreamsSettings(Section):
 
 class OrchestratorSettings(Section):
     scheduler: Literal["dry-run", "slurm", "kubernetes"] = "dry-run"
-    max_cordoned_fraction: float = Field(0.05, gt=0, le=1)
-    cooldown_s: float = Field(3600, ge=0)
+    max_cordoned_fraction: float = Field(
+        0.05,
+        gt=0,
+        le=1,
+        description="cap on nodes out of the pool on suspicion (cordoned, sweeping, failed) at "
+        "once, as a fraction of the cluster; at least one node is always allowed",
+    )
+    cooldown_s: float = Field(
+        3600, ge=0, description="a node flagged again this soon after passing a sweep goes to repair"
+    )
     webhook_url: str | None = None
     webhook_secret: SecretStr | None = None
+    # policy
+    min_severity: Literal["warning", "critical"] = Field(
+        "warning", description="weakest flag severity that makes a node suspect (info never does)"
+    )
+    sweep_categories: list[str] = Field(
+        default_factory=lambda: [
+            "straggler",
+            "thermal",
+            "power",
+            "clock",
+            "nic",
+            "link",
+            "comm_slow",
+            "comm_hang",
+            "gpu_error",
+            "anomaly",
+        ],
+        description="flag categories that can start a sweep",
+    )
+    persist_flags: int = Field(
+        2, ge=1, description="distinct warning flags that make a suspect node worth a sweep"
+    )
+    persistence_s: float = Field(
+        120, ge=0, description="or: warning evidence spanning this long (window and repeats), s"
+    )
+    suspect_ttl_s: float = Field(
+        600, gt=0, description="a suspect node with no new flag for this long is healthy again"
+    )
+    max_flag_age_s: float = Field(
+        1800, gt=0, description="flags older than this (event time vs now) are ignored as stale"
+    )
+    cap_counts_repair: bool = Field(
+        False, description="count nodes in repair against max_cordoned_fraction"
+    )
+    cluster_size: int | None = Field(
+        None, ge=1, description="nodes in the cluster; default: len(nodes), the scheduler's "
+        "inventory, else the nodes seen so far"
+    )
+    nodes: list[str] = Field(default_factory=list, description="node inventory (sweep peers)")
+    # sweeps
+    executor: Literal["local", "simulated"] = Field(
+        "local", description="local: run sweep_checks as commands; simulated: from a truth file"
+    )
+    sweep_checks: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="local executor checks: {name, command, unit, baseline, min|max, sweep, "
+        "timeout_s, pattern}; empty: the built-in host checks",
+    )
+    simulated_truth: str | None = Field(
+        None, description="simulator TRUTH.json for the simulated executor"
+    )
+    multi_sweep_peers: int = Field(2, ge=0, le=2, description="healthy peers in a multi sweep")
+    sweep_timeout_s: float = Field(1800, gt=0)
+    sweep_workers: int = Field(4, ge=1, description="sweeps run at once (threads)")
+    # scheduler adapters
+    slurm_scontrol: str = Field("scontrol", description="scontrol executable")
+    kubeconfig: str | None = Field(None, description="default: in-cluster, else ~/.kube/config")
+    kube_context: str | None = None
+    kube_taint_key: str = "guard.io/suspect"
+    # webhook
+    webhook_retries: int = Field(5, ge=0, description="retries after the first attempt")
+    webhook_backoff_s: float = Field(0.5, gt=0, description="first retry delay, doubled each time")
+    webhook_timeout_s: float = Field(5.0, gt=0)
+    webhook_queue: int = Field(1000, ge=1, description="pending notifications kept; oldest dropped")
+    # runtime
+    group_id: str = "guard-orchestrator"
+    actor: str = Field("orchestrator", description="actor written on node states")
 
 
 class Settings(BaseSettings):

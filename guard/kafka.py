@@ -172,7 +172,10 @@ def dead_letter(
         settings.topic("dlq"),
         raw,
         key,
-        headers=[(DLQ_ERROR_HEADER, str(error).encode()[:4096]), (DLQ_SOURCE_HEADER, source.encode())],
+        headers=[
+            (DLQ_ERROR_HEADER, str(error).encode()[:4096]),
+            (DLQ_SOURCE_HEADER, source.encode()),
+        ],
     )
 
 

@@ -1,6 +1,16 @@
 """Guard's single vocabulary: wire messages (contract v1), their codec, and table rows."""
 
-from .codec import MAX_MESSAGE_BYTES, MODELS, Message, SchemaError, decode, encode, json_schemas, parse_message
+from .codec import (
+    MAX_MESSAGE_BYTES,
+    MODELS,
+    Message,
+    SchemaError,
+    decode,
+    encode,
+    from_dict,
+    json_schemas,
+    parse_message,
+)
 from .messages import (
     CATEGORIES,
     NODE_STATES,
@@ -38,6 +48,7 @@ __all__ = [
     "SweepResult",
     "decode",
     "encode",
+    "from_dict",
     "json_schemas",
     "parse_message",
     "stable_id",

@@ -30,6 +30,7 @@ __all__ = [
     "SchemaError",
     "decode",
     "encode",
+    "from_dict",
     "json_schemas",
     "parse_message",
 ]
@@ -78,6 +79,16 @@ def parse_message(data: bytes | bytearray | memoryview | str) -> GuardMessage:
     return _validate(_MESSAGE_ADAPTER.validate_json, data, None)
 
 
+def from_dict(data: dict[str, Any]) -> GuardMessage:
+    """Validate an already-parsed JSON object (e.g. a line read by another JSON library)."""
+    if not isinstance(data, dict):
+        raise SchemaError(f"expected a JSON object, got {type(data).__name__}")
+    try:
+        return _MESSAGE_ADAPTER.validate_python(data)  # type: ignore[no-any-return]
+    except ValidationError as exc:
+        raise _schema_error(exc, None) from None
+
+
 def decode(data: bytes | bytearray | memoryview | str, kind: str) -> GuardMessage:
     """Parse one message that must be of ``kind`` (faster when the topic tells the kind)."""
     model = MODELS.get(kind)
@@ -123,7 +134,9 @@ def _schema_error(exc: ValidationError, kind: str | None) -> SchemaError:
         ctx = first.get("ctx") or {}
         tag = ctx.get("tag")
         if tag is not None and error_type == "union_tag_invalid":
-            return SchemaError(f"unknown kind {tag!r}; known kinds: {', '.join(MODELS)}", None, "kind")
+            return SchemaError(
+                f"unknown kind {tag!r}; known kinds: {', '.join(MODELS)}", None, "kind"
+            )
         return SchemaError("missing 'kind'", None, "kind")
     if kind is None and loc and loc[0] in MODELS:
         kind_found, loc = loc[0], loc[1:]

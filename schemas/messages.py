@@ -145,7 +145,7 @@ class StepTiming(GuardMessage):
 
     kind: Literal["step"] = "step"
     key_field: ClassVar[str] = "job"
-    job: Name = Field(description="training job id")  # type: ignore[assignment]
+    job: Name = Field(description="training job id")
     rank: Index = Field(description="global rank")
     gpu: Index | None = Field(None, description="local GPU index")
     step: Annotated[int, Field(ge=0)] = Field(description="iteration number")
@@ -173,7 +173,7 @@ class CollectiveTiming(GuardMessage):
 
     kind: Literal["collective"] = "collective"
     key_field: ClassVar[str] = "job"
-    job: Name = Field(description="training job id")  # type: ignore[assignment]
+    job: Name = Field(description="training job id")
     rank: Index = Field(description="global rank")
     comm: Name = Field(description="communicator id")
     op: Annotated[str, Field(min_length=1, max_length=64)] = Field(

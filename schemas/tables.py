@@ -26,7 +26,7 @@ from .messages import (
     SweepResult,
 )
 
-__all__ = ["Column", "Table", "TABLES", "TABLE_BY_KIND", "ddl_statements", "rows_by_table"]
+__all__ = ["TABLES", "TABLE_BY_KIND", "Column", "Table", "ddl_statements", "rows_by_table"]
 
 TS = "DateTime64(6, 'UTC') CODEC(DoubleDelta, ZSTD(1))"
 F32 = "Nullable(Float32) CODEC(ZSTD(1))"

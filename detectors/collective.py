@@ -1,0 +1,355 @@
+"""Collective homogeneity (C4D): every collective is a synchronisation point, so compare ranks.
+
+In a healthy bulk-synchronous job the ranks of one communicator enter each collective at
+about the same time and every connection moves its bytes at about the same speed. Per job,
+per communicator and sequence number, this detector finds:
+
+* **non-communication slow** — the rank that persistently arrives late: its lateness
+  ``(arrive - median arrive) / typical interval between collectives`` goes through the same
+  persistence rule as :mod:`~guard.detectors.peer_straggler` (category ``straggler``); this is
+  also the fallback when ranks report no ``compute_s``;
+* **communication slow** — connections slower per byte than the op's median; a node whose
+  connections to other nodes are persistently slow is at fault (category ``comm_slow``;
+  a single slow link between two otherwise healthy nodes is attributed to both ends);
+* **hang** — an op that has not ended ``hang_factor`` times the communicator's typical
+  duration (and at least ``hang_min_s``) after its first rank arrived. Ranks that never
+  arrived are at fault (``comm_hang``, critical, on their nodes: a non-communication hang);
+  when every rank arrived but some never left, it is a communication hang of the job, and
+  the job-level flag lists the ranks stuck inside.
+
+Call :meth:`tick` with the current event time (the engine does) so hangs are found while no
+messages of the job arrive.
+
+Parameters
+----------
+job
+    The job this detector watches.
+rule
+    Persistence thresholds for late arrival.
+link_rule
+    Persistence thresholds for slow connections.
+close_lag
+    Sequence numbers after which an op is closed even if ranks are missing.
+hang_factor, hang_min_s
+    An op is hung after ``max(hang_min_s, hang_factor * typical duration)`` seconds.
+
+References
+----------
+Dong et al., "Boosting Large-scale Parallel Training Efficiency with C4: A
+Communication-Driven Approach" (HPCA 2025): C4D classifies communication hang,
+non-communication hang, communication slow and non-communication slow.
+
+Example
+-------
+>>> from guard.schemas import CollectiveTiming
+>>> from guard.detectors.collective import CollectiveHomogeneityDetector
+>>> det = CollectiveHomogeneityDetector("job-a")
+>>> found = []
+>>> for seq in range(12):
+...     t0 = 1000.0 + 2.0 * seq
+...     for rank in range(8):
+...         late = 0.2 if (rank == 2 and seq >= 2) else 0.002 * (rank % 3)
+...         found += det.learn_one(CollectiveTiming(ts=t0 + 0.6, node=f"n{rank}", job="job-a",
+...             rank=rank, comm="dp", op="allreduce", seq=seq, bytes=1 << 20,
+...             arrive_ts=t0 + late, end_ts=t0 + 0.5))
+>>> [(f.node, f.category, f.evidence["metric"]) for f in found]
+[('n2', 'straggler', 'arrival_lateness')]
+>>> found = det.tick(1100.0)  # the next op never started: nothing is hung
+>>> found
+[]
+
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from guard.schemas import CollectiveTiming
+
+from .findings import Finding
+from .persistence import DeviationTracker, PersistenceRule
+from .robust import mad_sigma, median
+
+__all__ = ["CollectiveHomogeneityDetector"]
+
+_SMOOTHING = 0.1
+
+
+class _Round:
+    __slots__ = ("arrive", "conns", "end", "first_arrive", "hung", "ts")
+
+    def __init__(self) -> None:
+        self.arrive: dict[int, float] = {}
+        self.end: dict[int, float | None] = {}
+        self.conns: dict[tuple[int, int], float] = {}  # (rank, peer) -> seconds per byte
+        self.first_arrive = float("inf")
+        self.hung = False
+        self.ts = 0.0
+
+
+class CollectiveHomogeneityDetector:
+    """Per-job C4D-style comparison of collective arrival, connection speed and completion."""
+
+    name = "c4d"
+
+    def __init__(
+        self,
+        job: str,
+        rule: PersistenceRule | None = None,
+        link_rule: PersistenceRule | None = None,
+        close_lag: int = 2,
+        hang_factor: float = 20.0,
+        hang_min_s: float = 20.0,
+        min_peers: int = 4,
+    ) -> None:
+        self.job = job
+        self.rule = rule or PersistenceRule(min_residual=0.02, min_mean=0.02)
+        self.link_rule = link_rule or PersistenceRule(min_residual=0.15, min_mean=0.15, z=4.0)
+        self.close_lag = close_lag
+        self.hang_factor = hang_factor
+        self.hang_min_s = hang_min_s
+        self.min_peers = min_peers
+        self.rounds: dict[tuple[str, int], _Round] = {}
+        self.members: dict[str, set[int]] = {}
+        self.closed_through: dict[str, int] = {}
+        self.expected: dict[str, int] = {}
+        self.last_center: dict[str, float] = {}
+        self.interval: dict[str, float] = {}
+        self.duration: dict[str, float] = {}
+        self.sigma: dict[str, float] = {}
+        self.link_sigma = 0.0
+        self.node_of: dict[int, str] = {}
+        self.late: dict[tuple[str, int], DeviationTracker] = {}
+        self.slow_nodes: dict[str, DeviationTracker] = {}
+
+    # --- input -----------------------------------------------------------------------------
+
+    def learn_one(self, msg: CollectiveTiming) -> list[Finding]:
+        comm, seq, rank = msg.comm, msg.seq, msg.rank
+        self.node_of[rank] = msg.node
+        members = self.members.get(comm)
+        if members is None:
+            members = self.members[comm] = set()
+        members.add(rank)
+        if seq <= self.closed_through.get(comm, -1):
+            return []
+        key = (comm, seq)
+        rnd = self.rounds.get(key)
+        if rnd is None:
+            rnd = self.rounds[key] = _Round()
+        rnd.arrive[rank] = msg.arrive_ts
+        if msg.arrive_ts < rnd.first_arrive:
+            rnd.first_arrive = msg.arrive_ts
+        rnd.end[rank] = msg.end_ts
+        if msg.ts > rnd.ts:
+            rnd.ts = msg.ts
+        if msg.peers and msg.end_ts is not None:
+            for peer in msg.peers:
+                if peer.bytes > 0 and peer.duration_s > 0.0:
+                    pair = (rank, peer.rank) if rank < peer.rank else (peer.rank, rank)
+                    rnd.conns[pair] = max(rnd.conns.get(pair, 0.0), peer.duration_s / peer.bytes)
+        found: list[Finding] = []
+        ended = sum(1 for e in rnd.end.values() if e is not None)
+        expected = self.expected.get(comm, 0)
+        if expected and ended >= expected:
+            found += self._close(comm, seq)
+        oldest = min((s for c, s in self.rounds if c == comm), default=seq)
+        if seq - oldest >= self.close_lag:
+            found += self._close(comm, seq - self.close_lag)
+        return found
+
+    def tick(self, now: float) -> list[Finding]:
+        """Look for hung ops at event time ``now``."""
+        found: list[Finding] = []
+        for (comm, seq), rnd in self.rounds.items():
+            if rnd.hung:
+                continue
+            limit = max(self.hang_min_s, self.hang_factor * self.duration.get(comm, 0.0))
+            if now - rnd.first_arrive > limit:
+                rnd.hung = True
+                found += self._hang(comm, seq, rnd, now)
+        return found
+
+    def flush(self) -> list[Finding]:
+        found: list[Finding] = []
+        for comm, seq in sorted(self.rounds):
+            if (comm, seq) in self.rounds and not self.rounds[(comm, seq)].hung:
+                found += self._close(comm, seq)
+        return found
+
+    # --- evaluation ------------------------------------------------------------------------
+
+    def _close(self, comm: str, last: int) -> list[Finding]:
+        found: list[Finding] = []
+        for key in sorted(k for k in self.rounds if k[0] == comm and k[1] <= last):
+            rnd = self.rounds.pop(key)
+            self.closed_through[comm] = max(self.closed_through.get(comm, -1), key[1])
+            self.expected[comm] = max(self.expected.get(comm, 0), len(rnd.arrive))
+            if rnd.hung:
+                continue
+            found += self._arrivals(comm, key[1], rnd)
+            found += self._connections(comm, key[1], rnd)
+        return found
+
+    def _arrivals(self, comm: str, seq: int, rnd: _Round) -> list[Finding]:
+        arrive = rnd.arrive
+        ends = [e for e in rnd.end.values() if e is not None]
+        center = median(list(arrive.values()))
+        if ends:
+            dur = max(ends) - center
+            prev = self.duration.get(comm)
+            self.duration[comm] = dur if prev is None else prev + _SMOOTHING * (dur - prev)
+        last_center = self.last_center.get(comm)
+        self.last_center[comm] = center
+        if last_center is None or center <= last_center:
+            return []
+        gap = center - last_center
+        prev_gap = self.interval.get(comm)
+        # the median gap is robust to a skipped op; smoothing keeps it stable across steps
+        interval = gap if prev_gap is None else prev_gap + _SMOOTHING * (min(gap, 3 * prev_gap) - prev_gap)
+        self.interval[comm] = interval
+        if len(arrive) < self.min_peers or interval <= 0.0:
+            return []
+        residuals = {r: (a - center) / interval for r, a in arrive.items()}
+        step_sigma = mad_sigma(list(residuals.values()), 0.0)
+        sigma = self.sigma.get(comm)
+        sigma = step_sigma if sigma is None else sigma + _SMOOTHING * (step_sigma - sigma)
+        self.sigma[comm] = sigma
+        found: list[Finding] = []
+        for rank, residual in residuals.items():
+            key = (comm, rank)
+            tracker = self.late.get(key)
+            if tracker is None:
+                tracker = self.late[key] = DeviationTracker()
+            event = tracker.update(residual, sigma, self.rule, rnd.ts)
+            if event is None:
+                continue
+            mean = tracker.slow_mean()
+            evidence: dict[str, Any] = {
+                "metric": "arrival_lateness",
+                "comm": comm,
+                "seq": seq,
+                "late_pct_of_interval": round(100.0 * mean, 1),
+                "interval_s": round(interval, 6),
+                "late_ops": f"{tracker.slow_rounds()}/{len(tracker.residuals)}",
+                "since_ts": tracker.since_ts,
+            }
+            found.append(
+                Finding(
+                    detector=self.name,
+                    category="straggler",
+                    severity="warning",
+                    node=self.node_of.get(rank),
+                    ts=rnd.ts,
+                    since=tracker.since_ts,
+                    score=round(mean, 4),
+                    job=self.job,
+                    rank=rank,
+                    evidence=evidence,
+                    clear=event == "clear",
+                )
+            )
+        return found
+
+    def _connections(self, comm: str, seq: int, rnd: _Round) -> list[Finding]:
+        if len(rnd.conns) < self.min_peers:
+            return []
+        center = median(list(rnd.conns.values()))
+        if center <= 0.0:
+            return []
+        node_of = self.node_of
+        per_node: dict[str, list[float]] = {}
+        for (a, b), spb in rnd.conns.items():
+            na, nb = node_of.get(a), node_of.get(b)
+            if na is None or nb is None or na == nb:
+                continue
+            r = spb / center - 1.0
+            per_node.setdefault(na, []).append(r)
+            per_node.setdefault(nb, []).append(r)
+        if len(per_node) < self.min_peers:
+            return []
+        node_res = {n: median(v) for n, v in per_node.items()}
+        step_sigma = mad_sigma(list(node_res.values()), 0.0)
+        self.link_sigma = (
+            step_sigma if not self.link_sigma else self.link_sigma + _SMOOTHING * (step_sigma - self.link_sigma)
+        )
+        found: list[Finding] = []
+        for node, residual in node_res.items():
+            tracker = self.slow_nodes.get(node)
+            if tracker is None:
+                tracker = self.slow_nodes[node] = DeviationTracker()
+            event = tracker.update(residual, self.link_sigma, self.link_rule, rnd.ts)
+            if event is None:
+                continue
+            mean = tracker.slow_mean()
+            evidence: dict[str, Any] = {
+                "metric": "connection_s_per_byte",
+                "comm": comm,
+                "seq": seq,
+                "slower_than_peers_pct": round(100.0 * mean, 1),
+                "connections": len(per_node[node]),
+                "slow_ops": f"{tracker.slow_rounds()}/{len(tracker.residuals)}",
+                "since_ts": tracker.since_ts,
+            }
+            found.append(
+                Finding(
+                    detector=self.name,
+                    category="comm_slow",
+                    severity="warning",
+                    node=node,
+                    ts=rnd.ts,
+                    since=tracker.since_ts,
+                    score=round(mean, 4),
+                    job=self.job,
+                    evidence=evidence,
+                    clear=event == "clear",
+                )
+            )
+        return found
+
+    def _hang(self, comm: str, seq: int, rnd: _Round, now: float) -> list[Finding]:
+        members = self.members.get(comm, set())
+        missing = sorted(members - set(rnd.arrive))
+        stuck = sorted(r for r, e in rnd.end.items() if e is None)
+        base: dict[str, Any] = {
+            "comm": comm,
+            "seq": seq,
+            "waiting_s": round(now - rnd.first_arrive, 3),
+            "typical_duration_s": round(self.duration.get(comm, 0.0), 6),
+        }
+        if missing:
+            by_node: dict[str, list[int]] = {}
+            for rank in missing:
+                node = self.node_of.get(rank)
+                if node is not None:
+                    by_node.setdefault(node, []).append(rank)
+            return [
+                Finding(
+                    detector=self.name,
+                    category="comm_hang",
+                    severity="critical",
+                    node=node,
+                    ts=now,
+                    since=rnd.first_arrive,
+                    score=1.0,
+                    job=self.job,
+                    rank=ranks[0],
+                    evidence={**base, "hang": "non_communication", "ranks_never_arrived": ranks},
+                )
+                for node, ranks in sorted(by_node.items())
+            ]
+        if not stuck:
+            return []
+        return [
+            Finding(
+                detector=self.name,
+                category="comm_hang",
+                severity="critical",
+                node=None,
+                ts=now,
+                since=rnd.first_arrive,
+                score=1.0,
+                job=self.job,
+                evidence={**base, "hang": "communication", "ranks_stuck_inside": stuck},
+            )
+        ]

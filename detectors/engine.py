@@ -1,0 +1,271 @@
+"""The detection engine: routes a time-ordered message stream to the detectors, returns flags.
+
+State is partitioned the way Kafka partitions the telemetry (ARCHITECTURE.md):
+
+* :class:`NodeDetectors` — one per **node** (``gpu`` and ``nic`` messages, key ``node``):
+  GPU sampling rounds, thermal, power, clock, GPU-error and NIC rules;
+* :class:`JobDetectors` — one per **job** (``step`` and ``collective`` messages, key
+  ``job``): peer straggler, C4D collective homogeneity, step-time regression;
+* :class:`~guard.detectors.fusion.NodeFusion` — one per **node**: turns findings into flags;
+  :class:`~guard.detectors.fusion.JobFusion` one per job for job-level findings.
+
+Each partition is a small, picklable object; :class:`DetectionEngine` holds them in dicts
+and is what ``guard backtest`` runs. A streams worker that owns some keys keeps the same
+objects in its tables: for a message, ``part = engine.node(key)`` or ``engine.job(key)``,
+``findings = part.process(message)``, then ``engine.fuse(findings)`` gives the flags; call
+``engine.tick(now)`` every few seconds of event time (hang and lost-GPU checks) and
+``snapshot()`` / :meth:`DetectionEngine.restore` (or pickle a single partition) to
+checkpoint.
+
+Parameters
+----------
+tick_s
+    Event-time period of the hang and lost-GPU checks when messages drive the clock.
+
+Example
+-------
+>>> from guard.schemas import GpuSample
+>>> from guard.detectors.engine import DetectionEngine
+>>> engine = DetectionEngine()
+>>> flags = []
+>>> for t in range(6):
+...     for g in range(8):
+...         flags += engine.process(GpuSample(ts=100.0 + 10 * t + 0.01 * g, node="n1", gpu=g,
+...                                           temp_c=60.0, xid=48 if (g == 3 and t == 2) else None))
+>>> [(f.node, f.gpu, f.category, f.severity) for f in flags]
+[('n1', 3, 'gpu_error', 'critical')]
+>>> restored = DetectionEngine.restore(engine.snapshot())
+>>> sorted(restored.nodes) == ["n1"]
+True
+
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+
+from guard.schemas import CollectiveTiming, Flag, GpuSample, GuardMessage, NicSample, StepTiming
+
+from .clocks import ClockDetector
+from .collective import CollectiveHomogeneityDetector
+from .findings import Finding
+from .fusion import JobFusion, NodeFusion
+from .gpu_errors import GpuErrorDetector
+from .gpu_round import GpuRound
+from .nic import NicDetector
+from .peer_straggler import PeerStragglerDetector
+from .power import PowerDetector
+from .step_regression import StepRegressionDetector
+from .thermal import ThermalDetector
+
+__all__ = ["DetectionEngine", "EngineConfig", "JobDetectors", "NodeDetectors"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Switches of the engine (detector thresholds live in each detector's defaults)."""
+
+    tick_s: float = 5.0
+    node_telemetry: bool = True
+    stragglers: bool = True
+    collectives: bool = True
+    step_regression: bool = True
+    detector_args: dict[str, dict[str, object]] = field(default_factory=dict)
+
+
+class NodeDetectors:
+    """Node-keyed state: everything computed from one node's ``gpu`` and ``nic`` samples."""
+
+    __slots__ = ("clocks", "errors", "job", "nic", "node", "power", "round", "thermal")
+
+    def __init__(self, node: str, config: EngineConfig | None = None) -> None:
+        args = (config or EngineConfig()).detector_args
+        self.node = node
+        self.job: str | None = None
+        self.round = GpuRound()
+        self.thermal = ThermalDetector(**args.get("thermal", {}))  # type: ignore[arg-type]
+        self.power = PowerDetector(**args.get("power", {}))  # type: ignore[arg-type]
+        self.clocks = ClockDetector(**args.get("clocks", {}))  # type: ignore[arg-type]
+        self.errors = GpuErrorDetector(**args.get("gpu_errors", {}))  # type: ignore[arg-type]
+        self.nic = NicDetector(**args.get("nic", {}))  # type: ignore[arg-type]
+
+    def process(self, msg: GuardMessage) -> list[Finding]:
+        if msg.job is not None:
+            self.job = msg.job
+        if isinstance(msg, GpuSample):
+            found = self.errors.learn_one(msg)
+            closed = self.round.add(msg)
+            if closed is not None:
+                found += self._evaluate(closed)
+            return found
+        if isinstance(msg, NicSample):
+            return self.nic.learn_one(msg)
+        return []
+
+    def tick(self, now: float) -> list[Finding]:
+        return self.errors.check_lost(self.node, self.job, now)
+
+    def flush(self) -> list[Finding]:
+        closed = self.round.flush()
+        return self._evaluate(closed) if closed else []
+
+    def _evaluate(self, samples: dict[int, GpuSample]) -> list[Finding]:
+        ts = max(s.ts for s in samples.values())
+        job = self.job
+        return (
+            self.thermal.evaluate(self.node, job, samples, ts)
+            + self.power.evaluate(self.node, job, samples, ts)
+            + self.clocks.evaluate(self.node, job, samples, ts)
+        )
+
+
+class JobDetectors:
+    """Job-keyed state: everything computed from one job's ``step`` and ``collective`` messages."""
+
+    __slots__ = ("collectives", "job", "regression", "stragglers")
+
+    def __init__(self, job: str, config: EngineConfig | None = None) -> None:
+        cfg = config or EngineConfig()
+        args = cfg.detector_args
+        self.job = job
+        self.stragglers = (
+            PeerStragglerDetector(job, **args.get("peer_straggler", {}))  # type: ignore[arg-type]
+            if cfg.stragglers
+            else None
+        )
+        self.collectives = (
+            CollectiveHomogeneityDetector(job, **args.get("c4d", {}))  # type: ignore[arg-type]
+            if cfg.collectives
+            else None
+        )
+        self.regression = (
+            StepRegressionDetector(job, **args.get("step_regression", {}))  # type: ignore[arg-type]
+            if cfg.step_regression
+            else None
+        )
+
+    def process(self, msg: GuardMessage) -> list[Finding]:
+        if isinstance(msg, StepTiming):
+            found: list[Finding] = []
+            if self.stragglers is not None:
+                found += self.stragglers.learn_one(msg)
+            if self.regression is not None:
+                found += self.regression.learn_one(msg)
+            return found
+        if isinstance(msg, CollectiveTiming) and self.collectives is not None:
+            return self.collectives.learn_one(msg)
+        return []
+
+    def tick(self, now: float) -> list[Finding]:
+        return self.collectives.tick(now) if self.collectives is not None else []
+
+    def flush(self) -> list[Finding]:
+        found: list[Finding] = []
+        for det in (self.stragglers, self.collectives, self.regression):
+            if det is not None:
+                found += det.flush()
+        return found
+
+
+class DetectionEngine:
+    """All partitions of a backtest (or of one streams worker) and their fusion."""
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.nodes: dict[str, NodeDetectors] = {}
+        self.jobs: dict[str, JobDetectors] = {}
+        self.node_fusion: dict[str, NodeFusion] = {}
+        self.job_fusion: dict[str, JobFusion] = {}
+        self.watermark = 0.0
+        self.last_tick = 0.0
+
+    def node(self, node: str) -> NodeDetectors:
+        part = self.nodes.get(node)
+        if part is None:
+            part = self.nodes[node] = NodeDetectors(node, self.config)
+        return part
+
+    def job(self, job: str) -> JobDetectors:
+        part = self.jobs.get(job)
+        if part is None:
+            part = self.jobs[job] = JobDetectors(job, self.config)
+        return part
+
+    def process(self, msg: GuardMessage) -> list[Flag]:
+        """Feed one message (in event-time order, give or take a little); return new flags."""
+        kind = msg.kind
+        if kind == "gpu" or kind == "nic":
+            found = self.node(msg.node).process(msg) if self.config.node_telemetry else []
+        elif kind == "step" or kind == "collective":
+            found = self.job(msg.job).process(msg) if msg.job is not None else []
+        else:
+            found = []
+        flags = self.fuse(found) if found else []
+        if msg.ts > self.watermark:
+            self.watermark = msg.ts
+            if msg.ts - self.last_tick >= self.config.tick_s:
+                flags += self.tick(msg.ts)
+        return flags
+
+    def tick(self, now: float) -> list[Flag]:
+        """Time-driven checks (hangs, lost GPUs) at event time ``now``."""
+        self.last_tick = now
+        found: list[Finding] = []
+        for job in self.jobs.values():
+            found += job.tick(now)
+        if self.config.node_telemetry:
+            for node in self.nodes.values():
+                found += node.tick(now)
+        return self.fuse(found) if found else []
+
+    def flush(self) -> list[Flag]:
+        """End of input: evaluate what is still pending."""
+        found: list[Finding] = []
+        for node in self.nodes.values():
+            found += node.flush()
+        for job in self.jobs.values():
+            found += job.flush()
+        return self.fuse(found)
+
+    def fuse(self, findings: list[Finding]) -> list[Flag]:
+        """Flags from findings, through the node's (or job's) fusion state."""
+        flags: list[Flag] = []
+        for f in findings:
+            if f.node is not None:
+                fusion = self.node_fusion.get(f.node)
+                if fusion is None:
+                    fusion = self.node_fusion[f.node] = NodeFusion(f.node)
+                flag = fusion.update(f)
+            else:
+                key = f.job or ""
+                job_fusion = self.job_fusion.get(key)
+                if job_fusion is None:
+                    job_fusion = self.job_fusion[key] = JobFusion(key)
+                flag = job_fusion.update(f)
+            if flag is not None:
+                flags.append(flag)
+        return flags
+
+    def snapshot(self) -> bytes:
+        """The whole state, pickled (a checkpoint)."""
+        return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
+
+    @classmethod
+    def restore(cls, data: bytes) -> DetectionEngine:
+        engine = pickle.loads(data)
+        if not isinstance(engine, cls):
+            raise TypeError(f"snapshot holds a {type(engine).__name__}, not a DetectionEngine")
+        return engine
+
+    def state_bytes(self) -> dict[str, int]:
+        """Pickled size of each partition family, for the state budget (bytes)."""
+        def size(obj: object) -> int:
+            return len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+        return {
+            "nodes": sum(size(p) for p in self.nodes.values()),
+            "jobs": sum(size(p) for p in self.jobs.values()),
+            "fusion": sum(size(p) for p in self.node_fusion.values())
+            + sum(size(p) for p in self.job_fusion.values()),
+        }

@@ -1,0 +1,146 @@
+"""GPU error detector: Xid errors, double-bit ECC increases and lost GPUs are critical.
+
+These need no statistics and no persistence: one event is enough.
+
+* an Xid reported in a sample (a new value, or the same value again after a clean sample);
+* an increase of the cumulative ``ecc_dbe_total`` (a decrease is a counter reset — driver
+  reload, agent restart — and only re-baselines);
+* a lost GPU: Xid 79 ("fallen off the bus"), or a GPU that stops reporting for ``lost_after_s``
+  while at least ``min_siblings`` other GPUs of the node keep reporting (a whole node that
+  goes quiet is an agent or telemetry gap, not a GPU fault).
+
+Parameters
+----------
+lost_after_s
+    Silence of one GPU, while its siblings report, that counts as lost.
+min_siblings
+    Siblings that must keep reporting.
+ignore_xids
+    Xids that are application errors rather than hardware faults (none by default).
+
+References
+----------
+NVIDIA, "Xid Errors" (GPU deployment and management documentation).
+
+Example
+-------
+>>> from guard.schemas import GpuSample
+>>> from guard.detectors.gpu_errors import GpuErrorDetector
+>>> det = GpuErrorDetector()
+>>> det.learn_one(GpuSample(ts=1.0, node="n1", gpu=0, ecc_dbe_total=0))
+[]
+>>> det.learn_one(GpuSample(ts=2.0, node="n1", gpu=0, ecc_dbe_total=0, xid=None))
+[]
+>>> [(f.severity, f.evidence["error"]) for f in det.learn_one(
+...     GpuSample(ts=3.0, node="n1", gpu=0, ecc_dbe_total=2, xid=48))]
+[('critical', 'xid'), ('critical', 'ecc_dbe')]
+>>> det.learn_one(GpuSample(ts=4.0, node="n1", gpu=0, ecc_dbe_total=0))  # reset: no error
+[]
+
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from guard.schemas import GpuSample
+
+from .findings import Finding
+
+__all__ = ["LOST_GPU_XID", "GpuErrorDetector"]
+
+LOST_GPU_XID = 79
+
+
+class _GpuErrorState:
+    __slots__ = ("dbe", "last_ts", "lost", "xid")
+
+    def __init__(self) -> None:
+        self.dbe: int | None = None
+        self.xid: int | None = None
+        self.last_ts = 0.0
+        self.lost = False
+
+
+class GpuErrorDetector:
+    """Per-node detector of hard GPU errors."""
+
+    name = "gpu_errors"
+
+    def __init__(
+        self,
+        lost_after_s: float = 60.0,
+        min_siblings: int = 3,
+        ignore_xids: frozenset[int] = frozenset(),
+    ) -> None:
+        self.lost_after_s = lost_after_s
+        self.min_siblings = min_siblings
+        self.ignore_xids = ignore_xids
+        self.gpus: dict[int, _GpuErrorState] = {}
+
+    def learn_one(self, s: GpuSample) -> list[Finding]:
+        st = self.gpus.get(s.gpu)
+        if st is None:
+            st = self.gpus[s.gpu] = _GpuErrorState()
+        if s.ts > st.last_ts:
+            st.last_ts = s.ts
+        st.lost = False
+        found: list[Finding] = []
+        xid = s.xid
+        if xid is not None and xid != st.xid and xid not in self.ignore_xids:
+            lost = xid == LOST_GPU_XID
+            found.append(self._finding(s, "xid", {"xid": xid, "lost_gpu": lost}, s.ts))
+        st.xid = xid
+        dbe = s.ecc_dbe_total
+        if dbe is not None:
+            if st.dbe is not None and dbe > st.dbe:
+                found.append(
+                    self._finding(s, "ecc_dbe", {"ecc_dbe_total": dbe, "increase": dbe - st.dbe}, s.ts)
+                )
+            st.dbe = dbe
+        return found
+
+    def check_lost(self, node: str, job: str | None, now: float) -> list[Finding]:
+        """GPUs silent for ``lost_after_s`` at event time ``now`` while siblings report."""
+        silent = [g for g, st in self.gpus.items() if now - st.last_ts >= self.lost_after_s]
+        if not silent or len(self.gpus) - len(silent) < self.min_siblings:
+            return []
+        found: list[Finding] = []
+        for gpu in silent:
+            st = self.gpus[gpu]
+            if st.lost:
+                continue
+            st.lost = True
+            found.append(
+                Finding(
+                    detector=self.name,
+                    category="gpu_error",
+                    severity="critical",
+                    node=node,
+                    ts=now,
+                    since=st.last_ts,
+                    score=1.0,
+                    job=job,
+                    gpu=gpu,
+                    evidence={
+                        "error": "lost_gpu",
+                        "silent_s": round(now - st.last_ts, 3),
+                        "last_seen_ts": st.last_ts,
+                    },
+                )
+            )
+        return found
+
+    def _finding(self, s: GpuSample, error: str, detail: dict[str, Any], since: float) -> Finding:
+        return Finding(
+            detector=self.name,
+            category="gpu_error",
+            severity="critical",
+            node=s.node,
+            ts=s.ts,
+            since=since,
+            score=1.0,
+            job=s.job,
+            gpu=s.gpu,
+            evidence={"error": error, **detail},
+        )

@@ -1,0 +1,189 @@
+"""NIC detector: error and retransmit rates, link flaps, reduced speed; congestion is info.
+
+Per NIC port, cumulative counters are turned into rates between consecutive samples. A
+counter that goes down was reset (driver reload, agent restart, counter clear): it is
+re-baselined, never read as an error. Per port, a sample is suspect when
+
+* a ``link_downed`` increment is seen (a link flap: category ``link``, raised at once) or
+  the port reports ``link_up`` false for ``raise_after`` samples (``link``);
+* the rate of physical-layer errors (``symbol_error``, ``port_rcv_errors``,
+  ``link_error_recovery``, ``port_rcv_remote_physical_errors``) is at least
+  ``phys_per_s``, or of transport retransmits (``out_of_sequence``, ``packet_seq_err``,
+  ``local_ack_timeout_err``) at least ``retrans_per_s`` (category ``nic``);
+* its link speed is below ``speed_ratio`` of the nominal speed (the fastest seen on the
+  node's ports) (category ``nic``).
+
+ECN marks, CNPs and ``port_xmit_wait`` rising *without* errors are what a congested fabric
+looks like from every node at once: they give an ``info`` observation (category ``nic``,
+``evidence.observation = "congestion"``), never a claim against the node.
+
+Parameters
+----------
+phys_per_s, retrans_per_s
+    Error rates, per second, that count as degraded.
+speed_ratio
+    Fraction of the nominal speed below which a port is degraded.
+congestion_per_s
+    ECN + CNP rate, per second, that counts as congestion.
+raise_after, within, clear_after
+    Hysteresis, in samples of the port.
+
+Example
+-------
+>>> from guard.schemas import NicSample
+>>> from guard.detectors.nic import NicDetector
+>>> det = NicDetector()
+>>> def nic(ts, downed, sym):
+...     return NicSample(ts=ts, node="n1", device="mlx5_0", port=1, link_up=True, speed_gbps=400,
+...                      counters={"link_downed": downed, "symbol_error": sym})
+>>> det.learn_one(nic(0.0, 3, 0)) + det.learn_one(nic(10.0, 3, 0))
+[]
+>>> [(f.category, f.evidence["signal"]) for f in det.learn_one(nic(20.0, 4, 0))]
+[('link', 'link_downed')]
+>>> det.learn_one(nic(30.0, 0, 0))  # counters reset: not an error
+[]
+
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from guard.schemas import NicSample
+
+from .findings import Finding
+from .hold import Hold
+
+__all__ = ["CONGESTION_COUNTERS", "PHYSICAL_ERRORS", "RETRANSMITS", "NicDetector"]
+
+PHYSICAL_ERRORS = (
+    "symbol_error",
+    "port_rcv_errors",
+    "link_error_recovery",
+    "port_rcv_remote_physical_errors",
+)
+RETRANSMITS = ("out_of_sequence", "packet_seq_err", "local_ack_timeout_err")
+CONGESTION_COUNTERS = ("np_ecn_marked_roce_packets", "rp_cnp_handled")
+
+
+class _PortState:
+    __slots__ = ("congestion", "counters", "degraded", "down", "speed", "ts")
+
+    def __init__(self, hold_args: tuple[int, int, int]) -> None:
+        self.counters: dict[str, int] = {}
+        self.ts: float | None = None
+        self.degraded = Hold(*hold_args)
+        self.down = Hold(*hold_args)
+        self.congestion = Hold(*hold_args)
+        self.speed: float | None = None
+
+
+class NicDetector:
+    """Per-node detector over the node's NIC ports."""
+
+    name = "nic"
+
+    def __init__(
+        self,
+        phys_per_s: float = 0.5,
+        retrans_per_s: float = 5.0,
+        speed_ratio: float = 0.9,
+        congestion_per_s: float = 1000.0,
+        raise_after: int = 2,
+        within: int = 3,
+        clear_after: int = 10,
+    ) -> None:
+        self.phys_per_s = phys_per_s
+        self.retrans_per_s = retrans_per_s
+        self.speed_ratio = speed_ratio
+        self.congestion_per_s = congestion_per_s
+        self.hold_args = (raise_after, within, clear_after)
+        self.ports: dict[tuple[str, int], _PortState] = {}
+        self.nominal_gbps = 0.0
+
+    def learn_one(self, s: NicSample) -> list[Finding]:
+        key = (s.device, s.port)
+        st = self.ports.get(key)
+        if st is None:
+            st = self.ports[key] = _PortState(self.hold_args)
+        if s.speed_gbps is not None:
+            st.speed = s.speed_gbps
+            if s.speed_gbps > self.nominal_gbps:
+                self.nominal_gbps = s.speed_gbps
+        prev, prev_ts = st.counters, st.ts
+        if prev_ts is not None and s.ts <= prev_ts:
+            return []  # duplicate or out of order: rates need increasing time
+        st.counters = dict(s.counters)
+        st.ts = s.ts
+        if prev_ts is None:
+            return []
+        dt = s.ts - prev_ts
+        deltas: dict[str, int] = {}
+        for name, value in s.counters.items():
+            before = prev.get(name)
+            if before is not None and value >= before:
+                deltas[name] = value - before  # value < before: a reset, re-baselined above
+        found: list[Finding] = []
+        flaps = deltas.get("link_downed", 0)
+        if flaps:
+            found.append(
+                self._finding(s, "link", "critical" if flaps >= 3 else "warning", s.ts,
+                              {"signal": "link_downed", "increase": flaps, "interval_s": dt})
+            )
+        event = st.down.update(s.link_up is False, s.ts)
+        if event is not None:
+            found.append(self._finding(s, "link", "warning", st.down.since,
+                                       {"signal": "link_up", "link_up": s.link_up},
+                                       clear=event == "clear"))
+        phys = sum(deltas.get(c, 0) for c in PHYSICAL_ERRORS) / dt
+        retrans = sum(deltas.get(c, 0) for c in RETRANSMITS) / dt
+        slow = (
+            st.speed is not None
+            and self.nominal_gbps > 0.0
+            and st.speed < self.speed_ratio * self.nominal_gbps
+        )
+        degraded = phys >= self.phys_per_s or retrans >= self.retrans_per_s or slow
+        event = st.degraded.update(degraded, s.ts)
+        if event is not None:
+            found.append(self._finding(s, "nic", "warning", st.degraded.since, {
+                "signal": "errors" if (phys >= self.phys_per_s or retrans >= self.retrans_per_s)
+                else "speed",
+                "physical_errors_per_s": round(phys, 3),
+                "retransmits_per_s": round(retrans, 3),
+                "speed_gbps": st.speed,
+                "nominal_gbps": self.nominal_gbps,
+            }, clear=event == "clear"))
+        congestion = sum(deltas.get(c, 0) for c in CONGESTION_COUNTERS) / dt
+        congested = congestion >= self.congestion_per_s and phys == 0.0 and retrans == 0.0
+        event = st.congestion.update(congested, s.ts)
+        if event is not None:
+            found.append(self._finding(s, "nic", "info", st.congestion.since, {
+                "signal": "congestion",
+                "observation": "congestion",
+                "ecn_cnp_per_s": round(congestion, 1),
+                "xmit_wait_per_s": round(deltas.get("port_xmit_wait", 0) / dt, 1),
+            }, clear=event == "clear"))
+        return found
+
+    def _finding(
+        self,
+        s: NicSample,
+        category: str,
+        severity: str,
+        since: float,
+        evidence: dict[str, Any],
+        clear: bool = False,
+    ) -> Finding:
+        return Finding(
+            detector=self.name,
+            category=category,
+            severity=severity,
+            node=s.node,
+            ts=s.ts,
+            since=since,
+            score=1.0,
+            job=s.job,
+            device=s.device,
+            evidence={"port": s.port, **evidence},
+            clear=clear,
+        )

@@ -1,0 +1,236 @@
+"""Peer straggler detection: is each rank keeping up with its peers?
+
+In synchronous training every rank's wall step time is the same (everyone waits for the
+slowest), so a slow rank shows in ``compute_s``, the time it was busy before entering the
+step's synchronising collective. Per job, per pipeline stage and per step, each rank's
+residual is ``compute_s / median(peers) - 1``; :class:`~guard.detectors.persistence.DeviationTracker`
+turns the residuals into a claim only when the slowness persists. A whole-job slowdown
+(checkpoint, data stall) moves the median with it and cancels out; ranks of different
+pipeline stages are never compared; stage medians that differ by more than
+``imbalance_ratio`` give one job-level ``imbalance`` info flag.
+
+A step is closed (evaluated) when all ranks seen in earlier steps have reported, or when a
+message ``close_lag`` steps later arrives, so late or missing ranks and slightly
+out-of-order input are tolerated. Ranks that report no ``compute_s`` are left to the
+collective arrival-order detector (:mod:`guard.detectors.collective`).
+
+Parameters
+----------
+job
+    The job this detector watches (one instance per job).
+rule
+    Persistence thresholds (:class:`~guard.detectors.persistence.PersistenceRule`).
+min_peers
+    Smallest stage group that is compared.
+close_lag
+    Steps after which a step is closed even if ranks are missing.
+imbalance_ratio
+    Ratio of the slowest to the fastest stage median that is reported as imbalance.
+critical_slowdown
+    Mean slowdown from which a straggler is ``critical`` rather than ``warning``.
+
+References
+----------
+Guard: "Scalable Straggler Detection and Node Health Management for Large-Scale Training"
+(MLSys 2026). NVIDIA Resiliency Extension straggler detection (relative scores).
+
+Example
+-------
+>>> from guard.schemas import StepTiming
+>>> from guard.detectors.peer_straggler import PeerStragglerDetector
+>>> det = PeerStragglerDetector("job-a")
+>>> found = []
+>>> for step in range(12):
+...     for rank in range(8):
+...         slow = 1.10 if (rank == 5 and step >= 3) else 1.0
+...         found += det.learn_one(StepTiming(ts=1000.0 + 2 * step, node=f"n{rank}", job="job-a",
+...             rank=rank, step=step, step_s=2.2, compute_s=1.5 * slow * (1 + 0.003 * (rank % 3))))
+>>> [(f.node, f.category, f.severity, f.evidence["slowdown_pct"]) for f in found]
+[('n5', 'straggler', 'warning', 10.3)]
+
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from guard.schemas import StepTiming
+
+from .findings import Finding
+from .persistence import DeviationTracker, PersistenceRule
+from .robust import mad_sigma, median
+
+__all__ = ["PeerStragglerDetector"]
+
+_SIGMA_SMOOTHING = 0.1
+
+
+class PeerStragglerDetector:
+    """Per-job peer comparison of ranks' busy time, grouped by pipeline stage."""
+
+    name = "peer_straggler"
+
+    def __init__(
+        self,
+        job: str,
+        rule: PersistenceRule | None = None,
+        min_peers: int = 4,
+        close_lag: int = 2,
+        imbalance_ratio: float = 1.2,
+        critical_slowdown: float = 0.5,
+    ) -> None:
+        self.job = job
+        self.rule = rule or PersistenceRule()
+        self.min_peers = min_peers
+        self.close_lag = close_lag
+        self.imbalance_ratio = imbalance_ratio
+        self.critical_slowdown = critical_slowdown
+        self.pending: dict[int, dict[int, float]] = {}
+        self.pending_ts: dict[int, float] = {}
+        self.ranks: dict[int, tuple[str, int | None, int]] = {}  # rank -> node, gpu, stage
+        self.trackers: dict[int, DeviationTracker] = {}
+        self.sigma: dict[int, float] = {}
+        self.expected = 0
+        self.closed_through = -1
+        self.imbalanced = False
+
+    def learn_one(self, msg: StepTiming) -> list[Finding]:
+        """Add one rank's step timing; return findings made by the steps it closed."""
+        step = msg.step
+        stage = msg.pp_stage or 0
+        info = self.ranks.get(msg.rank)
+        if info is None or info[0] != msg.node or info[2] != stage:
+            self.ranks[msg.rank] = (msg.node, msg.gpu, stage)
+            self.trackers.pop(msg.rank, None)  # a rank that moved starts a fresh history
+        if msg.compute_s is None or step <= self.closed_through:
+            return []
+        row = self.pending.get(step)
+        if row is None:
+            row = self.pending[step] = {}
+        row[msg.rank] = msg.compute_s
+        if msg.ts > self.pending_ts.get(step, -1.0):
+            self.pending_ts[step] = msg.ts
+        found: list[Finding] = []
+        if self.expected and len(row) >= self.expected:
+            found += self._close_through(step)
+        if len(self.pending) > 1:
+            oldest = min(self.pending)
+            if step - oldest >= self.close_lag:
+                found += self._close_through(step - self.close_lag)
+        return found
+
+    def flush(self) -> list[Finding]:
+        """Close every pending step (end of input)."""
+        if not self.pending:
+            return []
+        return self._close_through(max(self.pending))
+
+    def _close_through(self, last: int) -> list[Finding]:
+        found: list[Finding] = []
+        for step in sorted(s for s in self.pending if s <= last):
+            row = self.pending.pop(step)
+            ts = self.pending_ts.pop(step)
+            self.closed_through = max(self.closed_through, step)
+            self.expected = max(self.expected, len(row))
+            found += self._evaluate(step, ts, row)
+        return found
+
+    def _evaluate(self, step: int, ts: float, row: dict[int, float]) -> list[Finding]:
+        groups: dict[int, list[int]] = {}
+        ranks = self.ranks
+        for rank in row:
+            groups.setdefault(ranks[rank][2], []).append(rank)
+        found: list[Finding] = []
+        stage_medians: dict[int, float] = {}
+        rule = self.rule
+        for stage, members in groups.items():
+            if len(members) < self.min_peers:
+                continue
+            values = [row[r] for r in members]
+            center = median(values)
+            if center <= 0.0:
+                continue
+            stage_medians[stage] = center
+            residuals = [v / center - 1.0 for v in values]
+            step_sigma = mad_sigma(residuals, 0.0)
+            sigma = self.sigma.get(stage)
+            sigma = step_sigma if sigma is None else sigma + _SIGMA_SMOOTHING * (step_sigma - sigma)
+            self.sigma[stage] = sigma
+            for rank, residual in zip(members, residuals, strict=True):
+                tracker = self.trackers.get(rank)
+                if tracker is None:
+                    tracker = self.trackers[rank] = DeviationTracker()
+                event = tracker.update(residual, sigma, rule, ts)
+                if event is not None:
+                    found.append(self._finding(event, rank, step, ts, tracker, center, row[rank]))
+        found += self._imbalance(step, ts, stage_medians)
+        return found
+
+    def _finding(
+        self,
+        event: str,
+        rank: int,
+        step: int,
+        ts: float,
+        tracker: DeviationTracker,
+        center: float,
+        value: float,
+    ) -> Finding:
+        node, gpu, stage = self.ranks[rank]
+        mean = tracker.slow_mean()
+        severity = "critical" if mean >= self.critical_slowdown else "warning"
+        evidence: dict[str, Any] = {
+            "metric": "compute_s",
+            "slowdown_pct": round(100.0 * mean, 1),
+            "relative_score": round(1.0 / (1.0 + mean), 3),
+            "peer_median_s": round(center, 6),
+            "rank_s": round(value, 6),
+            "slow_steps": f"{tracker.slow_rounds()}/{len(tracker.residuals)}",
+            "pp_stage": stage,
+            "step": step,
+            "since_ts": tracker.since_ts,
+        }
+        return Finding(
+            detector=self.name,
+            category="straggler",
+            severity=severity,
+            node=node,
+            ts=ts,
+            since=tracker.since_ts,
+            score=round(mean, 4),
+            job=self.job,
+            gpu=gpu,
+            rank=rank,
+            evidence=evidence,
+            clear=event == "clear",
+        )
+
+    def _imbalance(self, step: int, ts: float, stage_medians: dict[int, float]) -> list[Finding]:
+        if len(stage_medians) < 2:
+            return []
+        low, high = min(stage_medians.values()), max(stage_medians.values())
+        ratio = high / low if low > 0 else 1.0
+        now = ratio >= self.imbalance_ratio
+        if now == self.imbalanced:
+            return []
+        self.imbalanced = now
+        evidence: dict[str, Any] = {
+            "metric": "compute_s",
+            "stage_medians_s": {str(k): round(v, 6) for k, v in sorted(stage_medians.items())},
+            "ratio": round(ratio, 3),
+            "step": step,
+        }
+        return [
+            Finding(
+                detector=self.name,
+                category="imbalance",
+                severity="info",
+                node=None,
+                ts=ts,
+                since=ts,
+                score=round(ratio, 3),
+                job=self.job,
+                evidence=evidence,
+                clear=not now,
+            )
+        ]

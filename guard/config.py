@@ -97,7 +97,9 @@ class OrchestratorSettings(Section):
         "once, as a fraction of the cluster; at least one node is always allowed",
     )
     cooldown_s: float = Field(
-        3600, ge=0, description="a node flagged again this soon after passing a sweep goes to repair"
+        3600,
+        ge=0,
+        description="a node flagged again this soon after passing a sweep goes to repair",
     )
     webhook_url: str | None = None
     webhook_secret: SecretStr | None = None
@@ -121,7 +123,10 @@ class OrchestratorSettings(Section):
         description="flag categories that can start a sweep",
     )
     persist_flags: int = Field(
-        2, ge=1, description="distinct warning flags that make a suspect node worth a sweep"
+        1,
+        ge=1,
+        description="distinct warning flags that make a suspect node worth a sweep (1: the "
+        "detectors' own m-of-n persistence is enough)",
     )
     persistence_s: float = Field(
         120, ge=0, description="or: warning evidence spanning this long (window and repeats), s"
@@ -136,8 +141,10 @@ class OrchestratorSettings(Section):
         False, description="count nodes in repair against max_cordoned_fraction"
     )
     cluster_size: int | None = Field(
-        None, ge=1, description="nodes in the cluster; default: len(nodes), the scheduler's "
-        "inventory, else the nodes seen so far"
+        None,
+        ge=1,
+        description="nodes in the cluster; default: len(nodes), the scheduler's "
+        "inventory, else the nodes seen so far",
     )
     nodes: list[str] = Field(default_factory=list, description="node inventory (sweep peers)")
     # sweeps

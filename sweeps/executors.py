@@ -1,0 +1,427 @@
+"""Sweep executors: run a single-node or multi-node sweep and return its checks.
+
+An executor is anything with ``sweep_kinds`` (the sweeps it can run, ``single`` and/or
+``multi``) and ``run(node, sweep, peers, now) -> list[SweepCheck]``. It may block for as
+long as the sweep takes: the orchestrator calls it from a worker thread.
+
+- :class:`SimulatedSweepExecutor` answers from the simulator's ground truth (``guard
+  simulate --truth``): a node with an active fault fails the checks that fault would fail
+  on real hardware; a healthy node passes with realistic noise. For ``guard demo``.
+- :class:`LocalSubprocessExecutor` runs real check commands and parses a number from
+  their output (``{node}``, ``{peers}``, ``{peer}`` are substituted into the command, so
+  ``srun -w {node} ...`` or ``ssh {node} ...`` run a check on the node itself).
+
+Example
+-------
+>>> ex = SimulatedSweepExecutor([SimulatedFault("n1", "thermal_throttle", onset=0.0, gpu=3,
+...                                             slowdown=0.12)], gpus_per_node=8)
+>>> failed = [c.name for c in ex.run("n1", "single", [], now=10.0) if not c.passed]
+>>> failed
+['gemm_tflops_gpu3', 'gpu_temp_max_c', 'sm_clock_min_mhz']
+>>> all(c.passed for c in ex.run("n2", "single", [], now=10.0))
+True
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from guard.config import Settings
+from guard.schemas import SweepCheck, stable_id
+
+__all__ = [
+    "DEFAULT_LOCAL_CHECKS",
+    "CheckCommand",
+    "LocalSubprocessExecutor",
+    "SimulatedFault",
+    "SimulatedSweepExecutor",
+    "SweepExecutor",
+    "make_executor",
+]
+
+
+class SweepExecutor(Protocol):
+    sweep_kinds: tuple[str, ...]
+
+    def run(self, node: str, sweep: str, peers: Sequence[str], now: float) -> list[SweepCheck]: ...
+
+
+# --- simulated ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatedFault:
+    """One fault of the simulator's truth file (``faults[]``; see docs/simulator-truth.md)."""
+
+    node: str
+    kind: str
+    onset: float
+    end: float | None = None
+    slowdown: float = 0.0
+    gpu: int | None = None
+    device: str | None = None
+    id: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def active(self, now: float) -> bool:
+        return self.onset <= now and (self.end is None or now < self.end)
+
+    @classmethod
+    def from_truth(cls, fault: dict[str, Any]) -> SimulatedFault:
+        return cls(
+            node=fault["node"],
+            kind=fault["kind"],
+            onset=float(fault["onset"]),
+            end=None if fault.get("end") is None else float(fault["end"]),
+            slowdown=float(fault.get("slowdown") or 0.0),
+            gpu=fault.get("gpu"),
+            device=fault.get("device"),
+            id=str(fault.get("id", "")),
+            detail=dict(fault.get("detail") or {}),
+        )
+
+
+GPU_FAULTS = frozenset({"thermal_throttle", "power_cap", "power_brake", "slow_gpu"})
+NIC_FAULTS = frozenset({"degraded_nic", "nic_reduced_speed", "link_flap"})
+
+
+class SimulatedSweepExecutor:
+    """Sweep checks consistent with the simulator's injected faults (H100-class baselines).
+
+    Single-node sweep: GEMM TFLOPS per GPU, hottest GPU under load, slowest SM clock and
+    lowest enforced power limit under load, Xid and uncorrectable ECC counts, NIC link
+    speed, symbol errors and link-down events during a loopback test. Multi-node sweep
+    (with the peers): NCCL all-reduce bus bandwidth and the worst ``ib_write_bw`` to a peer.
+    Thresholds: GEMM and clocks >= 95 % of baseline, temperature <= 85 C, bandwidths
+    >= 90 % of baseline, error counts zero.
+    """
+
+    sweep_kinds = ("single", "multi")
+
+    GEMM_TFLOPS = 700.0
+    TEMP_C = 72.0
+    TEMP_LIMIT_C = 85.0
+    SM_CLOCK_MHZ = 1980.0
+    POWER_LIMIT_W = 700.0
+    LINK_GBPS = 400.0
+    BUSBW_GBPS = 360.0
+    IB_WRITE_GBPS = 390.0
+
+    def __init__(
+        self,
+        faults: Iterable[SimulatedFault],
+        gpus_per_node: int = 8,
+        nics_per_node: int = 8,
+        seed: int = 0,
+        duration_s: float = 0.0,
+    ) -> None:
+        self.faults = list(faults)
+        self.gpus_per_node = gpus_per_node
+        self.nics_per_node = nics_per_node
+        self.seed = seed
+        self.duration_s = duration_s
+
+    @classmethod
+    def from_truth(
+        cls, truth: dict[str, Any] | str | Path, duration_s: float = 0.0
+    ) -> SimulatedSweepExecutor:
+        """From the simulator's truth (a dict, or the path of TRUTH.json)."""
+        if not isinstance(truth, dict):
+            truth = json.loads(Path(truth).read_text())
+        return cls(
+            [SimulatedFault.from_truth(f) for f in truth.get("faults", [])],
+            gpus_per_node=int(truth.get("gpus_per_node", 8)),
+            seed=int(truth.get("seed", 0)),
+            duration_s=duration_s,
+        )
+
+    def active_faults(self, node: str, now: float) -> list[SimulatedFault]:
+        return [f for f in self.faults if f.node == node and f.active(now)]
+
+    def run(self, node: str, sweep: str, peers: Sequence[str], now: float) -> list[SweepCheck]:
+        if self.duration_s > 0:
+            time.sleep(self.duration_s)
+        rng = random.Random(stable_id(self.seed, node, sweep, *peers, round(now, 3)))
+        if sweep == "single":
+            return self._single(node, now, rng)
+        return self._multi(node, list(peers), now, rng)
+
+    def _single(self, node: str, now: float, rng: random.Random) -> list[SweepCheck]:
+        faults = self.active_faults(node, now)
+        checks: list[SweepCheck] = []
+        temps, clocks, limits = [], [], []
+        for gpu in range(self.gpus_per_node):
+            gemm = self.GEMM_TFLOPS * (1 + rng.gauss(0, 0.007))
+            temp = self.TEMP_C + rng.gauss(0, 1.5)
+            clock = self.SM_CLOCK_MHZ * (1 + rng.gauss(0, 0.003))
+            limit = self.POWER_LIMIT_W
+            for f in faults:
+                if f.kind not in GPU_FAULTS or f.gpu not in (None, gpu):
+                    continue
+                gemm *= 1 - f.slowdown
+                if f.kind == "thermal_throttle":
+                    temp = self.TEMP_LIMIT_C + 3 + 40 * f.slowdown + rng.gauss(0, 0.5)
+                    clock *= 1 - max(f.slowdown, 0.06)
+                elif f.kind in ("power_cap", "power_brake"):
+                    limit = self.POWER_LIMIT_W * (1 - max(0.1, 2 * f.slowdown))
+                    clock *= 1 - max(f.slowdown, 0.06)
+            checks.append(
+                _check(f"gemm_tflops_gpu{gpu}", gemm, "TFLOPS", self.GEMM_TFLOPS, low=0.95)
+            )
+            temps.append((temp, gpu))
+            clocks.append((clock, gpu))
+            limits.append((limit, gpu))
+        temp, gpu = max(temps)
+        checks.append(
+            SweepCheck(
+                name="gpu_temp_max_c",
+                value=round(temp, 1),
+                unit="C",
+                baseline=self.TEMP_C,
+                passed=temp <= self.TEMP_LIMIT_C,
+                detail=f"hottest gpu{gpu}; limit {self.TEMP_LIMIT_C:g} C",
+            )
+        )
+        clock, gpu = min(clocks)
+        checks.append(
+            _check("sm_clock_min_mhz", clock, "MHz", self.SM_CLOCK_MHZ, 0.95, f"slowest gpu{gpu}")
+        )
+        limit, gpu = min(limits)
+        checks.append(
+            _check("power_limit_min_w", limit, "W", self.POWER_LIMIT_W, 0.95, f"lowest gpu{gpu}")
+        )
+        for name, kind in (("xid_errors", "xid"), ("ecc_dbe_errors", "ecc_dbe")):
+            hits = [f for f in faults if f.kind == kind]
+            detail = ", ".join(
+                f"gpu{f.gpu}" + (f" xid {f.detail['xid']}" if "xid" in f.detail else "")
+                for f in hits
+            )
+            checks.append(_count(name, len(hits), detail))
+        checks += self._nic_single(faults, rng)
+        return checks
+
+    def _nic_single(self, faults: list[SimulatedFault], rng: random.Random) -> list[SweepCheck]:
+        speed, slow_dev = self.LINK_GBPS, ""
+        symbol_errors, downed = 0, 0
+        bad_devs, flap_devs = [], []
+        for f in faults:
+            dev = f.device or "mlx5_0"
+            if f.kind == "nic_reduced_speed":
+                reduced = float(f.detail.get("speed_gbps", self.LINK_GBPS / 2))
+                if reduced < speed:
+                    speed, slow_dev = reduced, dev
+            elif f.kind == "degraded_nic":
+                symbol_errors += 50 + int(rng.random() * 500)
+                bad_devs.append(dev)
+            elif f.kind == "link_flap":
+                downed += 1 + int(rng.random() * 3)
+                flap_devs.append(dev)
+        return [
+            SweepCheck(
+                name="nic_link_speed_min_gbps",
+                value=speed,
+                unit="Gb/s",
+                baseline=self.LINK_GBPS,
+                passed=speed >= self.LINK_GBPS,
+                detail=f"{slow_dev} below its rated speed" if slow_dev else "all ports at rate",
+            ),
+            _count("nic_symbol_errors", symbol_errors, ", ".join(bad_devs)),
+            _count("nic_link_downed", downed, ", ".join(flap_devs)),
+        ]
+
+    def _multi(
+        self, node: str, peers: list[str], now: float, rng: random.Random
+    ) -> list[SweepCheck]:
+        # A collective runs at the pace of its slowest member: every participant's faults count.
+        factor = 1.0
+        worst = ""
+        for member in [node, *peers]:
+            for f in self.active_faults(member, now):
+                if f.kind in NIC_FAULTS:
+                    loss = max(f.slowdown, 0.5 if f.kind == "nic_reduced_speed" else 0.0)
+                    if 1 - loss < factor:
+                        factor, worst = 1 - loss, f"{member} {f.device or 'mlx5_0'}"
+        busbw = self.BUSBW_GBPS * factor * (1 + rng.gauss(0, 0.01))
+        ib = self.IB_WRITE_GBPS * factor * (1 + rng.gauss(0, 0.005))
+        with_peers = f"with {', '.join(peers)}" if peers else "no peers"
+        detail = f"{with_peers}; slowest {worst}" if worst else with_peers
+        return [
+            _check("nccl_allreduce_busbw_gbps", busbw, "GB/s", self.BUSBW_GBPS, 0.9, detail),
+            _check("ib_write_bw_min_gbps", ib, "Gb/s", self.IB_WRITE_GBPS, 0.9, detail),
+        ]
+
+
+def _check(
+    name: str, value: float, unit: str, baseline: float, low: float, detail: str = ""
+) -> SweepCheck:
+    passed = value >= low * baseline
+    text = f"{value / baseline:.1%} of baseline (>= {low:.0%} passes)"
+    return SweepCheck(
+        name=name,
+        value=round(value, 2),
+        unit=unit,
+        baseline=baseline,
+        passed=passed,
+        detail=f"{detail}; {text}" if detail else text,
+    )
+
+
+def _count(name: str, count: int, detail: str) -> SweepCheck:
+    return SweepCheck(
+        name=name, value=float(count), unit="count", baseline=0.0, passed=count == 0, detail=detail
+    )
+
+
+# --- local subprocess -----------------------------------------------------------------------
+
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+class CheckCommand(BaseModel):
+    """One real check: a command whose output holds the measured number.
+
+    ``min`` / ``max`` bound the value for a pass (either or both); ``pattern`` is a regular
+    expression whose first group (or whole match) is the number, by default the last number
+    printed. A non-zero exit, a timeout or no number is a failed check.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=128)
+    command: str | list[str]
+    sweep: Literal["single", "multi"] = "single"
+    unit: str = ""
+    baseline: float | None = None
+    min: float | None = None
+    max: float | None = None
+    pattern: str | None = None
+    timeout_s: float = Field(300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _has_bound(self) -> CheckCommand:
+        if self.min is None and self.max is None:
+            raise ValueError(f"check {self.name!r} needs a min or a max to pass or fail")
+        if self.pattern is not None:
+            re.compile(self.pattern)
+        return self
+
+    def argv(self, node: str, peers: Sequence[str]) -> list[str]:
+        values = {"node": node, "peers": ",".join(peers), "peer": peers[0] if peers else ""}
+        parts = shlex.split(self.command) if isinstance(self.command, str) else self.command
+        return [part.format(**values) for part in parts]
+
+    def parse(self, output: str) -> float | None:
+        if self.pattern is not None:
+            match = re.search(self.pattern, output)
+            if match is None:
+                return None
+            text = match.group(1) if match.groups() else match.group(0)
+            try:
+                return float(text)
+            except ValueError:
+                return None
+        numbers = _NUMBER.findall(output)
+        return float(numbers[-1]) if numbers else None
+
+
+_GEMM = (
+    "import time, numpy as np; n = 1024; a = np.random.rand(n, n).astype(np.float32); "
+    "b = a.copy(); a @ b; t = time.perf_counter(); [a @ b for _ in range(5)]; "
+    "print(5 * 2 * n**3 / (time.perf_counter() - t) / 1e9)"
+)
+
+#: Used when ``orchestrator.sweep_checks`` is empty: a host matrix-multiply sanity check.
+#: Real GPU checks (dcgmi diag, nccl-tests, ib_write_bw) are configured per site.
+DEFAULT_LOCAL_CHECKS: tuple[dict[str, Any], ...] = (
+    {
+        "name": "host_gemm_gflops",
+        "command": [sys.executable, "-c", _GEMM],
+        "unit": "GFLOPS",
+        "min": 1.0,
+        "timeout_s": 120.0,
+    },
+)
+
+
+class LocalSubprocessExecutor:
+    """Runs each configured check command and judges the number it prints."""
+
+    def __init__(self, checks: Iterable[CheckCommand | dict[str, Any]]) -> None:
+        self.checks = [c if isinstance(c, CheckCommand) else CheckCommand(**c) for c in checks]
+        if not self.checks:
+            raise ValueError("the local executor needs at least one check")
+        self.sweep_kinds = tuple(k for k in ("single", "multi") if self._of(k))
+
+    def _of(self, sweep: str) -> list[CheckCommand]:
+        return [c for c in self.checks if c.sweep == sweep]
+
+    def run(self, node: str, sweep: str, peers: Sequence[str], now: float) -> list[SweepCheck]:
+        return [self._run_one(check, node, peers) for check in self._of(sweep)]
+
+    def _run_one(self, check: CheckCommand, node: str, peers: Sequence[str]) -> SweepCheck:
+        def failed(detail: str, value: float | None = None) -> SweepCheck:
+            return SweepCheck(
+                name=check.name,
+                value=value,
+                unit=check.unit,
+                baseline=check.baseline,
+                passed=False,
+                detail=detail[:4000],
+            )
+
+        argv = check.argv(node, peers)
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=check.timeout_s, check=False
+            )
+        except subprocess.TimeoutExpired:
+            return failed(f"timed out after {check.timeout_s:g} s: {shlex.join(argv)}")
+        except OSError as exc:
+            return failed(f"could not run {shlex.join(argv)}: {exc}")
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip()[-500:]
+            return failed(f"exited {done.returncode}: {tail}")
+        value = check.parse(done.stdout)
+        if value is None:
+            return failed(f"no number in the output: {done.stdout.strip()[-300:]!r}")
+        bounds = []
+        if check.min is not None:
+            bounds.append(f">= {check.min:g}")
+        if check.max is not None:
+            bounds.append(f"<= {check.max:g}")
+        passed = (check.min is None or value >= check.min) and (
+            check.max is None or value <= check.max
+        )
+        return SweepCheck(
+            name=check.name,
+            value=value,
+            unit=check.unit,
+            baseline=check.baseline,
+            passed=passed,
+            detail=f"passes when {' and '.join(bounds)}",
+        )
+
+
+def make_executor(settings: Settings) -> SweepExecutor:
+    """The executor ``settings.orchestrator.executor`` names."""
+    o = settings.orchestrator
+    if o.executor == "simulated":
+        if not o.simulated_truth:
+            raise ValueError(
+                "the simulated executor needs the simulator's truth file: set "
+                "orchestrator.simulated_truth (GUARD_ORCHESTRATOR_SIMULATED_TRUTH) or --truth"
+            )
+        return SimulatedSweepExecutor.from_truth(o.simulated_truth)
+    return LocalSubprocessExecutor(o.sweep_checks or DEFAULT_LOCAL_CHECKS)

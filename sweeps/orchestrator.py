@@ -1,0 +1,592 @@
+"""The orchestrator's core: flags in, node-state transitions, scheduler actions and sweeps out.
+
+:class:`Orchestrator` holds no Kafka client. It is driven by four calls — ``handle_flag``,
+``handle_operator``, ``tick`` and, at start, ``recover``/``resume`` — and acts through what
+it is given: a scheduler adapter, a sweep executor, and ``publish`` (which receives every
+:class:`~guard.schemas.NodeState` and :class:`~guard.schemas.SweepResult` it emits, in
+order). :class:`guard.sweeps.service.KafkaOrchestrator` wires it to Kafka; tests and the
+demo can drive it directly.
+
+Ordering makes restarts safe: a state that takes a node out of the pool is published
+*before* the scheduler is told (a restart re-asserts the cordon of every node out of the
+pool), and a node is uncordoned *before* ``healthy`` is published (a restart that finds it
+still ``sweeping`` sweeps it again).
+
+Time: every policy window compares the flags' event times with ``clock()``, so ``clock``
+must run in the flags' time base — ``time.time`` in production, the simulator's clock
+(:class:`SimulatedClock`) when the cluster is simulated at a speed-up.
+
+Example
+-------
+>>> from guard.config import OrchestratorSettings
+>>> from guard.schemas import Flag
+>>> from guard.sweeps.executors import SimulatedFault, SimulatedSweepExecutor
+>>> from guard.sweeps.scheduler import DryRunScheduler
+>>> out = []
+>>> orch = Orchestrator(
+...     OrchestratorSettings(nodes=[f"n{i}" for i in range(8)]),
+...     scheduler=DryRunScheduler(),
+...     executor=SimulatedSweepExecutor([SimulatedFault("n1", "slow_gpu", 0.0, gpu=2,
+...                                                     slowdown=0.2)]),
+...     publish=out.append, clock=lambda: 100.0, inline_sweeps=True)
+>>> orch.handle_flag(Flag(id="f1", ts=99.0, node="n1", gpu=2, detector="peer",
+...                       category="straggler", severity="critical", score=5.0))
+'qualified'
+>>> orch.tick()
+>>> [m.state for m in out if m.kind == "node_state"]
+['suspect', 'cordoned', 'sweeping', 'failed', 'repair']
+>>> [(m.sweep, m.passed) for m in out if m.kind == "sweep"]
+[('single', False)]
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from guard.config import OrchestratorSettings
+from guard.schemas import Flag, GuardMessage, NodeState, SweepCheck, SweepResult, stable_id
+
+from .executors import SweepExecutor
+from .policy import SEVERITY_RANK, SweepPolicy
+from .scheduler import SchedulerAdapter, SchedulerError
+from .states import (
+    ALLOWED,
+    OUT_OF_POOL,
+    REASON_AWAITING_CORDON,
+    REASON_AWAITING_REPAIR,
+    REASON_CORDONED_FOR_REPAIR,
+    InvalidTransition,
+    NodeRecord,
+    recover_views,
+)
+
+__all__ = ["NodeSummary", "Orchestrator", "SimulatedClock"]
+
+log = logging.getLogger(__name__)
+
+Publish = Callable[[GuardMessage], None]
+
+_SEEN_FLAG_IDS = 100_000
+_SCHEDULER_RETRY_S = 10.0
+
+
+class SimulatedClock:
+    """Simulated time: ``sim_start`` at wall time ``wall_start``, running ``speed`` x faster."""
+
+    def __init__(self, sim_start: float, speed: float = 1.0, wall_start: float | None = None):
+        self.sim_start = sim_start
+        self.speed = speed
+        self.wall_start = time.time() if wall_start is None else wall_start
+
+    def __call__(self) -> float:
+        return self.sim_start + (time.time() - self.wall_start) * self.speed
+
+
+@dataclass(slots=True)
+class _SweepJob:
+    node: str
+    sweep: str
+    peers: list[str]
+    started: float
+    deadline: float
+    future: Future[list[SweepCheck]] | None = None
+    checks: list[SweepCheck] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSummary:
+    """A node as the orchestrator sees it now (from :meth:`Orchestrator.snapshot`)."""
+
+    node: str
+    state: str
+    since: float
+    reason: str
+    claims: int
+    sweeps: tuple[SweepResult, ...] = field(default=())
+
+
+class Orchestrator:
+    """Policy, node-state machine, cordon cap and sweep sequencing for a cluster.
+
+    Parameters
+    ----------
+    settings
+        The ``orchestrator`` section of the settings (policy and sweep parameters).
+    scheduler, executor
+        Where cordons and sweeps go (:mod:`guard.sweeps.scheduler`, :mod:`guard.sweeps.executors`).
+    publish
+        Receives every node state and sweep result, in order (Kafka producer, list, ...).
+    clock
+        Current time in the flags' time base (see the module docstring).
+    nodes
+        Node inventory: sweep peers and the cluster size for the cordon cap. Default:
+        ``settings.nodes``, else the scheduler's inventory, else the nodes seen so far.
+    listeners
+        Also called with every published message (the demo's progress, the webhook).
+    inline_sweeps
+        Run sweeps synchronously inside ``tick`` (tests, doctests) instead of in threads.
+    """
+
+    def __init__(
+        self,
+        settings: OrchestratorSettings,
+        *,
+        scheduler: SchedulerAdapter,
+        executor: SweepExecutor,
+        publish: Publish,
+        clock: Callable[[], float] = time.time,
+        nodes: Sequence[str] | None = None,
+        listeners: Iterable[Callable[[GuardMessage], None]] = (),
+        inline_sweeps: bool = False,
+    ) -> None:
+        self.settings = settings
+        self.policy = SweepPolicy.from_settings(settings)
+        self.scheduler = scheduler
+        self.executor = executor
+        self._publish = publish
+        self.clock = clock
+        self.listeners = list(listeners)
+        self.actor = settings.actor
+        self._inventory: list[str] | None = list(nodes or settings.nodes) or None
+        self._inventory_asked = self._inventory is not None
+        self.records: dict[str, NodeRecord] = {}
+        self._jobs: dict[str, _SweepJob] = {}
+        self._scheduler_todo: dict[str, tuple[str, str, float]] = {}
+        self._release_after_uncordon: dict[str, str] = {}
+        self._sweeps: dict[str, collections.deque[SweepResult]] = {}
+        self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._lock = threading.RLock()
+        self._pool = (
+            None
+            if inline_sweeps
+            else ThreadPoolExecutor(
+                max_workers=settings.sweep_workers, thread_name_prefix="guard-sweep"
+            )
+        )
+        self.stats: collections.Counter[str] = collections.Counter()
+
+    # --- inputs -------------------------------------------------------------------------------
+
+    def recover(self, states: Iterable[NodeState]) -> list[NodeState]:
+        """Rebuild node records from the node-state topic (in order); returns the operator
+        requests that came after the last orchestrator state of their node (to apply)."""
+        with self._lock:
+            pending = []
+            for node, view in recover_views(states).items():
+                if view.state is not None:
+                    self.records[node] = NodeRecord.from_state(view.state)
+                if view.pending is not None:
+                    pending.append(view.pending)
+            self.stats["recovered_nodes"] = len(self.records)
+            return pending
+
+    def resume(self, pending: Iterable[NodeState] = ()) -> None:
+        """After :meth:`recover`: re-assert cordons, carry interrupted work on, apply requests."""
+        with self._lock:
+            for rec in list(self.records.values()):
+                if rec.state in OUT_OF_POOL:
+                    self._call_scheduler(rec.node, "cordon", rec.reason)
+                if rec.state == "sweeping":
+                    self._start_sweep(rec, "single", [], restarted=True)
+                elif rec.state == "failed":
+                    self._transition(
+                        rec, "repair", "sent to repair (failed a sweep before a restart)"
+                    )
+            for request in pending:
+                self.handle_operator(request)
+
+    def handle_flag(self, flag: Flag) -> str:
+        """Apply the policy to one flag. Returns what it did (for counters and tests):
+        ``observation``, ``duplicate``, ``stale``, ``suspect``, ``qualified``, ``evidence``
+        (the node is already out of the pool) or ``repair`` (flagged again soon after a pass).
+        """
+        with self._lock:
+            outcome = self._handle_flag(flag)
+            self.stats[f"flags_{outcome}"] += 1
+            return outcome
+
+    def _handle_flag(self, flag: Flag) -> str:
+        if not self.policy.is_claim(flag) or flag.node is None:
+            return "observation"
+        if flag.id in self._seen:
+            return "duplicate"
+        self._seen[flag.id] = None
+        if len(self._seen) > _SEEN_FLAG_IDS:
+            self._seen.popitem(last=False)
+        now = self.clock()
+        rec = self._record(flag.node)
+        if now - flag.ts > self.policy.max_flag_age_s or (
+            rec.released_ts is not None and flag.ts <= rec.released_ts
+        ):
+            return "stale"
+        if rec.state in OUT_OF_POOL:
+            rec.late_flags += 1
+            return "evidence"
+        self._add_claim(rec, flag)
+        if rec.state == "healthy":
+            if (
+                rec.passed_sweep_ts is not None
+                and flag.ts - rec.passed_sweep_ts <= self.policy.cooldown_s
+            ):
+                rec.to_repair = rec.qualified = True
+                after = flag.ts - rec.passed_sweep_ts
+                self._transition(
+                    rec,
+                    "suspect",
+                    f"{REASON_AWAITING_REPAIR}: flagged again {after:.0f} s after passing a "
+                    f"sweep ({_describe(flag)})",
+                )
+                return "repair"
+            if self.policy.qualifies(rec):
+                rec.qualified = True
+                self._transition(rec, "suspect", f"{REASON_AWAITING_CORDON}: {_describe(flag)}")
+                return "qualified"
+            self._transition(rec, "suspect", _describe(flag))
+            return "suspect"
+        # suspect
+        if not rec.qualified and self.policy.qualifies(rec):
+            rec.qualified = True
+            self._transition(
+                rec,
+                "suspect",
+                f"{REASON_AWAITING_CORDON}: {len(rec.claims)} flags, latest {_describe(flag)}",
+            )
+            return "qualified"
+        return "suspect"
+
+    def handle_operator(self, request: NodeState) -> None:
+        """An operator's request: ``healthy`` releases the node, ``repair`` sends it to repair.
+
+        Applied whatever the node's state (a running sweep is abandoned) and always
+        acknowledged with a state of the orchestrator's own, so the request is not pending
+        any more on the compacted topic.
+        """
+        with self._lock:
+            rec = self._record(request.node)
+            who = request.actor
+            why = f": {request.reason}" if request.reason else ""
+            self.stats[f"operator_{request.state}"] += 1
+            if request.state == "healthy":
+                self._abandon_sweep(rec.node)
+                if rec.state in OUT_OF_POOL:
+                    self._call_scheduler(rec.node, "uncordon")
+                rec.reset_claims()
+                rec.passed_sweep_ts = None
+                self._transition(rec, "healthy", f"released by {who}{why}", operator=True)
+                rec.released_ts = rec.since
+            elif request.state == "repair":
+                self._abandon_sweep(rec.node)
+                reason = f"sent to repair by {who}{why}"
+                self._transition(rec, "repair", reason, operator=True)
+                self._call_scheduler(rec.node, "cordon", reason)
+            else:
+                self._transition(
+                    rec,
+                    rec.state,
+                    f"ignored {who}'s request for {request.state!r}: operators may ask for "
+                    "healthy (release) or repair",
+                    operator=True,
+                )
+
+    def tick(self) -> None:
+        """Advance time: scheduler retries, finished and timed-out sweeps, suspects that did
+        not persist, and cordons of qualified suspects while the cap allows."""
+        with self._lock:
+            now = self.clock()
+            self._retry_scheduler()
+            self._collect_sweeps()
+            for rec in list(self.records.values()):
+                if rec.state == "cordoned" and rec.node not in self._jobs:
+                    if rec.to_repair:
+                        self._send_to_repair(rec, rec.reason.split(": ", 1)[-1])
+                    elif rec.node not in self._scheduler_todo:
+                        self._start_sweep(rec, "single", [])
+                elif (
+                    rec.state == "suspect"
+                    and not rec.qualified
+                    and now - (rec.last_claim_ts or rec.since) > self.policy.suspect_ttl_s
+                ):
+                    count = len(rec.claims)
+                    rec.reset_claims()
+                    self._transition(
+                        rec,
+                        "healthy",
+                        f"flags did not persist ({count} in the last "
+                        f"{self.policy.suspect_ttl_s:.0f} s)",
+                    )
+            self._cordon_qualified()
+
+    def close(self) -> None:
+        """Stop the sweep threads (running sweeps are abandoned; a restart sweeps again)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- views --------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, NodeSummary]:
+        """Every node the orchestrator has acted on, with its state and its recent sweeps."""
+        with self._lock:
+            return {
+                node: NodeSummary(
+                    node,
+                    rec.state,
+                    rec.since,
+                    rec.reason,
+                    len(rec.claims),
+                    tuple(self._sweeps.get(node, ())),
+                )
+                for node, rec in self.records.items()
+            }
+
+    def state_of(self, node: str) -> str:
+        with self._lock:
+            rec = self.records.get(node)
+            return rec.state if rec else "healthy"
+
+    def sweeping(self) -> list[str]:
+        with self._lock:
+            return sorted(self._jobs)
+
+    def cluster_size(self) -> int:
+        if self.settings.cluster_size:
+            return self.settings.cluster_size
+        inventory = self.inventory()
+        return max(len(inventory or ()), len(self.records), 1)
+
+    def inventory(self) -> list[str] | None:
+        if not self._inventory_asked:
+            self._inventory_asked = True
+            self._inventory = self.scheduler.inventory()
+        return self._inventory
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _record(self, node: str) -> NodeRecord:
+        rec = self.records.get(node)
+        if rec is None:
+            rec = self.records[node] = NodeRecord(node)
+        return rec
+
+    def _add_claim(self, rec: NodeRecord, flag: Flag) -> None:
+        rec.claims[flag.id] = flag
+        rec.first_claim_ts = min(rec.first_claim_ts or flag.ts, flag.ts)
+        rec.last_claim_ts = max(rec.last_claim_ts or flag.ts, flag.ts)
+        rec.severity_rank = max(rec.severity_rank, SEVERITY_RANK[flag.severity])
+
+    def _transition(self, rec: NodeRecord, state: str, reason: str, operator: bool = False) -> None:
+        if not operator and state not in ALLOWED[rec.state]:
+            raise InvalidTransition(f"{rec.node}: {rec.state} -> {state} is not allowed")
+        message = NodeState(
+            ts=self.clock(),
+            node=rec.node,
+            state=state,  # type: ignore[arg-type]
+            prev=rec.state,  # type: ignore[arg-type]
+            reason=reason[:4096],
+            actor=self.actor,
+        )
+        rec.prev, rec.state, rec.reason, rec.since = rec.state, state, message.reason, message.ts
+        self.stats[f"to_{state}"] += 1
+        log.info("%s: %s -> %s (%s)", rec.node, message.prev, state, reason)
+        self._emit(message)
+
+    def _emit(self, message: GuardMessage) -> None:
+        self._publish(message)
+        for listener in self.listeners:
+            try:
+                listener(message)
+            except Exception:
+                log.exception("orchestrator listener failed on %s", message.kind)
+
+    def _call_scheduler(self, node: str, action: str, reason: str = "") -> bool:
+        try:
+            if action == "cordon":
+                self.scheduler.cordon(node, reason)
+            else:
+                self.scheduler.uncordon(node)
+        except SchedulerError as exc:
+            log.error(
+                "%s %s failed (retrying in %.0f s): %s", action, node, _SCHEDULER_RETRY_S, exc
+            )
+            self.stats["scheduler_errors"] += 1
+            self._scheduler_todo[node] = (action, reason, time.monotonic() + _SCHEDULER_RETRY_S)
+            return False
+        self._scheduler_todo.pop(node, None)
+        return True
+
+    def _retry_scheduler(self) -> None:
+        for node, (action, reason, due) in list(self._scheduler_todo.items()):
+            if time.monotonic() < due:
+                continue
+            if self._call_scheduler(node, action, reason) and node in self._release_after_uncordon:
+                self._release(self.records[node], self._release_after_uncordon.pop(node))
+
+    def _cordon_qualified(self) -> None:
+        waiting = [r for r in self.records.values() if r.state == "suspect" and r.qualified]
+        if not waiting:
+            return
+        waiting.sort(key=lambda r: (not r.to_repair, -r.severity_rank, r.first_claim_ts or r.since))
+        limit = self.policy.cordon_limit(self.cluster_size())
+        out = sum(self.policy.counts_against_cap(r.state) for r in self.records.values())
+        for rec in waiting:
+            if out >= limit:
+                note = f"cap of {limit} of {self.cluster_size()} nodes out of the pool reached"
+                if note not in rec.reason:
+                    self._transition(rec, "suspect", f"{rec.reason.split('; cap')[0]}; {note}")
+                self.stats["cordons_deferred"] += 1
+                continue
+            evidence = rec.reason.split(": ", 1)[-1].split("; cap")[0]
+            prefix = REASON_CORDONED_FOR_REPAIR if rec.to_repair else "cordoned for sweep"
+            self._transition(rec, "cordoned", f"{prefix}: {evidence}")
+            out += 1
+            cordoned = self._call_scheduler(rec.node, "cordon", rec.reason)
+            if rec.to_repair:
+                self._send_to_repair(rec, evidence)
+            elif cordoned:
+                self._start_sweep(rec, "single", [])
+
+    def _send_to_repair(self, rec: NodeRecord, why: str) -> None:
+        reason = f"sent to repair: {why}"
+        self._transition(rec, "repair", reason)
+        self._call_scheduler(rec.node, "cordon", reason)  # the drain reason now says repair
+
+    def _start_sweep(
+        self, rec: NodeRecord, sweep: str, peers: list[str], restarted: bool = False
+    ) -> None:
+        if sweep == "single":
+            what = "single-node sweep"
+            reason = f"{what} (restarted after an orchestrator restart)" if restarted else what
+            self._transition(rec, "sweeping", reason)
+        now = self.clock()
+        job = _SweepJob(
+            rec.node, sweep, peers, now, time.monotonic() + self.settings.sweep_timeout_s
+        )
+        self._jobs[rec.node] = job
+        self.stats[f"sweeps_{sweep}"] += 1
+        if self._pool is None:
+            job.checks = self._run_executor(rec.node, sweep, peers, now)
+            del self._jobs[rec.node]
+            self._finish_sweep(rec, job)
+        else:
+            job.future = self._pool.submit(self._run_executor, rec.node, sweep, peers, now)
+
+    def _run_executor(
+        self, node: str, sweep: str, peers: list[str], now: float
+    ) -> list[SweepCheck]:
+        try:
+            return self.executor.run(node, sweep, peers, now)
+        except Exception as exc:
+            log.exception("%s sweep of %s raised", sweep, node)
+            return [
+                SweepCheck(name="sweep_error", passed=False, detail=f"{type(exc).__name__}: {exc}")
+            ]
+
+    def _collect_sweeps(self) -> None:
+        for node, job in list(self._jobs.items()):
+            if job.checks is None and job.future is not None and job.future.done():
+                job.checks = job.future.result()
+            if job.checks is None and time.monotonic() > job.deadline:
+                if job.future is not None:
+                    job.future.cancel()
+                job.checks = [
+                    SweepCheck(
+                        name="sweep_timeout",
+                        passed=False,
+                        detail=f"no result within {self.settings.sweep_timeout_s:g} s",
+                    )
+                ]
+            if job.checks is not None and self._jobs.get(node) is job:
+                del self._jobs[node]
+                self._finish_sweep(self.records[node], job)
+
+    def _finish_sweep(self, rec: NodeRecord, job: _SweepJob) -> None:
+        checks = job.checks or []
+        result = SweepResult(
+            id=stable_id("sweep", job.node, job.sweep, job.started),
+            ts=self.clock(),
+            node=job.node,
+            sweep=job.sweep,  # type: ignore[arg-type]
+            peers=job.peers,
+            checks=checks,
+            passed=bool(checks) and all(c.passed for c in checks),
+        )
+        self._sweeps.setdefault(job.node, collections.deque(maxlen=10)).append(result)
+        self._emit(result)
+        self.stats[f"sweeps_{'passed' if result.passed else 'failed'}"] += 1
+        if not result.passed:
+            failing = [c for c in checks if not c.passed]
+            summary = ", ".join(_describe_check(c) for c in failing[:4]) or "no checks ran"
+            self._transition(rec, "failed", f"failed the {job.sweep}-node sweep: {summary}")
+            self._send_to_repair(rec, f"failed the {job.sweep}-node sweep ({summary})")
+            return
+        if job.sweep == "single" and "multi" in self.executor.sweep_kinds:
+            peers = self._choose_peers(rec.node)
+            if peers:
+                self._start_sweep(rec, "multi", peers)
+                return
+            if self.settings.multi_sweep_peers > 0:
+                self._release(
+                    rec, "passed the single-node sweep; no healthy peer for a multi-node one"
+                )
+                return
+        self._release(
+            rec,
+            "passed the single-node and multi-node sweeps"
+            if job.sweep == "multi"
+            else "passed the single-node sweep",
+        )
+
+    def _release(self, rec: NodeRecord, reason: str) -> None:
+        if not self._call_scheduler(rec.node, "uncordon"):
+            self._release_after_uncordon[rec.node] = reason
+            return
+        rec.reset_claims()
+        self._transition(rec, "healthy", reason)
+        rec.passed_sweep_ts = rec.released_ts = rec.since
+
+    def _abandon_sweep(self, node: str) -> None:
+        job = self._jobs.pop(node, None)
+        if job is not None and job.future is not None:
+            job.future.cancel()
+        self._release_after_uncordon.pop(node, None)
+
+    def _choose_peers(self, node: str) -> list[str]:
+        want = self.settings.multi_sweep_peers
+        if want == 0:
+            return []
+        candidates = set(self.inventory() or ()) | set(self.records)
+        healthy = [
+            n
+            for n in candidates
+            if n != node and self.state_of(n) == "healthy" and n not in self._jobs
+        ]
+        # A stable but node-specific order spreads the peer load over the healthy nodes.
+        healthy.sort(key=lambda n: stable_id("peer", node, n))
+        return healthy[:want]
+
+
+def _describe(flag: Flag) -> str:
+    where = (
+        f" gpu{flag.gpu}"
+        if flag.gpu is not None
+        else f" {flag.device}"
+        if flag.device
+        else f" rank{flag.rank}"
+        if flag.rank is not None
+        else ""
+    )
+    return (
+        f"{flag.severity} {flag.category} flag{where} from {flag.detector} (score {flag.score:.3g})"
+    )
+
+
+def _describe_check(check: SweepCheck) -> str:
+    if check.value is None:
+        return f"{check.name} ({check.detail[:120]})"
+    base = f" vs {check.baseline:g}" if check.baseline is not None else ""
+    return f"{check.name} {check.value:g} {check.unit}{base}".rstrip()

@@ -1,0 +1,78 @@
+"""Shared pieces of the orchestrator tests: flags, a settable clock, a gated executor."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from guard.schemas import Flag, SweepCheck
+from guard.sweeps.executors import SimulatedSweepExecutor
+
+NODES = [f"node-{i:03d}" for i in range(32)]
+
+
+def flag(
+    node: str | None,
+    fid: str,
+    ts: float,
+    severity: str = "critical",
+    category: str = "straggler",
+    gpu: int | None = 3,
+    window_s: float | None = None,
+) -> Flag:
+    return Flag(
+        id=fid,
+        ts=ts,
+        node=node,
+        job="job-a",
+        gpu=gpu,
+        detector="peer_straggler",
+        category=category,  # type: ignore[arg-type]
+        severity=severity,  # type: ignore[arg-type]
+        score=2.5,
+        window_s=window_s,
+    )
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, now: float = 1_767_226_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class GatedExecutor:
+    """The simulated executor, but each sweep waits until the test opens the gate."""
+
+    def __init__(self, inner: SimulatedSweepExecutor) -> None:
+        self.inner = inner
+        self.sweep_kinds = inner.sweep_kinds
+        self.gate = threading.Event()
+        self.started: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+
+    def run(self, node: str, sweep: str, peers: Sequence[str], now: float) -> list[SweepCheck]:
+        with self._lock:
+            self.started.append((node, sweep))
+        self.gate.wait(60)
+        return self.inner.run(node, sweep, peers, now)
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float = 60.0, tick: Any = None) -> Any:
+    """Poll until ``predicate()`` is truthy (calling ``tick`` between polls); fail after
+    ``timeout_s``, which bounds a hang and says nothing about speed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if tick is not None:
+            tick()
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not reached within {timeout_s:g} s")
+        time.sleep(0.05)

@@ -1,0 +1,321 @@
+"""The orchestrator's policy and state machine, driven directly (no Kafka)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from guard.config import OrchestratorSettings
+from guard.schemas import GuardMessage, NodeState, SweepResult
+from guard.sweeps.executors import SimulatedFault, SimulatedSweepExecutor
+from guard.sweeps.orchestrator import Orchestrator
+from guard.sweeps.scheduler import DryRunScheduler, SchedulerError
+from guard.sweeps.states import ALLOWED, is_operator
+from tests.sweeps.helpers import NODES, Clock, GatedExecutor, flag, wait_until
+
+T0 = 1_767_226_000.0
+SLOW = SimulatedFault("node-005", "slow_gpu", onset=T0 - 500, gpu=3, slowdown=0.2)
+
+
+class Harness:
+    def __init__(
+        self,
+        faults: list[SimulatedFault] | None = None,
+        executor: Any = None,
+        inline: bool = True,
+        **settings: Any,
+    ) -> None:
+        self.clock = Clock(T0)
+        self.out: list[GuardMessage] = []
+        self.scheduler = DryRunScheduler()
+        self.executor = executor or SimulatedSweepExecutor(faults or [], seed=1)
+        self.orch = Orchestrator(
+            OrchestratorSettings(nodes=NODES, **settings),
+            scheduler=self.scheduler,
+            executor=self.executor,
+            publish=self.out.append,
+            clock=self.clock,
+            inline_sweeps=inline,
+        )
+
+    def states(self, node: str) -> list[str]:
+        return [m.state for m in self.out if isinstance(m, NodeState) and m.node == node]
+
+    def sweeps(self, node: str) -> list[SweepResult]:
+        return [m for m in self.out if isinstance(m, SweepResult) and m.node == node]
+
+    def actions(self, node: str) -> list[str]:
+        return [a.action for a in self.scheduler.actions if a.node == node]
+
+
+def test_a_faulty_node_is_cordoned_swept_and_sent_to_repair() -> None:
+    h = Harness([SLOW])
+    assert h.orch.handle_flag(flag("node-005", "f1", T0 - 1)) == "qualified"
+    h.orch.tick()
+    assert h.states("node-005") == ["suspect", "cordoned", "sweeping", "failed", "repair"]
+    [single] = h.sweeps("node-005")
+    assert single.sweep == "single" and not single.passed
+    failing = [c.name for c in single.checks if not c.passed]
+    assert failing == ["gemm_tflops_gpu3"]
+    assert h.actions("node-005") == ["cordon", "cordon"]  # drained, then the reason updated
+    assert "node-005" in h.scheduler.cordoned
+    last = h.out[-1]
+    assert isinstance(last, NodeState) and "gemm_tflops_gpu3" in last.reason
+    assert last.actor == "orchestrator" and last.prev == "failed"
+
+
+def test_a_falsely_flagged_node_passes_both_sweeps_and_returns_to_the_pool() -> None:
+    h = Harness([SLOW])
+    h.orch.handle_flag(flag("node-010", "f1", T0 - 1))
+    h.orch.tick()
+    assert h.states("node-010") == ["suspect", "cordoned", "sweeping", "healthy"]
+    single, multi = h.sweeps("node-010")
+    assert single.sweep == "single" and single.passed and single.peers == []
+    assert multi.sweep == "multi" and multi.passed and len(multi.peers) == 2
+    assert "node-010" not in multi.peers and "node-005" in NODES
+    assert h.actions("node-010") == ["cordon", "uncordon"]
+    assert h.orch.state_of("node-010") == "healthy"
+
+
+def test_observations_and_job_level_flags_change_nothing() -> None:
+    h = Harness()
+    assert h.orch.handle_flag(flag("node-001", "i1", T0, severity="info")) == "observation"
+    assert h.orch.handle_flag(flag(None, "j1", T0, gpu=None)) == "observation"
+    assert h.orch.handle_flag(flag("node-001", "im", T0, category="imbalance")) == "observation"
+    h.orch.tick()
+    assert h.out == [] and h.scheduler.actions == []
+
+
+def test_a_duplicated_flag_is_acted_on_once() -> None:
+    h = Harness(persist_flags=2)
+    assert h.orch.handle_flag(flag("node-002", "dup", T0, severity="warning")) == "suspect"
+    assert h.orch.handle_flag(flag("node-002", "dup", T0, severity="warning")) == "duplicate"
+    h.orch.tick()
+    assert h.states("node-002") == ["suspect"]  # one flag, not two: no cordon
+    assert h.orch.stats["flags_duplicate"] == 1
+
+
+def test_warnings_must_persist_and_a_suspect_that_does_not_persist_is_cleared() -> None:
+    h = Harness(persist_flags=2, persistence_s=120, suspect_ttl_s=300)
+    assert h.orch.handle_flag(flag("node-003", "w1", T0, severity="warning")) == "suspect"
+    h.orch.tick()
+    assert h.states("node-003") == ["suspect"]
+    h.clock.now = T0 + 301
+    h.orch.tick()
+    assert h.states("node-003") == ["suspect", "healthy"]
+    assert h.scheduler.actions == []  # never cordoned
+
+    # Two distinct warnings persist: the node is cordoned and swept.
+    h.clock.now = T0 + 400
+    h.orch.handle_flag(flag("node-003", "w2", T0 + 390, severity="warning"))
+    assert h.orch.handle_flag(flag("node-003", "w3", T0 + 399, severity="warning")) == "qualified"
+    h.orch.tick()
+    assert h.states("node-003")[-4:] == ["suspect", "cordoned", "sweeping", "healthy"]
+
+
+def test_one_warning_with_a_long_enough_evidence_window_qualifies() -> None:
+    h = Harness(persist_flags=3, persistence_s=120)
+    short = flag("node-004", "s", T0, severity="warning", window_s=30)
+    assert h.orch.handle_flag(short) == "suspect"
+    long = flag("node-006", "l", T0, severity="warning", window_s=180)
+    assert h.orch.handle_flag(long) == "qualified"
+
+
+def test_the_cap_limits_nodes_out_of_the_pool_and_never_two_sweeps_on_one_node() -> None:
+    gated = GatedExecutor(SimulatedSweepExecutor([], seed=2))
+    # 40 nodes at 5 %: two at a time.
+    h = Harness(executor=gated, inline=False, cluster_size=40)
+    try:
+        for i, node in enumerate(["node-001", "node-002", "node-003", "node-004"]):
+            h.orch.handle_flag(flag(node, f"c{i}", T0 - 10 + i))
+        h.orch.tick()
+        states = {n: h.orch.state_of(n) for n in ["node-001", "node-002", "node-003", "node-004"]}
+        assert states == {
+            "node-001": "sweeping",
+            "node-002": "sweeping",
+            "node-003": "suspect",
+            "node-004": "suspect",
+        }
+        assert "cap of 2 of 40 nodes" in h.orch.snapshot()["node-003"].reason
+        # More flags for a node being swept are evidence, not a second sweep.
+        assert h.orch.handle_flag(flag("node-001", "again", T0)) == "evidence"
+        h.orch.tick()
+        wait_until(lambda: len(gated.started) == 2)
+        assert sorted(gated.started) == [("node-001", "single"), ("node-002", "single")]
+        gated.gate.set()
+        wait_until(
+            lambda: all(
+                h.orch.state_of(n) == "healthy"
+                for n in ["node-001", "node-002", "node-003", "node-004"]
+            ),
+            tick=h.orch.tick,
+        )
+        for node in ["node-001", "node-002", "node-003", "node-004"]:
+            assert [(s.sweep, s.passed) for s in h.sweeps(node)] == [
+                ("single", True),
+                ("multi", True),
+            ]
+        # At no point were more than two nodes out of the pool.
+        out = set()
+        most = 0
+        for m in h.out:
+            if isinstance(m, NodeState):
+                if m.state in ("cordoned", "sweeping", "failed"):
+                    out.add(m.node)
+                else:
+                    out.discard(m.node)
+                most = max(most, len(out))
+        assert most == 2
+    finally:
+        gated.gate.set()
+        h.orch.close()
+
+
+def test_flagged_again_soon_after_passing_goes_to_repair_but_later_is_swept_again() -> None:
+    h = Harness(cooldown_s=3600)
+    h.orch.handle_flag(flag("node-007", "a", T0 - 1))
+    h.orch.tick()
+    assert h.states("node-007")[-1] == "healthy"
+    h.clock.now = T0 + 600
+    assert h.orch.handle_flag(flag("node-007", "b", T0 + 590, severity="warning")) == "repair"
+    h.orch.tick()
+    assert h.states("node-007")[-3:] == ["suspect", "cordoned", "repair"]
+    assert len(h.sweeps("node-007")) == 2  # no third sweep: straight to repair
+    assert "flagged again 590 s after passing a sweep" in h.out[-1].reason  # type: ignore[union-attr]
+
+    # Another node, flagged again only after the cooldown, is swept again.
+    h.orch.handle_flag(flag("node-008", "c", T0 + 599))
+    h.orch.tick()
+    h.clock.now = T0 + 600 + 3601 + 10
+    assert h.orch.handle_flag(flag("node-008", "d", h.clock.now - 5)) == "qualified"
+    h.orch.tick()
+    assert h.states("node-008")[-4:] == ["suspect", "cordoned", "sweeping", "healthy"]
+    assert len(h.sweeps("node-008")) == 4
+
+
+def test_stale_flags_are_ignored() -> None:
+    h = Harness(max_flag_age_s=600)
+    h.orch.handle_flag(flag("node-009", "a", T0 - 1))
+    h.orch.tick()
+    released = h.orch.snapshot()["node-009"].since
+    # Evidence from before the node passed its sweep (a redelivery, a slow detector).
+    h.clock.now = T0 + 100
+    assert h.orch.handle_flag(flag("node-009", "old", released - 1)) == "stale"
+    assert h.orch.handle_flag(flag("node-011", "ancient", T0 + 100 - 601)) == "stale"
+    assert h.orch.state_of("node-011") == "healthy"
+
+
+def test_operators_release_and_repair_any_node() -> None:
+    h = Harness([SLOW])
+    h.orch.handle_flag(flag("node-005", "f1", T0 - 1))
+    h.orch.tick()
+    assert h.orch.state_of("node-005") == "repair"
+    h.clock.now = T0 + 50
+    h.orch.handle_operator(
+        NodeState(
+            ts=T0 + 50,
+            node="node-005",
+            state="healthy",
+            reason="GPU 3 replaced",
+            actor="operator:ann",
+        )
+    )
+    last = h.out[-1]
+    assert isinstance(last, NodeState)
+    assert (last.prev, last.state, last.actor) == ("repair", "healthy", "orchestrator")
+    assert last.reason == "released by operator:ann: GPU 3 replaced"
+    assert h.actions("node-005")[-1] == "uncordon"
+    # A flag right after an operator's release is not "flagged again after passing a sweep".
+    h.clock.now = T0 + 60
+    assert h.orch.handle_flag(flag("node-005", "f2", T0 + 55)) == "qualified"
+
+    h.orch.handle_operator(NodeState(ts=T0, node="node-012", state="repair", actor="operator:bo"))
+    assert h.orch.state_of("node-012") == "repair"
+    assert h.actions("node-012") == ["cordon"]
+    h.orch.handle_operator(NodeState(ts=T0, node="node-012", state="sweeping", actor="operator"))
+    assert h.orch.state_of("node-012") == "repair"
+    assert "ignored operator's request for 'sweeping'" in h.out[-1].reason  # type: ignore[union-attr]
+
+
+def test_a_restarted_orchestrator_recovers_and_finishes_the_work() -> None:
+    first = Harness([SLOW], executor=GatedExecutor(SimulatedSweepExecutor([SLOW])), inline=False)
+    try:
+        first.orch.handle_flag(flag("node-005", "f1", T0 - 1))  # will fail: repair
+        first.orch.handle_flag(flag("node-010", "f2", T0 - 1))  # will pass: healthy
+        first.orch.tick()
+        assert first.orch.sweeping() == ["node-005"]  # cap of 1 for 32 nodes
+        assert first.orch.state_of("node-010") == "suspect"
+    finally:
+        first.orch.close()  # "killed" mid-sweep: the gate never opens
+        first.executor.gate.set()
+
+    second = Harness([SLOW])
+    pending = second.orch.recover(m for m in first.out if isinstance(m, NodeState))
+    assert pending == []
+    assert second.orch.state_of("node-005") == "sweeping"
+    second.orch.resume(pending)
+    second.orch.tick()
+    assert second.states("node-005") == ["sweeping", "failed", "repair"]
+    assert "restarted" in second.out[0].reason  # type: ignore[union-attr]
+    assert second.states("node-010") == ["cordoned", "sweeping", "healthy"]
+    assert second.actions("node-005")[0] == "cordon"  # the cordon was re-asserted
+
+
+def test_pending_operator_requests_are_applied_on_recovery() -> None:
+    h = Harness()
+    pending = h.orch.recover(
+        [
+            NodeState(ts=T0, node="node-001", state="repair", prev="failed", actor="orchestrator"),
+            NodeState(ts=T0 + 5, node="node-001", state="healthy", actor="operator:ann"),
+            NodeState(
+                ts=T0, node="node-002", state="failed", prev="sweeping", actor="orchestrator"
+            ),
+        ]
+    )
+    assert [p.node for p in pending] == ["node-001"]
+    h.orch.resume(pending)
+    assert h.orch.state_of("node-001") == "healthy"
+    assert h.orch.state_of("node-002") == "repair"
+
+
+def test_a_scheduler_failure_is_retried_before_the_sweep_starts() -> None:
+    class Flaky(DryRunScheduler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.failures = 1
+
+        def cordon(self, node: str, reason: str) -> None:
+            if self.failures:
+                self.failures -= 1
+                raise SchedulerError("slurmctld not responding")
+            super().cordon(node, reason)
+
+    h = Harness()
+    h.scheduler = Flaky()
+    h.orch.scheduler = h.scheduler
+    h.orch.handle_flag(flag("node-001", "f", T0 - 1))
+    h.orch.tick()
+    assert h.states("node-001") == ["suspect", "cordoned"]  # no sweep on an undrained node
+    h.orch._scheduler_todo["node-001"] = ("cordon", "retry", 0.0)  # make the retry due now
+    h.orch.tick()
+    assert h.states("node-001") == ["suspect", "cordoned", "sweeping", "healthy"]
+    assert h.orch.stats["scheduler_errors"] == 1
+
+
+def test_every_published_transition_is_allowed() -> None:
+    h = Harness([SLOW])
+    for i, node in enumerate(NODES[:6]):
+        h.orch.handle_flag(flag(node, f"f{i}", T0 - 1))
+        h.orch.tick()
+    h.orch.handle_flag(flag("node-005", "x", T0))
+    for m in h.out:
+        if isinstance(m, NodeState) and not is_operator(m.actor):
+            assert m.prev is not None
+            assert m.state in ALLOWED[m.prev], (m.prev, m.state)
+
+
+@pytest.mark.parametrize("fraction,size,limit", [(0.05, 32, 1), (0.05, 40, 2), (0.25, 8, 2)])
+def test_cordon_limit(fraction: float, size: int, limit: int) -> None:
+    h = Harness(max_cordoned_fraction=fraction)
+    assert h.orch.policy.cordon_limit(size) == limit

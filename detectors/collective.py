@@ -67,8 +67,8 @@ from typing import Any
 from guard.schemas import CollectiveTiming
 
 from .findings import Finding
-from .persistence import DeviationTracker, PersistenceRule
-from .robust import mad_sigma, median
+from .persistence import DeviationTracker, GroupNoise, PersistenceRule
+from .robust import median
 
 __all__ = ["CollectiveHomogeneityDetector"]
 
@@ -76,13 +76,14 @@ _SMOOTHING = 0.1
 
 
 class _Round:
-    __slots__ = ("arrive", "conns", "end", "first_arrive", "hung", "ts")
+    __slots__ = ("arrive", "conns", "end", "ended", "first_arrive", "hung", "ts")
 
     def __init__(self) -> None:
         self.arrive: dict[int, float] = {}
         self.end: dict[int, float | None] = {}
         self.conns: dict[tuple[int, int], float] = {}  # (rank, peer) -> seconds per byte
         self.first_arrive = float("inf")
+        self.ended = 0
         self.hung = False
         self.ts = 0.0
 
@@ -103,8 +104,8 @@ class CollectiveHomogeneityDetector:
         min_peers: int = 4,
     ) -> None:
         self.job = job
-        self.rule = rule or PersistenceRule(min_residual=0.02, min_mean=0.02)
-        self.link_rule = link_rule or PersistenceRule(min_residual=0.15, min_mean=0.15, z=4.0)
+        self.rule = rule or PersistenceRule(min_residual=0.02, abs_residual=0.06)
+        self.link_rule = link_rule or PersistenceRule(min_residual=0.15, abs_residual=0.3)
         self.close_lag = close_lag
         self.hang_factor = hang_factor
         self.hang_min_s = hang_min_s
@@ -116,8 +117,8 @@ class CollectiveHomogeneityDetector:
         self.last_center: dict[str, float] = {}
         self.interval: dict[str, float] = {}
         self.duration: dict[str, float] = {}
-        self.sigma: dict[str, float] = {}
-        self.link_sigma = 0.0
+        self.noise: dict[str, GroupNoise] = {}
+        self.link_noise = GroupNoise()
         self.node_of: dict[int, str] = {}
         self.late: dict[tuple[str, int], DeviationTracker] = {}
         self.slow_nodes: dict[str, DeviationTracker] = {}
@@ -140,6 +141,8 @@ class CollectiveHomogeneityDetector:
         rnd.arrive[rank] = msg.arrive_ts
         if msg.arrive_ts < rnd.first_arrive:
             rnd.first_arrive = msg.arrive_ts
+        if msg.end_ts is not None and rnd.end.get(rank) is None:
+            rnd.ended += 1
         rnd.end[rank] = msg.end_ts
         if msg.ts > rnd.ts:
             rnd.ts = msg.ts
@@ -149,13 +152,13 @@ class CollectiveHomogeneityDetector:
                     pair = (rank, peer.rank) if rank < peer.rank else (peer.rank, rank)
                     rnd.conns[pair] = max(rnd.conns.get(pair, 0.0), peer.duration_s / peer.bytes)
         found: list[Finding] = []
-        ended = sum(1 for e in rnd.end.values() if e is not None)
         expected = self.expected.get(comm, 0)
-        if expected and ended >= expected:
+        if expected and rnd.ended >= expected:
             found += self._close(comm, seq)
-        oldest = min((s for c, s in self.rounds if c == comm), default=seq)
-        if seq - oldest >= self.close_lag:
-            found += self._close(comm, seq - self.close_lag)
+        if len(self.rounds) > 1:
+            oldest = min((s for c, s in self.rounds if c == comm), default=seq)
+            if seq - oldest >= self.close_lag:
+                found += self._close(comm, seq - self.close_lag)
         return found
 
     def tick(self, now: float) -> list[Finding]:
@@ -210,18 +213,25 @@ class CollectiveHomogeneityDetector:
         self.interval[comm] = interval
         if len(arrive) < self.min_peers or interval <= 0.0:
             return []
-        residuals = {r: (a - center) / interval for r, a in arrive.items()}
-        step_sigma = mad_sigma(list(residuals.values()), 0.0)
-        sigma = self.sigma.get(comm)
-        sigma = step_sigma if sigma is None else sigma + _SMOOTHING * (step_sigma - sigma)
-        self.sigma[comm] = sigma
-        found: list[Finding] = []
-        for rank, residual in residuals.items():
-            key = (comm, rank)
-            tracker = self.late.get(key)
+        ranks = list(arrive)
+        residuals = [(arrive[r] - center) / interval for r in ranks]
+        trackers = []
+        excesses = []
+        for rank, residual in zip(ranks, residuals, strict=True):
+            tracker = self.late.get((comm, rank))
             if tracker is None:
-                tracker = self.late[key] = DeviationTracker()
-            event = tracker.update(residual, sigma, self.rule, rnd.ts)
+                tracker = self.late[(comm, rank)] = DeviationTracker()
+            trackers.append(tracker)
+            excess = tracker.excess(residual, self.rule)
+            if excess is not None:
+                excesses.append(excess)
+        noise = self.noise.get(comm)
+        if noise is None:
+            noise = self.noise[comm] = GroupNoise()
+        sigma_rel, sigma_abs = noise.measure(residuals, excesses)
+        found: list[Finding] = []
+        for rank, residual, tracker in zip(ranks, residuals, trackers, strict=True):
+            event = tracker.update(residual, sigma_rel, sigma_abs, self.rule, rnd.ts)
             if event is None:
                 continue
             mean = tracker.slow_mean()
@@ -231,7 +241,7 @@ class CollectiveHomogeneityDetector:
                 "seq": seq,
                 "late_pct_of_interval": round(100.0 * mean, 1),
                 "interval_s": round(interval, 6),
-                "late_ops": f"{tracker.slow_rounds()}/{len(tracker.residuals)}",
+                "late_ops": f"{tracker.slow_rounds()}/{len(tracker.scores)}",
                 "since_ts": tracker.since_ts,
             }
             found.append(
@@ -268,17 +278,22 @@ class CollectiveHomogeneityDetector:
             per_node.setdefault(nb, []).append(r)
         if len(per_node) < self.min_peers:
             return []
-        node_res = {n: median(v) for n, v in per_node.items()}
-        step_sigma = mad_sigma(list(node_res.values()), 0.0)
-        self.link_sigma = (
-            step_sigma if not self.link_sigma else self.link_sigma + _SMOOTHING * (step_sigma - self.link_sigma)
-        )
-        found: list[Finding] = []
-        for node, residual in node_res.items():
+        nodes = list(per_node)
+        residuals = [median(per_node[n]) for n in nodes]
+        trackers = []
+        excesses = []
+        for node, residual in zip(nodes, residuals, strict=True):
             tracker = self.slow_nodes.get(node)
             if tracker is None:
                 tracker = self.slow_nodes[node] = DeviationTracker()
-            event = tracker.update(residual, self.link_sigma, self.link_rule, rnd.ts)
+            trackers.append(tracker)
+            excess = tracker.excess(residual, self.link_rule)
+            if excess is not None:
+                excesses.append(excess)
+        sigma_rel, sigma_abs = self.link_noise.measure(residuals, excesses)
+        found: list[Finding] = []
+        for node, residual, tracker in zip(nodes, residuals, trackers, strict=True):
+            event = tracker.update(residual, sigma_rel, sigma_abs, self.link_rule, rnd.ts)
             if event is None:
                 continue
             mean = tracker.slow_mean()
@@ -288,7 +303,7 @@ class CollectiveHomogeneityDetector:
                 "seq": seq,
                 "slower_than_peers_pct": round(100.0 * mean, 1),
                 "connections": len(per_node[node]),
-                "slow_ops": f"{tracker.slow_rounds()}/{len(tracker.residuals)}",
+                "slow_ops": f"{tracker.slow_rounds()}/{len(tracker.scores)}",
                 "since_ts": tracker.since_ts,
             }
             found.append(

@@ -66,15 +66,27 @@ RETRANSMITS = ("out_of_sequence", "packet_seq_err", "local_ack_timeout_err")
 CONGESTION_COUNTERS = ("np_ecn_marked_roce_packets", "rp_cnp_handled")
 
 
+def _increase(now: dict[str, int], before: dict[str, int], names: tuple[str, ...]) -> int:
+    """Sum of the increases of ``names``; a counter that went down was reset and adds 0."""
+    total = 0
+    for name in names:
+        value = now.get(name)
+        if value is not None:
+            old = before.get(name)
+            if old is not None and value > old:
+                total += value - old
+    return total
+
+
 class _PortState:
-    __slots__ = ("congestion", "counters", "degraded", "down", "speed", "ts")
+    __slots__ = ("congested", "counters", "degraded", "down", "speed", "ts")
 
     def __init__(self, hold_args: tuple[int, int, int]) -> None:
         self.counters: dict[str, int] = {}
         self.ts: float | None = None
         self.degraded = Hold(*hold_args)
         self.down = Hold(*hold_args)
-        self.congestion = Hold(*hold_args)
+        self.congested = False
         self.speed: float | None = None
 
 
@@ -88,7 +100,7 @@ class NicDetector:
         phys_per_s: float = 0.5,
         retrans_per_s: float = 5.0,
         speed_ratio: float = 0.9,
-        congestion_per_s: float = 1000.0,
+        congestion_per_s: float = 100.0,
         raise_after: int = 2,
         within: int = 3,
         clear_after: int = 10,
@@ -100,6 +112,8 @@ class NicDetector:
         self.hold_args = (raise_after, within, clear_after)
         self.ports: dict[tuple[str, int], _PortState] = {}
         self.nominal_gbps = 0.0
+        self.first_port: tuple[str, int] | None = None
+        self.congestion = Hold(raise_after, within, clear_after)  # the node's, over its ports
 
     def learn_one(self, s: NicSample) -> list[Finding]:
         key = (s.device, s.port)
@@ -113,18 +127,14 @@ class NicDetector:
         prev, prev_ts = st.counters, st.ts
         if prev_ts is not None and s.ts <= prev_ts:
             return []  # duplicate or out of order: rates need increasing time
-        st.counters = dict(s.counters)
+        counters = s.counters
+        st.counters = counters  # messages are not mutated: keep a reference, not a copy
         st.ts = s.ts
         if prev_ts is None:
             return []
         dt = s.ts - prev_ts
-        deltas: dict[str, int] = {}
-        for name, value in s.counters.items():
-            before = prev.get(name)
-            if before is not None and value >= before:
-                deltas[name] = value - before  # value < before: a reset, re-baselined above
         found: list[Finding] = []
-        flaps = deltas.get("link_downed", 0)
+        flaps = _increase(counters, prev, ("link_downed",))
         if flaps:
             found.append(
                 self._finding(s, "link", "critical" if flaps >= 3 else "warning", s.ts,
@@ -135,8 +145,8 @@ class NicDetector:
             found.append(self._finding(s, "link", "warning", st.down.since,
                                        {"signal": "link_up", "link_up": s.link_up},
                                        clear=event == "clear"))
-        phys = sum(deltas.get(c, 0) for c in PHYSICAL_ERRORS) / dt
-        retrans = sum(deltas.get(c, 0) for c in RETRANSMITS) / dt
+        phys = _increase(counters, prev, PHYSICAL_ERRORS) / dt
+        retrans = _increase(counters, prev, RETRANSMITS) / dt
         slow = (
             st.speed is not None
             and self.nominal_gbps > 0.0
@@ -153,16 +163,22 @@ class NicDetector:
                 "speed_gbps": st.speed,
                 "nominal_gbps": self.nominal_gbps,
             }, clear=event == "clear"))
-        congestion = sum(deltas.get(c, 0) for c in CONGESTION_COUNTERS) / dt
-        congested = congestion >= self.congestion_per_s and phys == 0.0 and retrans == 0.0
-        event = st.congestion.update(congested, s.ts)
-        if event is not None:
-            found.append(self._finding(s, "nic", "info", st.congestion.since, {
-                "signal": "congestion",
-                "observation": "congestion",
-                "ecn_cnp_per_s": round(congestion, 1),
-                "xmit_wait_per_s": round(deltas.get("port_xmit_wait", 0) / dt, 1),
-            }, clear=event == "clear"))
+        congestion = _increase(counters, prev, CONGESTION_COUNTERS) / dt
+        st.congested = congestion >= self.congestion_per_s and phys == 0.0 and retrans == 0.0
+        if self.first_port is None or key < self.first_port:
+            self.first_port = key
+        if key == self.first_port:  # one node-level verdict per sampling round
+            ports = self.ports.values()
+            share = sum(1 for p in ports if p.congested) / len(ports)
+            event = self.congestion.update(share >= 0.5, s.ts)
+            if event is not None:
+                found.append(self._finding(s, "nic", "info", self.congestion.since, {
+                    "signal": "congestion",
+                    "observation": "congestion",
+                    "ports_congested_pct": round(100.0 * share),
+                    "ecn_cnp_per_s": round(congestion, 1),
+                    "xmit_wait_per_s": round(_increase(counters, prev, ("port_xmit_wait",)) / dt, 1),
+                }, clear=event == "clear", device=None))
         return found
 
     def _finding(
@@ -173,6 +189,7 @@ class NicDetector:
         since: float,
         evidence: dict[str, Any],
         clear: bool = False,
+        device: str | None = "",
     ) -> Finding:
         return Finding(
             detector=self.name,
@@ -183,7 +200,7 @@ class NicDetector:
             since=since,
             score=1.0,
             job=s.job,
-            device=s.device,
+            device=s.device if device == "" else device,
             evidence={"port": s.port, **evidence},
             clear=clear,
         )

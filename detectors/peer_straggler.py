@@ -57,12 +57,10 @@ from typing import Any
 from guard.schemas import StepTiming
 
 from .findings import Finding
-from .persistence import DeviationTracker, PersistenceRule
-from .robust import mad_sigma, median
+from .persistence import DeviationTracker, GroupNoise, PersistenceRule
+from .robust import median
 
 __all__ = ["PeerStragglerDetector"]
-
-_SIGMA_SMOOTHING = 0.1
 
 
 class PeerStragglerDetector:
@@ -89,7 +87,7 @@ class PeerStragglerDetector:
         self.pending_ts: dict[int, float] = {}
         self.ranks: dict[int, tuple[str, int | None, int]] = {}  # rank -> node, gpu, stage
         self.trackers: dict[int, DeviationTracker] = {}
-        self.sigma: dict[int, float] = {}
+        self.noise: dict[int, GroupNoise] = {}
         self.expected = 0
         self.closed_through = -1
         self.imbalanced = False
@@ -152,15 +150,22 @@ class PeerStragglerDetector:
                 continue
             stage_medians[stage] = center
             residuals = [v / center - 1.0 for v in values]
-            step_sigma = mad_sigma(residuals, 0.0)
-            sigma = self.sigma.get(stage)
-            sigma = step_sigma if sigma is None else sigma + _SIGMA_SMOOTHING * (step_sigma - sigma)
-            self.sigma[stage] = sigma
+            trackers = []
+            excesses = []
             for rank, residual in zip(members, residuals, strict=True):
                 tracker = self.trackers.get(rank)
                 if tracker is None:
                     tracker = self.trackers[rank] = DeviationTracker()
-                event = tracker.update(residual, sigma, rule, ts)
+                trackers.append(tracker)
+                excess = tracker.excess(residual, rule)
+                if excess is not None:
+                    excesses.append(excess)
+            noise = self.noise.get(stage)
+            if noise is None:
+                noise = self.noise[stage] = GroupNoise()
+            sigma_rel, sigma_abs = noise.measure(residuals, excesses)
+            for rank, residual, tracker in zip(members, residuals, trackers, strict=True):
+                event = tracker.update(residual, sigma_rel, sigma_abs, rule, ts)
                 if event is not None:
                     found.append(self._finding(event, rank, step, ts, tracker, center, row[rank]))
         found += self._imbalance(step, ts, stage_medians)
@@ -183,9 +188,10 @@ class PeerStragglerDetector:
             "metric": "compute_s",
             "slowdown_pct": round(100.0 * mean, 1),
             "relative_score": round(1.0 / (1.0 + mean), 3),
+            "own_baseline_pct": round(100.0 * tracker.baseline, 1),
             "peer_median_s": round(center, 6),
             "rank_s": round(value, 6),
-            "slow_steps": f"{tracker.slow_rounds()}/{len(tracker.residuals)}",
+            "slow_steps": f"{tracker.slow_rounds()}/{len(tracker.scores)}",
             "pp_stage": stage,
             "step": step,
             "since_ts": tracker.since_ts,

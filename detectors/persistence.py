@@ -1,19 +1,28 @@
 """Persistent deviation from peers: the rule that turns per-round residuals into a claim.
 
-Every round (a training step, a collective, a sampling round) each member of a peer group
-gets a *residual*: how much worse than the group's median it was (``0.05`` = 5 % slower).
-One bad round is a hiccup; a random member that is slow for a round or two is moving
-imbalance; neither is a fault. A member is *slow in a window* when, over its last
-``window`` rounds, at least ``min_fraction`` of them were beyond the noise threshold and
-its mean residual (winsorised, so one huge hiccup cannot carry the mean) is at least
-``min_mean``. It is *flagged* when it was slow in ``m`` of its last ``n`` windows, and cleared
-after ``clear_after`` windows in a row that were not slow. A rank that is slow only part of
-the time (say every other step) still fills half its window and is caught; a gradual
-slowdown is caught once it clears the thresholds.
+Every round (a training step, a collective, ...) each member of a peer group gets a
+*residual* ``r``: how much worse than the group's median it was (``0.05`` = 5 % slower).
+Healthy members are not identical (GPUs differ by about a percent), so a round is *slow*
+for a member when either
 
-The noise threshold adapts to the group: ``max(min_residual, z * sigma)`` where sigma is an
-exponentially smoothed, MAD-based spread of the group's residuals, so jittery jobs need a
-larger deviation than quiet ones.
+* ``r - baseline > max(min_residual, z * sigma_rel)`` — it is worse than **its own usual
+  place in the group** (the baseline is learned over its first ``baseline_rounds`` rounds and
+  then follows very slowly, never while the member is slow); or
+* ``r > max(abs_residual, z * sigma_abs)`` — it is far from its peers, however long it has
+  been so (a rank that was slow from the start is still a straggler).
+
+``sigma_rel`` and ``sigma_abs`` are the group's robust spreads of those two quantities in
+this round (the detector passes them in, taking the larger of this round's and a smoothed
+value, so a job-wide jittery round such as a data stall raises the bar for everyone).
+
+One slow round is a hiccup; a random member that is slow now and then is moving imbalance;
+neither is a fault. The *score* of a round is how far past its threshold it was
+(``>= 1`` is slow, capped at ``cap``). A member is *slow in a window* when at least
+``min_fraction`` of its last ``window`` rounds were slow and its mean score is at least
+``min_score``; it is *flagged* when slow in ``m`` of its last ``n`` windows, and cleared
+after ``clear_after`` windows in a row that were not. A rank that is slow only part of the
+time (every other step) still fills half its window; a gradual slowdown is caught once it
+clears the thresholds.
 
 Parameters
 ----------
@@ -22,17 +31,23 @@ window
 min_fraction
     Fraction of the window's rounds that must be slow.
 min_residual
-    Smallest residual that counts as slow in one round.
-min_mean
-    Smallest winsorised mean residual over the window.
+    Smallest excess over the member's own baseline that counts as slow.
+abs_residual
+    Smallest residual against the peers' median that counts as slow regardless of baseline.
 z
-    Multiples of the group's noise sigma a residual must exceed.
+    Multiples of the group's spread a residual must exceed.
+min_score
+    Smallest mean (capped) score over the window.
 m, n
     Persistence: slow in ``m`` of the last ``n`` windows.
 clear_after
     Windows in a row that are not slow before a flagged member is cleared.
+baseline_rounds
+    Rounds over which a member's baseline is learned before the relative test starts.
+baseline_alpha
+    Smoothing of the baseline afterwards (rounds that are not slow only).
 cap
-    Residuals are winsorised to ``[-cap, cap]`` for the mean.
+    Largest score one round can contribute.
 
 References
 ----------
@@ -42,14 +57,15 @@ performance scores. https://github.com/NVIDIA/nvidia-resiliency-ext
 Example
 -------
 >>> from guard.detectors.persistence import DeviationTracker, PersistenceRule
->>> rule = PersistenceRule()
->>> tracker = DeviationTracker()
->>> events = [tracker.update(0.08, sigma=0.01, rule=rule, round_ts=float(t)) for t in range(8)]
->>> events.index("raise")  # a steady 8 % slowdown is claimed after a few rounds
-4
+>>> rule = PersistenceRule(baseline_rounds=4)
+>>> t = DeviationTracker()
+>>> residuals = [0.01] * 6 + [0.07] * 8  # 1 % slower than the median is this GPU's normal
+>>> events = [t.update(r, 0.004, 0.01, rule, float(i)) for i, r in enumerate(residuals)]
+>>> events.index("raise"), round(t.baseline, 3), t.since_ts
+(10, 0.01, 6.0)
 >>> hiccup = DeviationTracker()
->>> [hiccup.update(r, sigma=0.01, rule=rule, round_ts=0.0) for r in (0.0, 0.9, 0.0, 0.0, 0.0)]
-[None, None, None, None, None]
+>>> [hiccup.update(r, 0.004, 0.01, rule, 0.0) for r in [0.0] * 5 + [0.9] + [0.0] * 3]
+[None, None, None, None, None, None, None, None, None]
 
 """
 
@@ -58,7 +74,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["DeviationTracker", "PersistenceRule"]
+from .robust import mad_sigma
+
+__all__ = ["DeviationTracker", "GroupNoise", "PersistenceRule"]
+
+_SMOOTHING = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,58 +88,89 @@ class PersistenceRule:
     window: int = 8
     min_fraction: float = 0.5
     min_residual: float = 0.02
-    min_mean: float = 0.02
-    z: float = 3.0
+    abs_residual: float = 0.07
+    z: float = 4.0
+    min_score: float = 0.75
     m: int = 2
     n: int = 3
     clear_after: int = 8
-    cap: float = 0.5
+    baseline_rounds: int = 16
+    baseline_alpha: float = 0.002
+    cap: float = 3.0
 
 
 class DeviationTracker:
-    """One member's recent residuals and its flagged state (a few hundred bytes pickled)."""
+    """One member's recent scores, baseline and flagged state (a few hundred bytes pickled)."""
 
-    __slots__ = ("active", "calm", "residuals", "since_ts", "slow", "windows")
+    __slots__ = (
+        "active",
+        "baseline",
+        "calm",
+        "rounds",
+        "scores",
+        "since_ts",
+        "slow",
+        "slow_residuals",
+        "windows",
+    )
 
     def __init__(self) -> None:
-        self.residuals: deque[float] = deque()
+        self.scores: deque[float] = deque()
         self.slow: deque[float] = deque()  # round timestamps of slow rounds, -1.0 for normal
+        self.slow_residuals: deque[float] = deque()
         self.windows = 0  # bit history of window verdicts, newest in bit 0
         self.active = False
         self.calm = 0
         self.since_ts = 0.0
+        self.baseline = 0.0
+        self.rounds = 0
 
-    def mean(self) -> float:
-        return sum(self.residuals) / len(self.residuals) if self.residuals else 0.0
+    def excess(self, residual: float, rule: PersistenceRule) -> float | None:
+        """Residual above the member's own baseline; ``None`` while the baseline is learned."""
+        return residual - self.baseline if self.rounds >= rule.baseline_rounds else None
 
     def slow_mean(self) -> float:
-        """Mean residual over the window's slow rounds (how slow the member is when slow)."""
-        picked = [r for r, s in zip(self.residuals, self.slow, strict=True) if s >= 0.0]
+        """Mean residual (against peers) over the window's slow rounds."""
+        picked = [r for r in self.slow_residuals if r == r]
         return sum(picked) / len(picked) if picked else 0.0
 
     def slow_rounds(self) -> int:
         return sum(1 for s in self.slow if s >= 0.0)
 
     def update(
-        self, residual: float, sigma: float, rule: PersistenceRule, round_ts: float
+        self,
+        residual: float,
+        sigma_rel: float,
+        sigma_abs: float,
+        rule: PersistenceRule,
+        round_ts: float,
     ) -> str | None:
         """Add one round; return ``"raise"``, ``"clear"`` or ``None``."""
-        cap = rule.cap
-        r = cap if residual > cap else (-cap if residual < -cap else residual)
-        res = self.residuals
-        slow = self.slow
-        res.append(r)
-        threshold = max(rule.min_residual, rule.z * sigma)
-        slow.append(round_ts if residual > threshold else -1.0)
-        if len(res) > rule.window:
-            res.popleft()
+        self.rounds += 1
+        ready = self.rounds > rule.baseline_rounds
+        if not ready:
+            self.baseline += (residual - self.baseline) / self.rounds
+        score = residual / max(rule.abs_residual, rule.z * sigma_abs)
+        if ready:
+            rel = (residual - self.baseline) / max(rule.min_residual, rule.z * sigma_rel)
+            if rel > score:
+                score = rel
+        slow_round = score >= 1.0
+        if ready and not slow_round and not self.active and score < 0.5:
+            self.baseline += rule.baseline_alpha * (residual - self.baseline)
+        scores, slow, picked = self.scores, self.slow, self.slow_residuals
+        scores.append(min(score, rule.cap) if score > 0.0 else 0.0)
+        slow.append(round_ts if slow_round else -1.0)
+        picked.append(residual if slow_round else float("nan"))
+        if len(scores) > rule.window:
+            scores.popleft()
             slow.popleft()
-        full = len(res) >= rule.window // 2
+            picked.popleft()
         n_slow = sum(1 for s in slow if s >= 0.0)
         verdict = (
-            full
+            len(scores) >= rule.window // 2
             and n_slow >= rule.min_fraction * rule.window
-            and sum(res) / len(res) >= rule.min_mean
+            and sum(scores) / len(scores) >= rule.min_score
         )
         self.windows = ((self.windows << 1) | int(verdict)) & ((1 << rule.n) - 1)
         if not self.active:
@@ -138,3 +189,25 @@ class DeviationTracker:
             self.windows = 0
             return "clear"
         return None
+
+
+class GroupNoise:
+    """A peer group's spread of residuals, this round's or the smoothed one, whichever is larger.
+
+    ``sigma_abs`` is the MAD-sigma of the residuals against the median; ``sigma_rel`` that of
+    the members' excesses over their own baselines (much smaller in a quiet job: it measures
+    round-to-round jitter, not the fixed differences between GPUs).
+    """
+
+    __slots__ = ("abs", "rel")
+
+    def __init__(self) -> None:
+        self.abs = -1.0
+        self.rel = -1.0
+
+    def measure(self, residuals: list[float], excesses: list[float]) -> tuple[float, float]:
+        step_abs = mad_sigma(residuals, 0.0)
+        step_rel = mad_sigma(excesses) if len(excesses) >= 3 else step_abs
+        self.abs = step_abs if self.abs < 0 else self.abs + _SMOOTHING * (step_abs - self.abs)
+        self.rel = step_rel if self.rel < 0 else self.rel + _SMOOTHING * (step_rel - self.rel)
+        return max(step_rel, self.rel), max(step_abs, self.abs)

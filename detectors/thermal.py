@@ -63,7 +63,7 @@ class ThermalDetector:
 
     def __init__(
         self,
-        peer_delta_c: float = 12.0,
+        peer_delta_c: float = 10.0,
         limit_c: float = 90.0,
         critical_c: float = 97.0,
         raise_after: int = 2,

@@ -33,6 +33,7 @@ def _fail(message: str) -> int:
 
 
 def cmd_orchestrator(args: argparse.Namespace, settings: Settings) -> int:
+    from guard.kafka import wait_for_broker
     from guard.sweeps.executors import SimulatedSweepExecutor
     from guard.sweeps.orchestrator import SimulatedClock
     from guard.sweeps.service import KafkaOrchestrator
@@ -94,13 +95,19 @@ def cmd_orchestrator(args: argparse.Namespace, settings: Settings) -> int:
         file=sys.stderr,
         flush=True,
     )
-    orchestrator.run(stop)
+    wait_for_broker(settings)
+    try:
+        orchestrator.run(stop)
+    except (RuntimeError, TimeoutError) as exc:
+        return _fail(str(exc))
     return 0
 
 
 def _views(settings: Settings, args: argparse.Namespace, history: bool = False) -> Any:
+    from guard.kafka import wait_for_broker
     from guard.sweeps.service import read_node_states
 
+    wait_for_broker(settings, timeout_s=args.timeout)
     return read_node_states(settings, timeout_s=args.timeout, keep_history=history)
 
 
@@ -189,10 +196,10 @@ def cmd_node_show(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _request(args: argparse.Namespace, settings: Settings, state: str) -> int:
-    from guard.sweeps.service import read_node_states, request_operator_action, wait_for_answer
+    from guard.sweeps.service import request_operator_action, wait_for_answer
 
     try:
-        current = read_node_states(settings, timeout_s=args.timeout).get(args.node)
+        current = _views(settings, args).get(args.node)
         prev = current.state.state if current and current.state else None
         request = request_operator_action(
             settings, args.node, state, args.reason or "", user=args.user, prev=prev

@@ -170,6 +170,7 @@ class Orchestrator:
             )
         )
         self.stats: collections.Counter[str] = collections.Counter()
+        self._warned_time_base = False
 
     # --- inputs -------------------------------------------------------------------------------
 
@@ -224,6 +225,14 @@ class Orchestrator:
         if now - flag.ts > self.policy.max_flag_age_s or (
             rec.released_ts is not None and flag.ts <= rec.released_ts
         ):
+            if now - flag.ts > 10 * self.policy.max_flag_age_s and not self._warned_time_base:
+                self._warned_time_base = True
+                log.warning(
+                    "flag %s is %.0f s older than the orchestrator's clock: is the clock in "
+                    "the flags' time base (SimulatedClock for a simulated cluster)?",
+                    flag.id,
+                    now - flag.ts,
+                )
             return "stale"
         if rec.state in OUT_OF_POOL:
             rec.late_flags += 1

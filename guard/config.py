@@ -84,6 +84,10 @@ class AgentSettings(Section):
 class StreamsSettings(Section):
     app_id: str = "guard-streams"
     workers: int = Field(1, ge=1)
+    checkpoint_s: float = Field(
+        5.0, gt=0, description="how often a key's detector state goes to its changelog table"
+    )
+    progress_s: float = Field(10.0, gt=0, description="period of the progress line, s")
     web_port: int = Field(6066, ge=0)
 
 

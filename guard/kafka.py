@@ -72,6 +72,7 @@ def client_config(settings: Settings) -> dict[str, Any]:
         "bootstrap.servers": k.bootstrap,
         "client.id": k.client_id,
         "security.protocol": k.security_protocol,
+        "log.connection.close": False,  # idle brokers closing connections is not news
     }
     optional = {
         "sasl.mechanism": k.sasl_mechanism,
@@ -106,7 +107,12 @@ def make_producer(settings: Settings, **overrides: Any) -> Producer:
 
 
 def make_consumer(
-    settings: Settings, group_id: str, topics: Iterable[str] | None = None, **overrides: Any
+    settings: Settings,
+    group_id: str,
+    topics: Iterable[str] | None = None,
+    on_assign: Any = None,
+    on_revoke: Any = None,
+    **overrides: Any,
 ) -> Consumer:
     """A consumer that commits only when told (``enable.auto.commit`` off), from the start."""
     conf = client_config(settings)
@@ -122,7 +128,8 @@ def make_consumer(
     conf.update(overrides)
     consumer = Consumer(conf)
     if topics is not None:
-        consumer.subscribe(list(topics))
+        callbacks = {"on_assign": on_assign, "on_revoke": on_revoke}
+        consumer.subscribe(list(topics), **{k: v for k, v in callbacks.items() if v is not None})
     return consumer
 
 

@@ -13,6 +13,11 @@ __all__ = ["register_all"]
 
 
 def register_all(sub: Any, add: Any) -> None:
-    for module_name in ("guard.agent_commands", "guard.detect_commands", "guard.node_commands"):
+    for module_name in (
+        "guard.agent_commands",
+        "guard.detect_commands",
+        "guard.node_commands",
+        "guard.stream_commands",
+    ):
         module = __import__(module_name, fromlist=["register"])
         module.register(sub, add)

@@ -55,3 +55,23 @@ def kafka_settings(settings: Settings, kafka_bootstrap: str) -> Settings:
     settings.kafka.bootstrap = kafka_bootstrap
     create_topics(settings)
     return settings
+
+
+@pytest.fixture(scope="session")
+def chdb_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One chDB engine for the session: a process can hold only one chDB path at a time."""
+    import clickhouse_connect
+
+    client = clickhouse_connect.get_client(dsn=f"chdb://{tmp_path_factory.mktemp('chdb')}")
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def store(settings: Settings, chdb_client: object) -> tuple[object, Settings]:
+    """The session's chDB client and settings with a private, migrated database."""
+    from guard.store import migrate
+
+    settings.clickhouse.database = f"t_{uuid.uuid4().hex[:10]}"
+    migrate(chdb_client, settings)
+    return chdb_client, settings

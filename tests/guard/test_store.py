@@ -11,26 +11,14 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from guard.schemas import Flag, GpuSample, NicSample, NodeState, StepTiming
-from guard.store import connect, insert_messages, migrate
+from guard.store import insert_messages, migrate
 
 from ..schemas.strategies import STRATEGIES
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    # chDB allows one open path per process: one store for the whole module.
-    from guard.config import load_settings
-
-    settings = load_settings(home=tmp_path_factory.mktemp("chdb-home"))
-    client = connect(settings)
-    migrate(client, settings)
-    migrate(client, settings)  # idempotent
-    yield client, settings
-    client.close()
-
-
 def test_migrate_twice_creates_every_table(store: Any) -> None:
     client, settings = store
+    migrate(client, settings)  # the fixture migrated once already: idempotent
     created = migrate(client, settings)
     tables = {
         r[0]

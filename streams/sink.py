@@ -1,0 +1,236 @@
+"""The ClickHouse sink: Guard's topics into ClickHouse, in batches, at least once.
+
+Records are decoded through ``guard.schemas`` (a bad one goes to the dead-letter topic with
+the reason), grouped into batches bounded by rows and age, and inserted per table. Kafka
+offsets are committed only after a batch is stored. Duplicates are removed by design: each
+batch carries an insert-deduplication token built from its offsets (a retried batch is a
+no-op), and the tables are ReplacingMergeTree on natural keys (a redelivered message after
+a crash collapses at merge time, or at once with ``FINAL``).
+
+When ClickHouse is unreachable the sink keeps the sealed batches (up to ``max_buffer_rows``),
+retries with backoff, and pauses consumption while the buffer is full; nothing is committed
+that was not stored.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from guard.config import Settings
+from guard.kafka import TOPIC_BY_KIND, dead_letter, make_consumer, make_producer
+from guard.schemas import GuardMessage, SchemaError, decode
+from guard.store import insert_messages
+
+__all__ = ["Batch", "ClickHouseSink", "SinkStats", "sink_topics"]
+
+log = logging.getLogger("guard.sink")
+
+
+def sink_topics(settings: Settings) -> dict[str, str]:
+    """Topic → message kind for everything the sink stores."""
+    return {settings.topic(suffix): kind for kind, suffix in TOPIC_BY_KIND.items()}
+
+
+@dataclass
+class Batch:
+    messages: list[GuardMessage] = field(default_factory=list)
+    # (topic, partition) -> (first offset, last offset)
+    offsets: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+    opened: float = field(default_factory=time.monotonic)
+
+    def add(self, message: GuardMessage | None, topic: str, partition: int, offset: int) -> None:
+        if message is not None:
+            self.messages.append(message)
+        first, _ = self.offsets.get((topic, partition), (offset, offset))
+        self.offsets[(topic, partition)] = (first, offset)
+
+    @property
+    def token(self) -> str:
+        """Deduplication token: the same offsets give the same token."""
+        return ";".join(f"{t}/{p}/{a}-{b}" for (t, p), (a, b) in sorted(self.offsets.items()))
+
+    def commit_positions(self) -> list[TopicPartition]:
+        return [TopicPartition(t, p, last + 1) for (t, p), (_, last) in self.offsets.items()]
+
+
+@dataclass
+class SinkStats:
+    consumed: int = 0
+    stored: int = 0
+    dead_letters: int = 0
+    batches: int = 0
+    insert_failures: int = 0
+    rows_by_table: dict[str, int] = field(default_factory=dict)
+
+
+class ClickHouseSink:
+    """Consumes Guard's topics and stores them in ClickHouse.
+
+    ``insert`` defaults to :func:`guard.store.insert_messages` on ``client``; it is a
+    parameter so that the demo can run the sink next to other users of one chDB client.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        client: Any,
+        group_id: str = "guard-sink",
+        consumer: Consumer | None = None,
+        insert: Callable[[list[GuardMessage], str], dict[str, int]] | None = None,
+        max_buffer_rows: int | None = None,
+        retry_backoff_s: tuple[float, float] = (0.5, 30.0),
+    ):
+        self.settings = settings
+        self.topics = sink_topics(settings)
+        self.consumer = consumer or make_consumer(
+            settings, group_id, list(self.topics), on_revoke=self._on_revoke
+        )
+        self.producer = make_producer(settings)
+        self._insert = insert or (
+            lambda messages, token: insert_messages(client, settings, messages, dedup_token=token)
+        )
+        self.batch_rows = settings.clickhouse.batch_rows
+        self.batch_seconds = settings.clickhouse.batch_seconds
+        self.max_buffer_rows = max_buffer_rows or 4 * self.batch_rows
+        self.backoff_min, self.backoff_max = retry_backoff_s
+        self.open = Batch()
+        self.sealed: list[Batch] = []
+        self.stats = SinkStats()
+        self._paused = False
+        self._next_retry = 0.0
+        self._backoff = self.backoff_min
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event, poll_s: float = 0.2) -> SinkStats:
+        """Consume and store until ``stop`` is set; then store what is buffered and close."""
+        try:
+            while not stop.is_set():
+                self.step(poll_s)
+            self.drain(timeout_s=10.0)
+        finally:
+            self.close()
+        return self.stats
+
+    def step(self, poll_s: float = 0.2) -> None:
+        """One round: consume what is there (unless paused), then flush what is due."""
+        if not self._paused:
+            room = max(1, min(5000, self.max_buffer_rows - self._buffered()))
+            for record in self.consumer.consume(num_messages=room, timeout=poll_s):
+                self._take(record)
+                if len(self.open.messages) >= self.batch_rows:
+                    self._seal()
+        else:
+            self.consumer.poll(0)  # keep the group membership alive while paused
+            time.sleep(min(poll_s, 0.1))
+        self._flush_due()
+
+    def drain(self, timeout_s: float) -> bool:
+        """Store everything buffered, retrying until ``timeout_s``. True when all stored."""
+        deadline = time.monotonic() + timeout_s
+        self._seal()
+        while self.sealed and time.monotonic() < deadline:
+            self._next_retry = 0.0
+            if not self._store_sealed():
+                time.sleep(min(self._backoff, max(0.0, deadline - time.monotonic())))
+        return not self.sealed
+
+    def close(self) -> None:
+        self.producer.flush(10)
+        self.consumer.close()
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _take(self, record: Message) -> None:
+        error = record.error()
+        if error is not None:
+            if error.code() != KafkaError._PARTITION_EOF:
+                log.warning("consumer error: %s", error)
+            return
+        self.stats.consumed += 1
+        topic, partition, offset = record.topic(), record.partition(), record.offset()
+        kind = self.topics.get(topic)
+        message: GuardMessage | None = None
+        try:
+            if kind is None:
+                raise SchemaError(f"no kind is stored from topic {topic!r}")
+            message = decode(record.value() or b"", kind)
+        except SchemaError as exc:
+            dead_letter(
+                self.producer,
+                self.settings,
+                record.value(),
+                exc,
+                f"{topic}/{partition}/{offset}",
+                record.key(),
+            )
+            self.stats.dead_letters += 1
+        # A dead-lettered record still advances the offsets: it must not block the partition.
+        self.open.add(message, topic, partition, offset)
+
+    def _seal(self) -> None:
+        if self.open.offsets:
+            self.sealed.append(self.open)
+            self.open = Batch()
+
+    def _flush_due(self) -> None:
+        now = time.monotonic()
+        if len(self.open.messages) >= self.batch_rows or (
+            self.open.offsets and now - self.open.opened >= self.batch_seconds
+        ):
+            self._seal()
+        if self.sealed and now >= self._next_retry:
+            self._store_sealed()
+        buffered = self._buffered()
+        if buffered >= self.max_buffer_rows and not self._paused:
+            log.warning("ClickHouse is behind: %d rows buffered, pausing consumption", buffered)
+            self.consumer.pause(self.consumer.assignment())
+            self._paused = True
+        elif self._paused and buffered < self.max_buffer_rows // 2:
+            self.consumer.resume(self.consumer.assignment())
+            self._paused = False
+
+    def _buffered(self) -> int:
+        return len(self.open.messages) + sum(len(b.messages) for b in self.sealed)
+
+    def _store_sealed(self) -> bool:
+        while self.sealed:
+            batch = self.sealed[0]
+            try:
+                written = self._insert(batch.messages, batch.token) if batch.messages else {}
+            except Exception as exc:  # unreachable or refusing: keep the batch, retry later
+                self.stats.insert_failures += 1
+                self._next_retry = time.monotonic() + self._backoff
+                log.warning(
+                    "ClickHouse insert of %d rows failed (%s); retrying in %.1f s",
+                    len(batch.messages),
+                    exc,
+                    self._backoff,
+                )
+                self._backoff = min(self.backoff_max, self._backoff * 2)
+                return False
+            self.consumer.commit(offsets=batch.commit_positions(), asynchronous=False)
+            self.sealed.pop(0)
+            self.stats.batches += 1
+            self.stats.stored += len(batch.messages)
+            for table, rows in written.items():
+                self.stats.rows_by_table[table] = self.stats.rows_by_table.get(table, 0) + rows
+            self._backoff = self.backoff_min
+        return True
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Store what we hold for the revoked partitions while we still own them; what
+        # cannot be stored is dropped uncommitted and will be redelivered to the new owner.
+        self._seal()
+        if self.sealed and not self._store_sealed():
+            log.warning(
+                "dropping %d unstored batches on rebalance (redelivered later)", len(self.sealed)
+            )
+            self.sealed.clear()

@@ -1,0 +1,128 @@
+"""`guard streams` workers (faust) against a real broker: flags out, bad input to the DLQ."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from confluent_kafka import TopicPartition
+
+from guard.config import Settings
+from guard.kafka import make_consumer, make_producer, produce
+from guard.schemas import Flag, GpuSample, GuardMessage, StepTiming, decode
+
+
+@contextmanager
+def streams_worker(settings: Settings, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("GUARD_")},
+        "GUARD_KAFKA_BOOTSTRAP": settings.kafka.bootstrap,
+        "GUARD_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "GUARD_KAFKA_TELEMETRY_PARTITIONS": str(settings.kafka.telemetry_partitions),
+        "GUARD_KAFKA_CONTROL_PARTITIONS": str(settings.kafka.control_partitions),
+        "GUARD_HOME": str(settings.home),
+        "GUARD_STREAMS_APP_ID": f"streams-{settings.kafka.topic_prefix}",
+        "GUARD_STREAMS_CHECKPOINT_S": "1",
+        "GUARD_STREAMS_PROGRESS_S": "2",
+    }
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "guard.cli", "streams"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            yield proc
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def read_flags(
+    settings: Settings, want: int, timeout_s: float, worker: subprocess.Popen[bytes] | None = None
+) -> list[Flag]:
+    consumer = make_consumer(settings, "flag-reader")
+    topic = settings.topic("remediation")
+    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+    flags: list[Flag] = []
+    deadline = time.monotonic() + timeout_s
+    while len(flags) < want and time.monotonic() < deadline:
+        if worker is not None and worker.poll() is not None:
+            break  # the worker died: fail now, with its log
+        r = consumer.poll(0.5)
+        if r is not None and not r.error():
+            flags.append(decode(r.value(), "flag"))  # type: ignore[arg-type]
+    consumer.close()
+    return flags
+
+
+def gpu_round(t: float, node: str, xid_gpu: int | None = None) -> list[GuardMessage]:
+    return [
+        GpuSample(
+            ts=t + 0.001 * g,
+            node=node,
+            job="job-a",
+            gpu=g,
+            temp_c=62.0,
+            power_w=600.0,
+            power_limit_w=700.0,
+            sm_clock_mhz=1980.0,
+            sm_clock_max_mhz=1980.0,
+            util_pct=98.0,
+            xid=79 if g == xid_gpu else None,
+        )
+        for g in range(8)
+    ]
+
+
+def test_worker_turns_telemetry_into_flags_and_dead_letters_garbage(
+    kafka_settings: Settings, tmp_path: Path
+) -> None:
+    settings = kafka_settings
+    t0 = time.time() - 120
+    producer = make_producer(settings)
+    for i in range(12):
+        for node in ("node-a", "node-b", "node-c"):
+            for m in gpu_round(
+                t0 + 10 * i, node, xid_gpu=5 if (node == "node-b" and i == 4) else None
+            ):
+                produce(producer, settings, m)
+    producer.produce(settings.topic("gpu"), b"\xff not json", b"node-a")
+    producer.produce(settings.topic("steps"), b'{"kind":"step","ts":1}', b"job-a")
+    for r in range(4):
+        produce(
+            producer,
+            settings,
+            StepTiming(ts=t0, node="node-a", job="job-a", rank=r, step=1, step_s=1.0),
+        )
+    assert producer.flush(30) == 0
+
+    with streams_worker(settings, tmp_path / "worker.log") as worker:
+        flags = read_flags(settings, want=1, timeout_s=90, worker=worker)
+        # the worker carried on after the bad records: the DLQ has both, with reasons
+        dlq = make_consumer(settings, "dlq-reader", [settings.topic("dlq")])
+        dead = []
+        deadline = time.monotonic() + 30
+        while len(dead) < 2 and time.monotonic() < deadline:
+            r = dlq.poll(0.5)
+            if r is not None and not r.error():
+                dead.append(r)
+        dlq.close()
+    log = (tmp_path / "worker.log").read_text(errors="replace")
+    assert [(f.node, f.gpu, f.category, f.severity) for f in flags] == [
+        ("node-b", 5, "gpu_error", "critical")
+    ], log[-3000:]
+    assert sorted(r.value() for r in dead) == sorted([b"\xff not json", b'{"kind":"step","ts":1}'])
+    assert all(dict(r.headers())["guard-error"] for r in dead)

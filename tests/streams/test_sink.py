@@ -6,6 +6,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from confluent_kafka import TopicPartition
 
 from guard.config import Settings
@@ -188,10 +189,8 @@ def test_redelivery_after_a_crash_leaves_no_duplicates(
         raise ProcessDied  # rows stored, offsets never committed
 
     first = ClickHouseSink(settings, client, group_id="sink-d", insert=insert_then_die)
-    try:
+    with pytest.raises(ProcessDied):
         _run_until(first, lambda: False, timeout_s=30)
-    except ProcessDied:
-        pass
     first.sealed.clear()  # a dead process remembers nothing; leave the group cleanly
     first.open = type(first.open)()
     first.consumer.close()

@@ -119,7 +119,7 @@ class SimulatedSweepExecutor:
     >= 90 % of baseline, error counts zero.
     """
 
-    sweep_kinds = ("single", "multi")
+    sweep_kinds: tuple[str, ...] = ("single", "multi")
 
     GEMM_TFLOPS = 700.0
     TEMP_C = 72.0
@@ -149,12 +149,11 @@ class SimulatedSweepExecutor:
         cls, truth: dict[str, Any] | str | Path, duration_s: float = 0.0
     ) -> SimulatedSweepExecutor:
         """From the simulator's truth (a dict, or the path of TRUTH.json)."""
-        if not isinstance(truth, dict):
-            truth = json.loads(Path(truth).read_text())
+        data = truth if isinstance(truth, dict) else json.loads(Path(truth).read_text())
         return cls(
-            [SimulatedFault.from_truth(f) for f in truth.get("faults", [])],
-            gpus_per_node=int(truth.get("gpus_per_node", 8)),
-            seed=int(truth.get("seed", 0)),
+            [SimulatedFault.from_truth(f) for f in data.get("faults", [])],
+            gpus_per_node=int(data.get("gpus_per_node", 8)),
+            seed=int(data.get("seed", 0)),
             duration_s=duration_s,
         )
 

@@ -394,8 +394,8 @@ class Orchestrator:
         message = NodeState(
             ts=self.clock(),
             node=rec.node,
-            state=state,  # type: ignore[arg-type]
-            prev=rec.state,  # type: ignore[arg-type]
+            state=state,
+            prev=rec.state,
             reason=reason[:4096],
             actor=self.actor,
         )
@@ -519,7 +519,7 @@ class Orchestrator:
             id=stable_id("sweep", job.node, job.sweep, job.started),
             ts=self.clock(),
             node=job.node,
-            sweep=job.sweep,  # type: ignore[arg-type]
+            sweep=job.sweep,
             peers=job.peers,
             checks=checks,
             passed=bool(checks) and all(c.passed for c in checks),

@@ -89,4 +89,4 @@ class SweepPolicy:
     def counts_against_cap(self, state: str) -> bool:
         if state in ("cordoned", "sweeping", "failed"):
             return True
-        return state == "repair" and self.cap_counts_repair
+        return bool(state == "repair" and self.cap_counts_repair)

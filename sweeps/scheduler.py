@@ -197,7 +197,8 @@ class KubernetesScheduler:
 
     def inventory(self) -> list[str] | None:
         try:
-            return [n.metadata.name for n in self.api.list_node().items]
+            items = self.api.list_node().items
+            return [n.metadata.name for n in items if n.metadata and n.metadata.name]
         except Exception as exc:
             log.warning("cannot list Kubernetes nodes: %s", exc)
             return None

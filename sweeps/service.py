@@ -56,6 +56,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: Consumers that must know where a partition ends get an event there.
+_EOF: dict[str, Any] = {"enable.partition.eof": True}
+
 
 def _partitions(consumer: Consumer, topic: str, timeout_s: float) -> list[int]:
     metadata = consumer.list_topics(topic, timeout=timeout_s)
@@ -77,9 +80,7 @@ def _read_to_end(
     """
     own = consumer is None
     if consumer is None:
-        consumer = make_consumer(
-            settings, f"{settings.orchestrator.group_id}-reader", **{"enable.partition.eof": True}
-        )
+        consumer = make_consumer(settings, f"{settings.orchestrator.group_id}-reader", **_EOF)
     try:
         parts = _partitions(consumer, topic, timeout_s)
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
@@ -152,7 +153,7 @@ def request_operator_action(
         node=node,
         state=state,
         prev=prev,
-        reason=reason,  # type: ignore[arg-type]
+        reason=reason,
         actor=f"operator:{who}",
     )
     producer = make_producer(settings)
@@ -272,9 +273,7 @@ class KafkaOrchestrator:
         s = self.settings
         if self.webhook is not None:
             self.webhook.start()
-        states = make_consumer(
-            s, f"{s.orchestrator.group_id}-state", **{"enable.partition.eof": True}
-        )
+        states = make_consumer(s, f"{s.orchestrator.group_id}-state", **_EOF)
         flags = make_consumer(s, s.orchestrator.group_id)
         try:
             self._recover(states)

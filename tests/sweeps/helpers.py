@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from guard.schemas import Flag, SweepCheck
 from guard.sweeps.executors import SimulatedSweepExecutor
+from guard.sweeps.webhook import SIGNATURE_HEADER, verify_signature
 
 NODES = [f"node-{i:03d}" for i in range(32)]
+SECRET = b"hook-secret"
 
 
 def flag(
@@ -76,3 +80,40 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float = 60.0, tick: Any 
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not reached within {timeout_s:g} s")
         time.sleep(0.05)
+
+
+class Receiver:
+    """Answers 503 to the first ``fail_first`` attempts, then 200 to validly signed bodies."""
+
+    def __init__(self, fail_first: int = 1) -> None:
+        self.fail_first = fail_first
+        self.attempts: list[float] = []
+        self.accepted: list[dict[str, Any]] = []
+        self.bad_signatures = 0
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.attempts.append(time.monotonic())
+                if not verify_signature(SECRET, body, self.headers.get(SIGNATURE_HEADER)):
+                    receiver.bad_signatures += 1
+                    self.send_response(401)
+                elif len(receiver.attempts) <= receiver.fail_first:
+                    self.send_response(503)
+                else:
+                    receiver.accepted.append(json.loads(body))
+                    self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/hook"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from guard.config import OrchestratorSettings
 from guard.schemas import GuardMessage, NodeState, SweepResult
 from guard.sweeps.executors import SimulatedFault, SimulatedSweepExecutor
-from guard.sweeps.orchestrator import Orchestrator
+from guard.sweeps.orchestrator import Orchestrator, SimulatedClock
 from guard.sweeps.scheduler import DryRunScheduler, SchedulerError
 from guard.sweeps.states import ALLOWED, is_operator
 from tests.sweeps.helpers import NODES, Clock, GatedExecutor, flag, wait_until
@@ -319,3 +320,37 @@ def test_every_published_transition_is_allowed() -> None:
 def test_cordon_limit(fraction: float, size: int, limit: int) -> None:
     h = Harness(max_cordoned_fraction=fraction)
     assert h.orch.policy.cordon_limit(size) == limit
+
+
+def test_a_simulated_cluster_needs_the_simulated_clock(caplog: pytest.LogCaptureFixture) -> None:
+    sim_start = 1_767_225_600.0  # the simulator's default start, long before "now"
+    fault = SimulatedFault("node-001", "xid", sim_start + 100, detail={"xid": 79})
+    sim_flag = flag("node-001", "x", sim_start + 130, category="gpu_error", gpu=0)
+
+    wall = Orchestrator(
+        OrchestratorSettings(nodes=NODES),
+        scheduler=DryRunScheduler(),
+        executor=SimulatedSweepExecutor([fault]),
+        publish=lambda m: None,
+        inline_sweeps=True,
+    )
+    assert wall.handle_flag(sim_flag) == "stale"
+    assert "SimulatedClock" in caplog.text
+
+    out: list[GuardMessage] = []
+    clock = SimulatedClock(sim_start, speed=60.0, wall_start=time.time() - 2.5)
+    assert sim_start + 150 <= clock() < sim_start + 3600
+    sim = Orchestrator(
+        OrchestratorSettings(nodes=NODES),
+        scheduler=DryRunScheduler(),
+        executor=SimulatedSweepExecutor([fault]),
+        publish=out.append,
+        clock=clock,
+        inline_sweeps=True,
+    )
+    assert sim.handle_flag(sim_flag) == "qualified"
+    sim.tick()
+    assert sim.state_of("node-001") == "repair"
+    [single] = [m for m in out if isinstance(m, SweepResult)]
+    assert [c.name for c in single.checks if not c.passed] == ["xid_errors"]
+    assert all(sim_start < m.ts < sim_start + 3600 for m in out)  # states carry simulated time

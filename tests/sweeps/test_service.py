@@ -25,7 +25,7 @@ from guard.sweeps.service import (
     read_node_states,
     read_sweeps,
 )
-from tests.sweeps.helpers import NODES, GatedExecutor, flag, wait_until
+from tests.sweeps.helpers import NODES, SECRET, GatedExecutor, Receiver, flag, wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -149,6 +149,10 @@ def test_flags_become_states_and_sweeps_on_kafka_and_operators_are_heard(
 
 def test_a_restarted_orchestrator_resumes_an_interrupted_sweep(kafka_settings: Settings) -> None:
     s = kafka_settings
+    receiver = Receiver(fail_first=1)  # every state change also goes to a signed webhook
+    s.orchestrator.webhook_url = receiver.url
+    s.orchestrator.webhook_secret = SECRET.decode()  # type: ignore[assignment]
+    s.orchestrator.webhook_backoff_s = 0.05
     now = time.time()
     faults = [slow_gpu("node-005")]
     gated = GatedExecutor(SimulatedSweepExecutor(faults))
@@ -176,7 +180,15 @@ def test_a_restarted_orchestrator_resumes_an_interrupted_sweep(kafka_settings: S
         assert len(events) == before
     finally:
         second.stop()
+        receiver.close()
     assert second.core.stats["recovered_nodes"] == 2
+    published = [m for m in first_events + events if isinstance(m, NodeState)]
+    hooked = [
+        (a["alerts"][0]["labels"]["node"], a["alerts"][0]["labels"]["state"])
+        for a in receiver.accepted
+    ]
+    assert hooked == [(m.node, m.state) for m in published]
+    assert receiver.bad_signatures == 0 and len(receiver.attempts) == len(hooked) + 1
 
 
 def test_guard_orchestrator_killed_mid_sweep_resumes_from_the_topic(

@@ -1,0 +1,337 @@
+"""The simulator: deterministic, schema-valid, and every fault visible where its signature says."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from guard.agents.calibration import FAULT_MIX, fault_mix_from_statistics
+from guard.agents.simulator import (
+    CATEGORY_BY_KIND,
+    CONFOUNDER_KINDS,
+    THROTTLE_TEMP_C,
+    ClusterSimulator,
+    FaultSpec,
+    SimConfig,
+    write_jsonl,
+)
+from guard.schemas import GuardMessage, encode, parse_message
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "infinitehbd"
+KINDS = list(CATEGORY_BY_KIND)
+
+
+def _all_kinds_config(**overrides: Any) -> SimConfig:
+    faults = [
+        FaultSpec(kind, node=f"node-{i + 1:03d}", gpu=i % 8, onset_s=120.0, slowdown=None)
+        for i, kind in enumerate(KINDS)
+    ]
+    faults[0].pattern = "steady"  # thermal: throttles all the time after onset
+    faults[3].pattern = "steady"  # slow GPU: full slowdown from onset
+    params: dict[str, Any] = {
+        "nodes": 24,
+        "duration_s": 900.0,
+        "seed": 11,
+        "faults": faults,
+        "random_faults": 0,
+        "checkpoint_every_s": 400.0,
+    }
+    params.update(overrides)
+    return SimConfig(**params)
+
+
+@pytest.fixture(scope="module")
+def run() -> tuple[list[GuardMessage], dict[str, Any]]:
+    sim = ClusterSimulator(_all_kinds_config())
+    messages = list(sim.messages())
+    return messages, sim.truth()
+
+
+@pytest.fixture(scope="module")
+def index(run: tuple[list[GuardMessage], dict[str, Any]]) -> dict[tuple[str, str], list[Any]]:
+    by: dict[tuple[str, str], list[Any]] = defaultdict(list)
+    for message in run[0]:
+        by[(message.kind, message.node)].append(message)
+    return by
+
+
+def _fault(truth: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(f for f in truth["faults"] if f["kind"] == kind)
+
+
+def _index_of(fault: dict[str, Any]) -> int:
+    return fault["gpu"] if fault["gpu"] is not None else int(fault["device"].removeprefix("mlx5_"))
+
+
+def test_every_message_validates_against_the_schemas(run: Any) -> None:
+    messages, _ = run
+    kinds = {m.kind for m in messages}
+    assert kinds == {"gpu", "nic", "step", "collective"}
+    for message in messages[::7]:
+        parsed = parse_message(encode(message))
+        assert parsed == type(message).model_validate(message.model_dump())
+        assert type(parsed) is type(message)
+
+
+def test_truth_follows_the_documented_format(run: Any) -> None:
+    _, truth = run
+    assert truth["version"] == 1 and truth["gpus_per_node"] == 8
+    assert {"seed", "start_ts", "end_ts", "nodes", "jobs", "faults", "confounders"} <= set(truth)
+    for fault in truth["faults"]:
+        assert set(fault) >= {"id", "node", "gpu", "device", "kind", "category", "onset", "end"}
+        assert fault["category"] == CATEGORY_BY_KIND[fault["kind"]]
+        assert fault["slowdown"] >= 0 and fault["pattern"] in (
+            "steady",
+            "intermittent",
+            "degrading",
+        )
+    assert {f["kind"] for f in truth["faults"]} == set(KINDS)
+    seen = {c["kind"] for c in truth["confounders"]}
+    assert seen == set(CONFOUNDER_KINDS)
+    json.dumps(truth)  # plain data
+    job_b = next(j for j in truth["jobs"] if j["job"] == "job-b")
+    assert job_b["pp_stages"] == 2 and job_b["ranks"] == 8 * len(job_b["nodes"])
+
+
+def test_time_order_except_the_skew_and_out_of_order_confounders(run: Any) -> None:
+    messages, truth = run
+    ooo_nodes = {c["node"] for c in truth["confounders"] if c["kind"] == "out_of_order"}
+    skew = max(
+        abs(c["detail"]["skew_s"]) for c in truth["confounders"] if c["kind"] == "clock_skew"
+    )
+    last = 0.0
+    for message in messages:
+        if message.node in ooo_nodes:
+            continue
+        assert message.ts >= last - 2 * skew - 0.01
+        last = max(last, message.ts)
+    assert truth["start_ts"] <= messages[0].ts and messages[-1].ts <= truth["end_ts"] + 1
+
+
+def test_same_seed_same_bytes_and_workers_do_not_change_them(tmp_path: Path) -> None:
+    config = SimConfig(nodes=6, duration_s=90, seed=5)
+    digests = []
+    for workers in (1, 2, 1):
+        out = tmp_path / f"t{workers}.jsonl"
+        truth, counts = write_jsonl(config, out, workers=workers)
+        digests.append((hashlib.sha256(out.read_bytes()).hexdigest(), json.dumps(truth)))
+        assert sum(counts.values()) == len(out.read_bytes().splitlines())
+    assert digests[0] == digests[1] == digests[2]
+    other = tmp_path / "other.jsonl"
+    write_jsonl(SimConfig(nodes=6, duration_s=90, seed=6), other, workers=1)
+    assert other.read_bytes() != (tmp_path / "t1.jsonl").read_bytes()
+    for line in (tmp_path / "t2.jsonl").read_bytes().splitlines()[::11]:
+        parse_message(line)
+
+
+def _after(messages: list[Any], ts: float, index: int, attr: str) -> list[Any]:
+    return [m for m in messages if m.ts >= ts and getattr(m, attr) == index]
+
+
+def test_thermal_throttle_is_hot_slow_clocked_and_says_why(run: Any, index: Any) -> None:
+    _, truth = run
+    fault = _fault(truth, "thermal_throttle")
+    gpu = fault["gpu"]
+    samples = _after(index[("gpu", fault["node"])], fault["onset"] + 180, gpu, "gpu")
+    assert samples and all(s.temp_c >= THROTTLE_TEMP_C for s in samples)
+    assert all(s.clock_event_reasons & 0x20 for s in samples)
+    assert all(s.sm_clock_mhz < 0.97 * s.sm_clock_max_mhz for s in samples)
+    steps = _after(index[("step", fault["node"])], fault["onset"] + 180, gpu, "gpu")
+    peers = [s.compute_s for s in index[("step", "node-010")] if s.ts > fault["onset"] + 180]
+    ratio = statistics.median(s.compute_s for s in steps) / statistics.median(peers)
+    assert ratio == pytest.approx(1 + fault["slowdown"], abs=0.03)
+
+
+@pytest.mark.parametrize("kind, bits", [("power_cap", 0x4), ("power_brake", 0x80)])
+def test_power_faults_draw_less_and_set_their_reason_bits(
+    run: Any, index: Any, kind: str, bits: int
+) -> None:
+    _, truth = run
+    fault = _fault(truth, kind)
+    mine = _after(index[("gpu", fault["node"])], fault["onset"] + 5, fault["gpu"], "gpu")
+    others = [s for s in index[("gpu", "node-010")] if s.ts > fault["onset"] + 5]
+    assert all(s.clock_event_reasons & bits for s in mine)
+    assert statistics.median(s.power_w for s in mine) < 0.9 * statistics.median(
+        s.power_w for s in others
+    )
+    assert statistics.median(s.sm_clock_mhz for s in mine) < 1980
+
+
+def test_silent_slow_gpu_is_slow_without_any_telemetry_signature(run: Any, index: Any) -> None:
+    _, truth = run
+    fault = _fault(truth, "slow_gpu")
+    gpu = fault["gpu"]
+    samples = _after(index[("gpu", fault["node"])], fault["onset"], gpu, "gpu")
+    assert all(s.clock_event_reasons in (0, 0x4) and s.temp_c < 85 for s in samples)
+    before = [
+        s.compute_s
+        for s in index[("step", fault["node"])]
+        if s.gpu == gpu and s.ts < fault["onset"]
+    ]
+    after = _after(index[("step", fault["node"])], fault["onset"] + 30, gpu, "gpu")
+    ratio = statistics.median(s.compute_s for s in after) / statistics.median(before)
+    assert ratio > 1 + 0.6 * fault["slowdown"]
+
+
+def test_degraded_nic_counts_errors_and_slows_its_connections(run: Any, index: Any) -> None:
+    _, truth = run
+    fault = _fault(truth, "degraded_nic")
+    nic = _index_of(fault)
+    samples = [s for s in index[("nic", fault["node"])] if s.device == fault["device"]]
+    first, last = samples[0].counters, samples[-1].counters
+    assert last["symbol_error"] > first["symbol_error"] + 100
+    assert last["out_of_sequence"] > first["out_of_sequence"]
+    assert all(s.speed_gbps == 400 for s in samples)
+    coll = [m for m in index[("collective", fault["node"])] if m.ts > fault["onset"] + 10]
+    mine = [p.duration_s for m in coll if m.rank % 8 == nic for p in m.peers]
+    theirs = [p.duration_s for m in coll if m.rank % 8 != nic for p in m.peers]
+    assert statistics.median(mine) > (1 + 0.8 * fault["slowdown"]) * statistics.median(theirs)
+
+
+def test_reduced_speed_nic_reports_its_rate_and_no_errors(run: Any, index: Any) -> None:
+    _, truth = run
+    fault = _fault(truth, "nic_reduced_speed")
+    samples = [s for s in index[("nic", fault["node"])] if s.device == fault["device"]]
+    assert {s.speed_gbps for s in samples if s.ts > fault["onset"] + 1} == {200.0}
+    assert {s.speed_gbps for s in samples if s.ts < fault["onset"] - 1} == {400.0}
+    assert samples[-1].counters["symbol_error"] <= 2
+
+
+def test_link_flap_downs_the_link_and_hangs_the_whole_job(run: Any, index: Any) -> None:
+    _, truth = run
+    fault = _fault(truth, "link_flap")
+    samples = [s for s in index[("nic", fault["node"])] if s.device == fault["device"]]
+    assert samples[-1].counters["link_downed"] - samples[0].counters["link_downed"] >= 1
+    assert any(s.link_up is False for s in samples)
+    job = next(j for j in truth["jobs"] if fault["node"] in j["nodes"])
+    far = next(n for n in job["nodes"] if n != fault["node"])
+    hang = [s.step_s for s in index[("step", far)] if fault["onset"] <= s.ts < fault["onset"] + 30]
+    assert max(hang) > job["step_s_nominal"] + 0.8 * fault["detail"]["hang_s"]
+
+
+@pytest.mark.parametrize("kind", ["xid", "ecc_dbe"])
+def test_gpu_errors_show_as_xid_and_ecc(run: Any, index: Any, kind: str) -> None:
+    _, truth = run
+    fault = _fault(truth, kind)
+    samples = [s for s in index[("gpu", fault["node"])] if s.gpu == fault["gpu"]]
+    xids = [s for s in samples if s.xid]
+    assert xids and all(s.ts >= fault["onset"] - 1 for s in xids)
+    assert {s.xid for s in xids} == {fault["detail"]["xid"]}
+    if kind == "ecc_dbe":
+        assert samples[-1].ecc_dbe_total >= 1 and samples[0].ecc_dbe_total == 0
+
+
+def test_step_time_is_shared_and_stragglers_show_in_compute(run: Any) -> None:
+    messages, _ = run
+    by_step: dict[tuple[str, int], list[Any]] = defaultdict(list)
+    for m in messages:
+        if m.kind == "step":
+            by_step[(m.job, m.step)].append(m)
+    for steps in list(by_step.values())[5:50]:
+        assert len({round(s.step_s, 9) for s in steps}) == 1
+        assert max(s.compute_s for s in steps) < steps[0].step_s
+
+
+def test_confounders_look_like_the_truth_says(run: Any, index: Any) -> None:
+    messages, truth = run
+    conf = defaultdict(list)
+    for c in truth["confounders"]:
+        conf[c["kind"]].append(c)
+    # A hot rack is hotter but never throttles.
+    hot = conf["hot_rack"][0]["node"]
+    hot_temps = [s.temp_c for s in index[("gpu", hot)] if s.ts > truth["start_ts"] + 120]
+    assert statistics.median(hot_temps) > 65 and max(hot_temps) < THROTTLE_TEMP_C
+    assert not any(s.clock_event_reasons & 0x60 for s in index[("gpu", hot)])
+    # Agent restart: a gap, then counters start again from zero.
+    restart = conf["agent_restart"][0]
+    nic = [s for s in index[("nic", restart["node"])] if s.device == "mlx5_0"]
+    assert not any(restart["start"] <= s.ts < restart["end"] for s in nic)
+    before = [s for s in nic if s.ts < restart["start"]][-1]
+    after = next(s for s in nic if s.ts >= restart["end"])
+    assert after.counters["port_xmit_data"] < before.counters["port_xmit_data"]
+    # Telemetry gap: no samples, steps continue.
+    gap = conf["telemetry_gap"][0]
+    assert not any(gap["start"] <= s.ts < gap["end"] for s in index[("gpu", gap["node"])])
+    assert any(gap["start"] <= s.ts < gap["end"] for s in index[("step", gap["node"])])
+    # Congestion: ECN everywhere, no errors.
+    cong = conf["fabric_congestion"][0]
+    node = "node-020"
+    nic = [s for s in index[("nic", node)] if s.device == "mlx5_3"]
+    inside = [s for s in nic if cong["start"] <= s.ts < cong["end"]]
+    ecn = (
+        inside[-1].counters["np_ecn_marked_roce_packets"]
+        - inside[0].counters["np_ecn_marked_roce_packets"]
+    )
+    assert ecn > 100 * (inside[-1].ts - inside[0].ts)
+    assert inside[-1].counters["port_rcv_errors"] == inside[0].counters["port_rcv_errors"]
+    # Checkpoint: everyone's step is long, nobody's compute.
+    ck = conf["checkpoint"][0]
+    steps = [
+        m
+        for m in messages
+        if m.kind == "step" and m.job == ck["job"] and m.step == ck["detail"]["step"]
+    ]
+    assert min(s.step_s for s in steps) > ck["end"] - ck["start"]
+    assert max(s.compute_s for s in steps) < 3
+    # Stage imbalance: the last stage computes longer than the first, on every node.
+    imb = conf["stage_imbalance"][0]
+    stage = defaultdict(list)
+    for m in messages:
+        if m.kind == "step" and m.job == imb["job"]:
+            stage[m.pp_stage].append(m.compute_s)
+    extra = statistics.median(stage[1]) / statistics.median(stage[0]) - 1
+    assert extra == pytest.approx(imb["detail"]["extra"], abs=0.02)
+
+
+def test_remediation_moves_ranks_to_a_spare_and_restores_step_time() -> None:
+    def config() -> SimConfig:
+        spec = FaultSpec("slow_gpu", node="node-002", gpu=1, onset_s=30, slowdown=0.3)
+        spec.pattern = "steady"
+        return SimConfig(
+            nodes=6, duration_s=400, seed=2, faults=[spec], random_faults=0, confounders=False
+        )
+
+    plain = ClusterSimulator(config())
+    list(plain.messages())
+    fixed = ClusterSimulator(config())
+    seen_spare = False
+    for message in fixed.messages():
+        if (
+            message.kind == "step"
+            and message.ts > 100 + fixed.start_ts
+            and not fixed.truth()["remediations"]
+        ):
+            fixed.remediate("node-002")
+        if message.kind == "step" and message.node == "node-005":
+            seen_spare = True
+    remediation = fixed.truth()["remediations"][0]
+    assert remediation["node"] == "node-002" and remediation["replaced_by"] == "node-005"
+    assert seen_spare
+    late = fixed.start_ts + 250
+    slow = statistics.median(s for ts, s in plain.step_times("job-a") if ts > late)
+    healed = statistics.median(s for ts, s in fixed.step_times("job-a") if ts > late)
+    assert healed < slow / 1.15
+
+
+def test_bad_configs_are_refused_with_a_reason() -> None:
+    with pytest.raises(ValueError, match="unknown fault kind"):
+        ClusterSimulator(SimConfig(faults=[FaultSpec("melted")]))
+    with pytest.raises(ValueError, match="unknown node"):
+        ClusterSimulator(SimConfig(faults=[FaultSpec("xid", node="nope")]))
+    with pytest.raises(ValueError, match="at least one node"):
+        ClusterSimulator(SimConfig(nodes=0))
+
+
+def test_fault_mix_is_the_one_derived_from_the_infinitehbd_trace() -> None:
+    counts, weights = fault_mix_from_statistics(
+        json.loads((DATA / "fault_statistics.json").read_text())
+    )
+    assert weights == FAULT_MIX
+    assert counts["slow_gpu"] == 126 and counts["link_flap"] == 40
+    assert sum(FAULT_MIX.values()) == pytest.approx(1, abs=1e-3)

@@ -9,8 +9,8 @@ per communicator and sequence number, this detector finds:
   persistence rule as :mod:`~guard.detectors.peer_straggler` (category ``straggler``); this is
   also the fallback when ranks report no ``compute_s``;
 * **communication slow** — connections slower per byte than the op's median; a node whose
-  connections to other nodes are persistently slow is at fault (category ``comm_slow``;
-  a single slow link between two otherwise healthy nodes is attributed to both ends);
+  connections to other nodes are *all* persistently slow (its fastest connection is slower
+  than its peers' — a node's NIC, not one neighbour's) is at fault (category ``comm_slow``);
 * **hang** — an op that has not ended ``hang_factor`` times the communicator's typical
   duration (and at least ``hang_min_s``) after its first rank arrived. Ranks that never
   arrived are at fault (``comm_hang``, critical, on their nodes: a non-communication hang);
@@ -279,7 +279,8 @@ class CollectiveHomogeneityDetector:
         if len(per_node) < self.min_peers:
             return []
         nodes = list(per_node)
-        residuals = [median(per_node[n]) for n in nodes]
+        # min: a node at fault slows all its connections; its neighbours have fast ones too
+        residuals = [min(per_node[n]) for n in nodes]
         trackers = []
         excesses = []
         for node, residual in zip(nodes, residuals, strict=True):

@@ -74,7 +74,7 @@ class PeerStragglerDetector:
         rule: PersistenceRule | None = None,
         min_peers: int = 4,
         close_lag: int = 2,
-        imbalance_ratio: float = 1.2,
+        imbalance_ratio: float = 1.05,
         critical_slowdown: float = 0.5,
     ) -> None:
         self.job = job
@@ -216,7 +216,8 @@ class PeerStragglerDetector:
             return []
         low, high = min(stage_medians.values()), max(stage_medians.values())
         ratio = high / low if low > 0 else 1.0
-        now = ratio >= self.imbalance_ratio
+        # a little hysteresis, so a ratio that hovers at the threshold does not flap
+        now = ratio >= (self.imbalance_ratio - 0.02 if self.imbalanced else self.imbalance_ratio)
         if now == self.imbalanced:
             return []
         self.imbalanced = now

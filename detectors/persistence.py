@@ -62,7 +62,7 @@ Example
 >>> residuals = [0.01] * 6 + [0.07] * 8  # 1 % slower than the median is this GPU's normal
 >>> events = [t.update(r, 0.004, 0.01, rule, float(i)) for i, r in enumerate(residuals)]
 >>> events.index("raise"), round(t.baseline, 3), t.since_ts
-(10, 0.01, 6.0)
+(12, 0.01, 6.0)
 >>> hiccup = DeviationTracker()
 >>> [hiccup.update(r, 0.004, 0.01, rule, 0.0) for r in [0.0] * 5 + [0.9] + [0.0] * 3]
 [None, None, None, None, None, None, None, None, None]
@@ -85,7 +85,7 @@ _SMOOTHING = 0.1
 class PersistenceRule:
     """Thresholds shared by all members of all groups of one detector."""
 
-    window: int = 8
+    window: int = 12
     min_fraction: float = 0.5
     min_residual: float = 0.02
     abs_residual: float = 0.07

@@ -1,0 +1,124 @@
+"""C4D collective homogeneity on hand-built collectives: late ranks, slow links, hangs."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from guard.detectors.collective import CollectiveHomogeneityDetector
+from guard.detectors.findings import Finding
+from guard.schemas import CollectiveTiming, ConnectionStat
+
+RANKS = 16
+T0 = 1_767_225_600.0
+BYTES = 1 << 28
+
+
+def node_of(rank: int) -> str:
+    return f"n{rank // 4}"  # 4 ranks per node, 4 nodes
+
+
+def run(
+    late: Callable[[int, int], float] = lambda seq, rank: 0.0,
+    link: Callable[[int, int, int], float] = lambda seq, a, b: 1.0,
+    seqs: int = 80,
+    skew: dict[int, float] | None = None,
+    seed: int = 1,
+) -> list[Finding]:
+    rng = random.Random(seed)
+    det = CollectiveHomogeneityDetector("job")
+    found: list[Finding] = []
+    for seq in range(seqs):
+        t0 = T0 + 2.0 * seq
+        end = t0 + 1.6
+        for rank in range(RANKS):
+            nxt, prv = (rank + 1) % RANKS, (rank - 1) % RANKS
+            peers = [
+                ConnectionStat(rank=nxt, bytes=BYTES, duration_s=0.4 * link(seq, rank, nxt)
+                               * (1 + 0.01 * rng.gauss(0, 1))),
+                ConnectionStat(rank=prv, bytes=BYTES, duration_s=0.4 * link(seq, prv, rank)
+                               * (1 + 0.01 * rng.gauss(0, 1))),
+            ]
+            arrive = t0 + 1.0 + 0.005 * rng.gauss(0, 1) + late(seq, rank) + (skew or {}).get(rank, 0)
+            found += det.learn_one(CollectiveTiming(
+                ts=end, node=node_of(rank), job="job", rank=rank, comm="dp", op="allreduce",
+                seq=seq, bytes=BYTES, arrive_ts=arrive, end_ts=end, peers=peers))
+    return found + det.flush()
+
+
+def claims(found: list[Finding]) -> list[Finding]:
+    return [f for f in found if f.severity != "info" and not f.clear]
+
+
+def test_healthy_collectives_give_no_flag() -> None:
+    for seed in range(4):
+        assert claims(run(seed=seed)) == []
+
+
+def test_rank_that_persistently_arrives_last_is_a_straggler() -> None:
+    found = claims(run(late=lambda s, r: 0.08 if (r == 6 and s >= 30) else 0.0))
+    assert [(f.category, f.rank, f.node) for f in found] == [("straggler", 6, "n1")]
+    assert found[0].evidence["metric"] == "arrival_lateness"
+
+
+def test_small_clock_skew_is_not_a_straggler() -> None:
+    assert claims(run(skew={3: 0.015, 9: -0.012})) == []
+
+
+def test_random_last_arrivals_are_not_flagged() -> None:
+    rng = random.Random(2)
+    last = [rng.randrange(RANKS) for _ in range(80)]
+    assert claims(run(late=lambda s, r: 0.2 if last[s] == r else 0.0)) == []
+
+
+def test_node_whose_connections_are_slow_is_comm_slow() -> None:
+    slow_node = "n2"
+
+    def link(seq: int, a: int, b: int) -> float:
+        return 1.6 if seq >= 20 and slow_node in (node_of(a), node_of(b)) else 1.0
+
+    found = claims(run(link=link))
+    assert [(f.category, f.node) for f in found] == [("comm_slow", "n2")]
+
+
+def test_fabric_wide_slowdown_is_not_a_node_fault() -> None:
+    assert claims(run(link=lambda s, a, b: 1.3 if 20 <= s < 60 else 1.0)) == []
+
+
+def _hang_detector() -> CollectiveHomogeneityDetector:
+    det = CollectiveHomogeneityDetector("job", hang_min_s=10.0)
+    for seq in range(10):
+        t0 = T0 + 2.0 * seq
+        for rank in range(8):
+            det.learn_one(CollectiveTiming(ts=t0 + 1.5, node=node_of(rank), job="job", rank=rank,
+                                           comm="dp", op="allreduce", seq=seq, bytes=BYTES,
+                                           arrive_ts=t0 + 1.0, end_ts=t0 + 1.5))
+    return det
+
+
+def test_rank_that_never_arrives_is_a_non_communication_hang() -> None:
+    det = _hang_detector()
+    t0 = T0 + 20.0
+    for rank in range(8):
+        if rank != 5:  # rank 5 never enters the op; the others wait inside it
+            det.learn_one(CollectiveTiming(ts=t0 + 1.0, node=node_of(rank), job="job", rank=rank,
+                                           comm="dp", op="allreduce", seq=10, bytes=BYTES,
+                                           arrive_ts=t0 + 1.0, end_ts=None))
+    assert det.tick(t0 + 5.0) == []  # not yet past the hang limit
+    found = det.tick(t0 + 15.0)
+    assert [(f.category, f.severity, f.node) for f in found] == [("comm_hang", "critical", "n1")]
+    assert found[0].evidence["hang"] == "non_communication"
+    assert found[0].evidence["ranks_never_arrived"] == [5]
+    assert det.tick(t0 + 30.0) == []  # reported once
+
+
+def test_all_arrived_but_stuck_inside_is_a_communication_hang_of_the_job() -> None:
+    det = _hang_detector()
+    t0 = T0 + 20.0
+    for rank in range(8):
+        det.learn_one(CollectiveTiming(ts=t0 + 1.0, node=node_of(rank), job="job", rank=rank,
+                                       comm="dp", op="allreduce", seq=10, bytes=BYTES,
+                                       arrive_ts=t0 + 1.0, end_ts=None))
+    found = det.tick(t0 + 15.0)
+    assert [(f.category, f.node) for f in found] == [("comm_hang", None)]
+    assert found[0].evidence["ranks_stuck_inside"] == list(range(8))

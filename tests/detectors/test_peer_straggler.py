@@ -1,0 +1,131 @@
+"""Peer straggler detection on hand-built step sequences, including every confounder."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from guard.detectors.findings import Finding
+from guard.detectors.peer_straggler import PeerStragglerDetector
+from guard.schemas import StepTiming
+
+RANKS = 16
+T0 = 1_767_225_600.0
+
+
+def run(
+    factor: Callable[[int, int], float | None],
+    steps: int = 120,
+    stages: int = 1,
+    seed: int = 1,
+    order: Callable[[list[StepTiming]], list[StepTiming]] | None = None,
+) -> list[Finding]:
+    """``factor(step, rank)``: the rank's compute multiplier (None: no compute_s)."""
+    rng = random.Random(seed)
+    speed = [1.0 + 0.01 * rng.gauss(0, 1) for _ in range(RANKS)]  # GPUs differ by ~1 %
+    det = PeerStragglerDetector("job")
+    found: list[Finding] = []
+    for step in range(steps):
+        batch = []
+        for rank in range(RANKS):
+            f = factor(step, rank)
+            stage = rank * stages // RANKS
+            compute = None
+            if f is not None:
+                compute = 1.4 * (1.1 if stage == stages - 1 and stages > 1 else 1.0)
+                compute *= speed[rank] * f * (1 + 0.004 * rng.gauss(0, 1))
+            batch.append(StepTiming(ts=T0 + 2.0 * step + 0.001 * rank, node=f"n{rank // 8}-{rank}",
+                                    job="job", rank=rank, gpu=rank % 8, step=step, step_s=2.0,
+                                    compute_s=compute, pp_stage=stage if stages > 1 else None))
+        for msg in order(batch) if order else batch:
+            found += det.learn_one(msg)
+    return found + det.flush()
+
+
+def claims(found: list[Finding]) -> list[Finding]:
+    return [f for f in found if f.severity != "info" and not f.clear]
+
+
+def test_healthy_job_with_heterogeneous_gpus_gives_no_flag() -> None:
+    for seed in range(5):
+        assert claims(run(lambda s, r: 1.0, seed=seed)) == []
+
+
+def test_steady_5_percent_straggler_is_flagged_within_a_few_steps() -> None:
+    found = claims(run(lambda s, r: 1.05 if (r == 7 and s >= 40) else 1.0))
+    assert [(f.rank, f.category, f.node) for f in found] == [(7, "straggler", "n0-7")]
+    detected_step = (found[0].ts - T0) / 2.0
+    assert 40 <= detected_step <= 48
+    assert 3.5 <= found[0].evidence["slowdown_pct"] <= 7.0
+    assert found[0].gpu == 7
+
+
+def test_rank_slow_from_the_first_step_is_flagged_against_peers() -> None:
+    found = claims(run(lambda s, r: 1.12 if r == 3 else 1.0))
+    assert [f.rank for f in found] == [3]
+
+
+def test_one_step_hiccups_are_not_flagged() -> None:
+    rng = random.Random(7)
+    hiccups = {(rng.randrange(120), rng.randrange(RANKS)) for _ in range(30)}
+    assert claims(run(lambda s, r: 1.5 if (s, r) in hiccups else 1.0)) == []
+
+
+def test_moving_random_imbalance_is_not_flagged() -> None:
+    # every step a different random rank is 15 % slow
+    rng = random.Random(3)
+    slow = [rng.randrange(RANKS) for _ in range(120)]
+    assert claims(run(lambda s, r: 1.15 if slow[s] == r else 1.0)) == []
+
+
+def test_whole_job_slowdowns_cancel_out() -> None:
+    # checkpoint / data stall: everyone 60 % slower for 15 steps, with per-rank jitter
+    rng = random.Random(5)
+    jitter = {(s, r): rng.gauss(0, 0.03) for s in range(120) for r in range(RANKS)}
+    found = run(lambda s, r: 1.6 + jitter[(s, r)] if 50 <= s < 65 else 1.0)
+    assert claims(found) == []
+
+
+def test_gradual_slowdown_is_caught() -> None:
+    found = claims(run(lambda s, r: 1.0 + max(0, s - 30) * 0.002 if r == 9 else 1.0, steps=150))
+    assert [f.rank for f in found] == [9]
+    assert found[0].ts - T0 < 2.0 * 80  # by the time it is ~10 % slow
+
+
+def test_rank_slow_only_part_of_the_time_is_caught() -> None:
+    found = claims(run(lambda s, r: 1.25 if (r == 2 and s >= 30 and s % 2 == 0) else 1.0))
+    assert [f.rank for f in found] == [2]
+
+
+def test_pipeline_stages_are_not_peers_and_imbalance_is_job_info() -> None:
+    found = run(lambda s, r: 1.0, stages=2)
+    assert claims(found) == []
+    info = [f for f in found if f.category == "imbalance"]
+    assert len(info) == 1 and info[0].node is None and info[0].severity == "info"
+
+
+def test_straggler_in_one_stage_is_compared_within_its_stage() -> None:
+    found = claims(run(lambda s, r: 1.08 if (r == 12 and s >= 30) else 1.0, stages=2))
+    assert [f.rank for f in found] == [12]
+    assert found[0].evidence["pp_stage"] == 1
+
+
+def test_missing_compute_s_gives_no_flag_here() -> None:
+    assert run(lambda s, r: None) == []
+
+
+def test_out_of_order_and_missing_ranks_are_tolerated() -> None:
+    rng = random.Random(11)
+
+    def shuffle_and_drop(batch: list[StepTiming]) -> list[StepTiming]:
+        kept = [m for m in batch if rng.random() > 0.05]
+        rng.shuffle(kept)
+        return kept
+
+    found = claims(run(lambda s, r: 1.08 if (r == 4 and s >= 40) else 1.0, order=shuffle_and_drop))
+    assert [f.rank for f in found] == [4]
+
+
+def test_recovered_straggler_is_cleared() -> None:
+    found = run(lambda s, r: 1.1 if (r == 5 and 20 <= s < 60) else 1.0)
+    assert [(f.rank, f.clear) for f in found] == [(5, False), (5, True)]

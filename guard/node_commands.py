@@ -240,7 +240,12 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--sim-start", type=float, help="simulated time at --wall-start")
     p.add_argument("--wall-start", type=float, help="wall time of --sim-start (default: now)")
     p.add_argument("--sweep-delay", type=float, default=0.0, help="simulated sweep duration, s")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="transitions are printed anyway; info adds scheduler actions",
+    )
 
     node = sub.add_parser("node", help="node health").add_subparsers(dest="sub", required=True)
     p = add("list", cmd_node_list, "every node with a recorded state", node)

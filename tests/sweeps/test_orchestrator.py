@@ -354,3 +354,28 @@ def test_a_simulated_cluster_needs_the_simulated_clock(caplog: pytest.LogCapture
     [single] = [m for m in out if isinstance(m, SweepResult)]
     assert [c.name for c in single.checks if not c.passed] == ["xid_errors"]
     assert all(sim_start < m.ts < sim_start + 3600 for m in out)  # states carry simulated time
+
+
+def test_a_sweep_that_hangs_or_crashes_fails_and_the_node_goes_to_repair() -> None:
+    gated = GatedExecutor(SimulatedSweepExecutor([]))
+    h = Harness(executor=gated, inline=False, sweep_timeout_s=0.3)
+    try:
+        h.orch.handle_flag(flag("node-001", "f", T0 - 1))
+        wait_until(lambda: h.orch.state_of("node-001") == "repair", tick=h.orch.tick)
+    finally:
+        gated.gate.set()
+        h.orch.close()
+    [result] = h.sweeps("node-001")
+    assert [(c.name, c.passed) for c in result.checks] == [("sweep_timeout", False)]
+
+    class Broken:
+        sweep_kinds = ("single",)
+
+        def run(self, *args: Any) -> list[Any]:
+            raise OSError("dcgmi: not found")
+
+    h = Harness(executor=Broken())
+    h.orch.handle_flag(flag("node-002", "g", T0 - 1))
+    h.orch.tick()
+    assert h.orch.state_of("node-002") == "repair"
+    assert "sweep_error (OSError: dcgmi: not found)" in h.out[-1].reason  # type: ignore[union-attr]

@@ -132,6 +132,18 @@ def test_flags_become_states_and_sweeps_on_kafka_and_operators_are_heard(
         assert main(["node", "show", "node-005"]) == 0
         shown = capsys.readouterr().out
         assert "FAIL gemm_tflops_gpu3" in shown and "released by operator:ann" in shown
+        assert main(["node", "show", "node-005", "--json"]) == 0
+        detail = json.loads(capsys.readouterr().out)
+        assert [h["state"] for h in detail["history"] if h["actor"] == "orchestrator"] == [
+            "suspect",
+            "cordoned",
+            "sweeping",
+            "failed",
+            "repair",
+            "healthy",
+        ]
+        assert [h["actor"] for h in detail["history"]].count("operator:ann") == 1
+        assert [x["passed"] for x in detail["sweeps"]] == [False]
     finally:
         orch.stop()
     assert orch.error is None

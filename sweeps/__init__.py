@@ -1,1 +1,36 @@
-"""Sweep orchestrator: policy, node-state machine, scheduler adapters, sweep checks, webhook."""
+"""Sweep orchestrator: policy, node-state machine, scheduler adapters, sweep checks, webhook.
+
+- :mod:`.states`: the states, allowed transitions, recovery from the compacted topic.
+- :mod:`.policy`: which flags make a node suspect and worth a sweep; the cordon cap.
+- :mod:`.orchestrator`: :class:`Orchestrator`, the core (no Kafka), and :class:`SimulatedClock`.
+- :mod:`.service`: :class:`KafkaOrchestrator` (``guard orchestrator``) and the reads and
+  operator requests behind ``guard node``.
+- :mod:`.scheduler`: dry-run, Slurm and Kubernetes adapters.
+- :mod:`.executors`: the simulated and the local-subprocess sweep executors.
+- :mod:`.webhook`: signed Alertmanager-shaped notifications.
+
+See docs/orchestrator.md.
+"""
+
+from .executors import LocalSubprocessExecutor, SimulatedFault, SimulatedSweepExecutor
+from .orchestrator import NodeSummary, Orchestrator, SimulatedClock
+from .scheduler import DryRunScheduler, KubernetesScheduler, SlurmScheduler
+from .service import KafkaOrchestrator, read_node_states, read_sweeps, request_operator_action
+from .webhook import WebhookNotifier
+
+__all__ = [
+    "DryRunScheduler",
+    "KafkaOrchestrator",
+    "KubernetesScheduler",
+    "LocalSubprocessExecutor",
+    "NodeSummary",
+    "Orchestrator",
+    "SimulatedClock",
+    "SimulatedFault",
+    "SimulatedSweepExecutor",
+    "SlurmScheduler",
+    "WebhookNotifier",
+    "read_node_states",
+    "read_sweeps",
+    "request_operator_action",
+]

@@ -199,7 +199,9 @@ class KafkaOrchestrator:
     Everything but ``settings`` is optional and built from the settings when left out
     (``make_scheduler``, ``make_executor``, a webhook notifier when ``webhook_url`` is set).
     ``listeners`` are called with every node state and sweep result published, from the
-    orchestrator's thread. ``ready`` is set once the persisted states are recovered.
+    orchestrator's thread. ``ready`` is set once the persisted states are recovered (and
+    ``error`` holds what stopped it, if anything). One run per instance: to restart, build a
+    new one — it recovers from the topic, as after a crash.
     """
 
     def __init__(

@@ -79,6 +79,14 @@ class AgentSettings(Section):
     socket_path: str = "/run/guard/agent.sock"
     spool_dir: str | None = Field(None, description="default <data_dir>/spool")
     spool_max_bytes: int = Field(256 << 20, ge=0)
+    node: str | None = Field(None, description="node name; default the host name")
+    gpu_source: Literal["nvml", "dcgm", "none"] = "nvml"
+    dcgm_url: str = "http://127.0.0.1:9400/metrics"
+    sysfs_root: str = "/sys"
+    delivery_timeout_s: float = Field(
+        10.0, gt=0, description="a record not delivered by then is spooled (broker away)"
+    )
+    client_queue_max: int = Field(100_000, ge=1, description="training-client messages held")
 
 
 class StreamsSettings(Section):
@@ -88,6 +96,8 @@ class StreamsSettings(Section):
         5.0, gt=0, description="how often a key's detector state goes to its changelog table"
     )
     progress_s: float = Field(10.0, gt=0, description="period of the progress line, s")
+    batch_max: int = Field(2000, ge=1, description="most records a worker handles at once")
+    batch_within_s: float = Field(0.1, gt=0, description="longest wait to fill a batch, s")
     web_port: int = Field(6066, ge=0)
 
 

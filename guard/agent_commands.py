@@ -140,12 +140,19 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--interval", type=float, default=None, help="seconds (default from config)")
     p.add_argument("--socket", help="Unix datagram socket of the training client")
     p.add_argument(
-        "--gpu-source", choices=("nvml", "dcgm", "none"), default="nvml", help="GPU collector"
+        "--gpu-source",
+        choices=("nvml", "dcgm", "none"),
+        help="GPU collector (default from config: nvml)",
     )
-    p.add_argument("--dcgm-url", default="http://127.0.0.1:9400/metrics")
-    p.add_argument("--sysfs", default="/sys", help="sysfs root (tests use a fake tree)")
+    p.add_argument("--dcgm-url", help="dcgm-exporter metrics URL (default from config)")
+    p.add_argument("--sysfs", help="sysfs root (default /sys; tests use a fake tree)")
     p.add_argument("--simulate", action="store_true", help="publish a simulated cluster instead")
-    p.add_argument("--speed", type=float, default=1.0, help="with --simulate: speed-up factor")
+    p.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        help="with --simulate: speed-up (0: as fast as possible)",
+    )
     p.add_argument("--nodes", type=int, default=16, help="with --simulate")
     p.add_argument("--duration", type=float, default=600.0, help="with --simulate: simulated s")
     p.add_argument("--seed", type=int, default=0, help="with --simulate")

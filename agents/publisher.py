@@ -1,0 +1,255 @@
+"""The agent's publisher: messages → Kafka, through a bounded on-disk spool when Kafka is away.
+
+States:
+
+``online``
+    Messages go straight to the producer (batched by librdkafka: ``linger.ms``). A failed
+    delivery (the broker is gone: ``message.timeout.ms`` = ``agent.delivery_timeout_s``
+    expires) moves to ``draining``.
+``draining``
+    New messages are held in memory while the producer reports the fate of what it still
+    had in flight; failures are appended to the spool in the order the producer reports
+    them, then the held messages, so the spool keeps the original order. Then ``offline``.
+``offline``
+    Messages are appended to the spool. Every ``probe_s`` the broker is asked for the
+    metadata of the topics; when it answers with all of them, a fresh producer is made and
+    the state is ``replaying``.
+``replaying``
+    New messages are appended to the spool behind the backlog; the backlog is sent in order,
+    in batches, and each batch is committed (cursor moved, segments deleted) only once it is
+    delivered. When the spool is empty the state is ``online`` again. A failure mid-replay
+    goes back to ``offline`` with nothing committed past the first undelivered record:
+    delivery is at-least-once (a record may be sent twice, never lost below the bound).
+
+Nothing here blocks the caller for long: ``publish`` never waits for the broker, and
+``poll`` does at most one replay batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from guard.config import Settings
+from guard.kafka import TELEMETRY_TOPICS, make_producer, to_record
+from guard.schemas import GuardMessage
+
+from .spool import Spool, SpoolRecord
+
+__all__ = ["Publisher"]
+
+log = logging.getLogger(__name__)
+kafka_log = logging.getLogger("guard.agents.librdkafka")
+
+
+class Publisher:
+    """Publishes wire messages for the agent; see the module docstring for the states."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        spool_dir: str | Path | None = None,
+        producer_factory: Callable[..., Any] | None = None,
+        probe_s: float = 2.0,
+        replay_batch: int = 5000,
+    ) -> None:
+        self.settings = settings
+        agent = settings.agent
+        directory = spool_dir or agent.spool_dir or (settings.home / "spool")
+        self.spool = Spool(directory, agent.spool_max_bytes)
+        self._factory = producer_factory or self._make_producer
+        self.probe_s = probe_s
+        self.replay_batch = replay_batch
+        self.topics = [settings.topic(name) for name in TELEMETRY_TOPICS]
+        self.stats = {"published": 0, "delivered": 0, "spooled": 0, "replayed": 0, "failed": 0}
+        self._held: list[SpoolRecord] = []
+        self._next_probe = 0.0
+        self._producer: Any = None
+        self.state = "offline" if len(self.spool) else "online"
+        if self.state == "online":
+            self._producer = self._factory()
+        else:
+            log.info("%d spooled records from an earlier run wait for the broker", len(self.spool))
+
+    @property
+    def dropped(self) -> int:
+        """Records lost because the spool was full."""
+        return self.spool.dropped
+
+    def _make_producer(self) -> Any:
+        return make_producer(
+            self.settings,
+            **{
+                "message.timeout.ms": int(self.settings.agent.delivery_timeout_s * 1000),
+                "logger": kafka_log,
+            },
+        )
+
+    # --- API -------------------------------------------------------------------------------
+
+    def publish(self, message: GuardMessage) -> None:
+        record = to_record(self.settings, message)
+        self.stats["published"] += 1
+        self._send(SpoolRecord(record.topic, record.key, record.value, record.timestamp_ms))
+
+    def poll(self) -> None:
+        """Serve delivery reports, move between states, replay one batch when it is time."""
+        if self._producer is not None:
+            self._producer.poll(0)
+        if self.state == "draining" and (self._producer is None or len(self._producer) == 0):
+            for record in self._held:
+                self._spool(record)
+            self._held = []
+            self._producer = None
+            self.state = "offline"
+            self._next_probe = time.monotonic() + self.probe_s
+        if self.state == "offline" and time.monotonic() >= self._next_probe:
+            self._next_probe = time.monotonic() + self.probe_s
+            if self._broker_ready():
+                log.info("broker is back; replaying %d spooled records", len(self.spool))
+                self._producer = self._factory()
+                self.state = "replaying"
+        if self.state == "replaying":
+            self._replay_one_batch()
+
+    def flush(self, timeout_s: float = 10.0) -> None:
+        """Wait (up to ``timeout_s``) until what was handed to the producer is delivered."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.poll()
+            if self.state == "online" and self._producer is not None and len(self._producer) == 0:
+                return
+            if self.state == "offline":
+                return
+            if self._producer is not None:
+                self._producer.flush(min(0.2, max(0.0, deadline - time.monotonic())))
+            else:
+                time.sleep(0.05)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self.flush(timeout_s)
+        if self._producer is not None:
+            # What is still in flight is spooled by its delivery report (a purge fails it).
+            self._producer.purge()
+            self._producer.poll(0)
+            self._producer.flush(1.0)
+        for record in self._held:
+            self._spool(record)
+        self._held = []
+        self.spool.close()
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _send(self, record: SpoolRecord) -> None:
+        if self.state == "online":
+            try:
+                self._produce(record)
+                return
+            except BufferError:
+                self._producer.poll(0.05)
+                try:
+                    self._produce(record)
+                    return
+                except BufferError:
+                    log.warning("the producer queue is full; spooling")
+                    self._go_draining()
+        if self.state == "draining":
+            self._held.append(record)
+        else:
+            self._spool(record)
+
+    def _produce(self, record: SpoolRecord) -> None:
+        def report(err: Any, msg: Any) -> None:
+            if err is None:
+                self.stats["delivered"] += 1
+                return
+            self.stats["failed"] += 1
+            self._spool(record)
+            if self.state == "online":
+                log.warning(
+                    "delivery to %s failed (%s); spooling until the broker is back",
+                    record.topic,
+                    err,
+                )
+                self._go_draining()
+
+        self._producer.produce(
+            record.topic,
+            record.value,
+            record.key,
+            timestamp=record.timestamp_ms,
+            on_delivery=report,
+        )
+
+    def _go_draining(self) -> None:
+        if self.state == "online":
+            self.state = "draining"
+
+    def _spool(self, record: SpoolRecord) -> None:
+        self.spool.append(record)
+        self.stats["spooled"] += 1
+
+    def _broker_ready(self) -> bool:
+        from confluent_kafka.admin import AdminClient
+
+        from guard.kafka import client_config
+
+        try:
+            conf = client_config(self.settings)
+            conf["logger"] = kafka_log
+            metadata = AdminClient(conf).list_topics(timeout=1.0)
+        except Exception as exc:  # KafkaException and transport errors: still away
+            log.debug("broker probe: %s", exc)
+            return False
+        return all(
+            topic in metadata.topics
+            and not metadata.topics[topic].error
+            and metadata.topics[topic].partitions
+            for topic in self.topics
+        )
+
+    def _replay_one_batch(self) -> None:
+        batch = self.spool.peek(self.replay_batch)
+        if not batch:
+            self.state = "online"
+            log.info("spool replayed; publishing directly again")
+            return
+        results: list[bool | None] = [None] * len(batch)
+
+        def reporter(i: int) -> Callable[[Any, Any], None]:
+            def report(err: Any, msg: Any) -> None:
+                results[i] = err is None
+
+            return report
+
+        producer = self._producer
+        for i, (_, record) in enumerate(batch):
+            while True:
+                try:
+                    producer.produce(
+                        record.topic,
+                        record.value,
+                        record.key,
+                        timestamp=record.timestamp_ms,
+                        on_delivery=reporter(i),
+                    )
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        producer.flush(self.settings.agent.delivery_timeout_s + 5)
+        delivered = 0
+        for ok in results:
+            if not ok:
+                break
+            delivered += 1
+        if delivered:
+            self.spool.commit(batch[delivered - 1][0], delivered)
+            self.stats["replayed"] += delivered
+        if delivered < len(batch):
+            log.warning("replay stopped after %d of %d records; will retry", delivered, len(batch))
+            self._producer = None
+            self.state = "offline"
+            self._next_probe = time.monotonic() + self.probe_s

@@ -1,0 +1,107 @@
+"""The agent daemon end to end: collectors + training client → a real broker."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from guard.agents.client import GuardClient
+from guard.agents.daemon import AgentDaemon, ClientListener, JobTracker
+from guard.agents.nic import NicCollector
+from guard.agents.nvml import NvmlCollector
+from guard.agents.publisher import Publisher
+from guard.cli import main
+from guard.config import Settings
+
+from .fake_sysfs import make_fake_sysfs
+from .nvml_standin import NvmlStandIn
+from .test_publisher import consume_topics
+
+pytestmark = pytest.mark.kafka
+
+
+def test_job_discovery_prefers_explicit_then_slurm_then_clients() -> None:
+    assert JobTracker("explicit", {"SLURM_JOB_ID": "42"}).current() == "explicit"
+    assert JobTracker(None, {"SLURM_JOB_ID": "42"}).current() == "42"
+    tracker = JobTracker(None, {})
+    assert tracker.current() is None
+    tracker.report("from-client", now=100.0)
+    assert tracker.current(now=150.0) == "from-client"
+    assert tracker.current(now=100.0 + 301) is None  # the job ended: stop labelling
+
+
+def test_agent_publishes_gpus_nics_and_client_timings(
+    kafka_settings: Settings, tmp_path: Path
+) -> None:
+    nvml = NvmlStandIn()
+    gpus = NvmlCollector("node-7", nvml=nvml)
+    nics = NicCollector("node-7", make_fake_sysfs(tmp_path / "sys"))
+    listener = ClientListener(tmp_path / "agent.sock", "node-7").start()
+    publisher = Publisher(kafka_settings)
+    daemon = AgentDaemon(
+        "node-7", publisher, [gpus.sample, nics.sample], JobTracker(None, {}), listener
+    )
+    client = GuardClient(job="llm-9", rank=3, gpu=3, socket_path=str(tmp_path / "agent.sock"))
+    try:
+        daemon.cycle(ts=1767225600.0)  # no job known yet
+        for step in range(5):
+            assert client.step(step=step, step_s=2.0, compute_s=1.4, dp_rank=3)
+        deadline = time.monotonic() + 10
+        while listener.messages.qsize() < 5 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        daemon.forward_clients()  # the client told us the job
+        nvml.advance()
+        daemon.cycle(ts=1767225601.0)
+        publisher.flush(30)
+    finally:
+        listener.stop()
+        gpus.close()
+        nics.close()
+        publisher.close()
+    gpu = consume_topics(kafka_settings, ["gpu"], 16)
+    nic = consume_topics(kafka_settings, ["nic"], 18)
+    steps = consume_topics(kafka_settings, ["steps"], 5)
+    assert len(gpu) == 16 and len(nic) == 18 and len(steps) == 5
+    assert Counter(m.job for m in gpu) == {None: 8, "llm-9": 8}
+    assert {(m.node, m.job, m.rank) for m in steps} == {("node-7", "llm-9", 3)}
+    assert daemon.status()["client_received"] == 5
+
+
+def test_guard_agent_simulate_publishes_to_the_broker(
+    kafka_settings: Settings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("GUARD_KAFKA_BOOTSTRAP", kafka_settings.kafka.bootstrap)
+    monkeypatch.setenv("GUARD_KAFKA_TOPIC_PREFIX", kafka_settings.kafka.topic_prefix)
+    monkeypatch.setenv("GUARD_HOME", str(tmp_path / "home"))
+    truth = tmp_path / "truth.json"
+    code = main(
+        [
+            "agent",
+            "--simulate",
+            "--speed",
+            "0",
+            "--nodes",
+            "3",
+            "--duration",
+            "20",
+            "--seed",
+            "4",
+            "--truth",
+            str(truth),
+        ]
+    )
+    assert code == 0
+    summary = capsys.readouterr().err
+    published = int(summary.split("guard agent --simulate: ", 1)[1].split(" messages")[0])
+    got = consume_topics(kafka_settings, ["gpu", "nic", "steps", "collectives"], published)
+    assert len(got) == published > 3 * 8 * 2 * 10
+    assert {m.node for m in got if m.kind == "gpu"} == {"node-000", "node-001", "node-002"}
+    assert Counter(m.kind for m in got).keys() == {"gpu", "nic", "step", "collective"}
+    assert json.loads(truth.read_text())["nodes"] == ["node-000", "node-001", "node-002"]

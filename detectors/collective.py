@@ -230,9 +230,16 @@ class CollectiveHomogeneityDetector:
             noise = self.noise[comm] = GroupNoise()
         sigma_rel, sigma_abs = noise.measure(residuals, excesses)
         found: list[Finding] = []
-        for rank, residual, tracker in zip(ranks, residuals, trackers, strict=True):
-            event = tracker.update(residual, sigma_rel, sigma_abs, self.rule, rnd.ts)
+        events = [
+            tracker.update(residual, sigma_rel, sigma_abs, self.rule, rnd.ts)
+            for residual, tracker in zip(residuals, trackers, strict=True)
+        ]
+        shared = noise.shared(trackers, self.rule, sigma_rel)
+        for rank, tracker, event in zip(ranks, trackers, events, strict=True):
             if event is None:
+                continue
+            if event == "raise" and shared:
+                tracker.veto()
                 continue
             mean = tracker.slow_mean()
             evidence: dict[str, Any] = {
@@ -293,9 +300,16 @@ class CollectiveHomogeneityDetector:
                 excesses.append(excess)
         sigma_rel, sigma_abs = self.link_noise.measure(residuals, excesses)
         found: list[Finding] = []
-        for node, residual, tracker in zip(nodes, residuals, trackers, strict=True):
-            event = tracker.update(residual, sigma_rel, sigma_abs, self.link_rule, rnd.ts)
+        events = [
+            tracker.update(residual, sigma_rel, sigma_abs, self.link_rule, rnd.ts)
+            for residual, tracker in zip(residuals, trackers, strict=True)
+        ]
+        shared = self.link_noise.shared(trackers, self.link_rule, sigma_rel)
+        for node, tracker, event in zip(nodes, trackers, events, strict=True):
             if event is None:
+                continue
+            if event == "raise" and shared:
+                tracker.veto()
                 continue
             mean = tracker.slow_mean()
             evidence: dict[str, Any] = {

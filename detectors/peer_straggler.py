@@ -164,9 +164,15 @@ class PeerStragglerDetector:
             if noise is None:
                 noise = self.noise[stage] = GroupNoise()
             sigma_rel, sigma_abs = noise.measure(residuals, excesses)
-            for rank, residual, tracker in zip(members, residuals, trackers, strict=True):
-                event = tracker.update(residual, sigma_rel, sigma_abs, rule, ts)
-                if event is not None:
+            events = [
+                tracker.update(residual, sigma_rel, sigma_abs, rule, ts)
+                for residual, tracker in zip(residuals, trackers, strict=True)
+            ]
+            shared = noise.shared(trackers, rule, sigma_rel)
+            for rank, tracker, event in zip(members, trackers, events, strict=True):
+                if event == "raise" and shared:
+                    tracker.veto()  # many ranks slowed at once: a shared cause, not this node
+                elif event is not None:
                     found.append(self._finding(event, rank, step, ts, tracker, center, row[rank]))
         found += self._imbalance(step, ts, stage_medians)
         return found

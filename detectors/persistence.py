@@ -15,6 +15,12 @@ for a member when either
 this round (the detector passes them in, taking the larger of this round's and a smoothed
 value, so a job-wide jittery round such as a data stall raises the bar for everyone).
 
+A member whose *median* residual over a full window is at least ``offset_residual`` and at
+least ``z`` standard errors (``sigma_abs / sqrt(window)``), with ``offset_fraction`` of its
+rounds above the median, is slow in that window too: a persistent offset that is small
+next to a noisy group's round-to-round spread (ten workers whose times jitter by 5 %, one of
+them 10 % slower all along) is still an offset.
+
 One slow round is a hiccup; a random member that is slow now and then is moving imbalance;
 neither is a fault. The *score* of a round is how far past its threshold it was
 (``>= 1`` is slow, capped at ``cap``). A member is *slow in a window* when at least
@@ -48,6 +54,12 @@ baseline_alpha
     Smoothing of the baseline afterwards (rounds that are not slow only).
 cap
     Largest score one round can contribute.
+crowd_fraction
+    When more than this fraction of a group (and more than two members) got worse than
+    their own baselines together, the cause is shared (a rack, a storage or network path,
+    the input data); raises in that round are withdrawn (see :func:`crowded`).
+offset_residual, offset_fraction
+    The persistent-offset test (see above); residuals are winsorised to ``residual_cap``.
 
 References
 ----------
@@ -71,12 +83,13 @@ Example
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
 from .robust import mad_sigma
 
-__all__ = ["DeviationTracker", "GroupNoise", "PersistenceRule"]
+__all__ = ["DeviationTracker", "GroupNoise", "PersistenceRule", "crowded"]
 
 _SMOOTHING = 0.1
 
@@ -93,10 +106,14 @@ class PersistenceRule:
     min_score: float = 0.75
     m: int = 2
     n: int = 3
-    clear_after: int = 8
+    clear_after: int = 30
     baseline_rounds: int = 16
     baseline_alpha: float = 0.002
     cap: float = 3.0
+    offset_residual: float = 0.05
+    offset_fraction: float = 0.75
+    residual_cap: float = 0.5
+    crowd_fraction: float = 0.25
 
 
 class DeviationTracker:
@@ -105,6 +122,8 @@ class DeviationTracker:
     __slots__ = (
         "active",
         "baseline",
+        "rel_slow",
+        "residuals",
         "calm",
         "rounds",
         "scores",
@@ -118,6 +137,8 @@ class DeviationTracker:
         self.scores: deque[float] = deque()
         self.slow: deque[float] = deque()  # round timestamps of slow rounds, -1.0 for normal
         self.slow_residuals: deque[float] = deque()
+        self.residuals: deque[float] = deque()
+        self.rel_slow = False  # this round: worse than its own baseline
         self.windows = 0  # bit history of window verdicts, newest in bit 0
         self.active = False
         self.calm = 0
@@ -130,9 +151,16 @@ class DeviationTracker:
         return residual - self.baseline if self.rounds >= rule.baseline_rounds else None
 
     def slow_mean(self) -> float:
-        """Mean residual (against peers) over the window's slow rounds."""
+        """Mean residual (against peers) over the window's slow rounds, else over the window."""
         picked = [r for r in self.slow_residuals if r == r]
-        return sum(picked) / len(picked) if picked else 0.0
+        if picked and len(picked) * 2 >= len(self.slow_residuals):
+            return sum(picked) / len(picked)
+        return sum(self.residuals) / len(self.residuals) if self.residuals else 0.0
+
+    def veto(self) -> None:
+        """Withdraw a raise the detector decided against (the member may raise again later)."""
+        self.active = False
+        self.windows = 0
 
     def slow_rounds(self) -> int:
         return sum(1 for s in self.slow if s >= 0.0)
@@ -151,27 +179,46 @@ class DeviationTracker:
         if not ready:
             self.baseline += (residual - self.baseline) / self.rounds
         score = residual / max(rule.abs_residual, rule.z * sigma_abs)
+        self.rel_slow = False
         if ready:
             rel = (residual - self.baseline) / max(rule.min_residual, rule.z * sigma_rel)
+            self.rel_slow = rel >= 1.0
             if rel > score:
                 score = rel
         slow_round = score >= 1.0
         if ready and not slow_round and not self.active and score < 0.5:
             self.baseline += rule.baseline_alpha * (residual - self.baseline)
-        scores, slow, picked = self.scores, self.slow, self.slow_residuals
+        scores, slow, picked, kept = self.scores, self.slow, self.slow_residuals, self.residuals
         scores.append(min(score, rule.cap) if score > 0.0 else 0.0)
         slow.append(round_ts if slow_round else -1.0)
         picked.append(residual if slow_round else float("nan"))
+        cap = rule.residual_cap
+        kept.append(cap if residual > cap else (-cap if residual < -cap else residual))
         if len(scores) > rule.window:
             scores.popleft()
             slow.popleft()
             picked.popleft()
+            kept.popleft()
         n_slow = sum(1 for s in slow if s >= 0.0)
         verdict = (
             len(scores) >= rule.window // 2
             and n_slow >= rule.min_fraction * rule.window
             and sum(scores) / len(scores) >= rule.min_score
         )
+        if not verdict and len(kept) >= rule.window:
+            ordered = sorted(kept)
+            mid = len(ordered) // 2
+            typical = ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+            # the median's standard error is ~1.25 that of the mean; hiccups do not move it
+            if (
+                typical >= rule.offset_residual
+                and typical >= 1.25 * rule.z * sigma_abs / math.sqrt(len(kept))
+                and sum(1 for r in kept if r > 0.0) >= rule.offset_fraction * len(kept)
+            ):
+                verdict = True
+                if not slow_round and not any(t >= 0.0 for t in slow):
+                    slow[-1] = round_ts  # the offset itself is the evidence: date it here
+                    picked[-1] = residual
         self.windows = ((self.windows << 1) | int(verdict)) & ((1 << rule.n) - 1)
         if not self.active:
             if verdict and self.windows.bit_count() >= rule.m:
@@ -191,6 +238,26 @@ class DeviationTracker:
         return None
 
 
+def crowded(trackers: list[DeviationTracker], rule: PersistenceRule, sigma_rel: float) -> bool:
+    """Did too many members of one group move away from their own baselines together?
+
+    A member counts when the mean of its last four residuals is ``max(2 * min_residual,
+    sigma_rel)`` away from its baseline, in either direction (the standard error of a
+    four-round mean is half a round's spread: a two-sigma bar, lower than the claim's, on
+    purpose). Either direction, because when a subgroup slows down the median moves and the
+    rest look faster: one straggler moves nobody else.
+    """
+    bar = max(2.0 * rule.min_residual, 1.5 * sigma_rel)
+    n = 0
+    for t in trackers:
+        if t.rounds > rule.baseline_rounds and len(t.residuals) >= 4:
+            recent = t.residuals
+            last4 = (recent[-1] + recent[-2] + recent[-3] + recent[-4]) / 4.0
+            if abs(last4 - t.baseline) >= bar:
+                n += 1
+    return n > 2 and n > rule.crowd_fraction * len(trackers)
+
+
 class GroupNoise:
     """A peer group's spread of residuals, this round's or the smoothed one, whichever is larger.
 
@@ -199,11 +266,20 @@ class GroupNoise:
     round-to-round jitter, not the fixed differences between GPUs).
     """
 
-    __slots__ = ("abs", "rel")
+    __slots__ = ("abs", "crowd", "rel")
 
     def __init__(self) -> None:
         self.abs = -1.0
         self.rel = -1.0
+        self.crowd = 0  # rounds left in which the group counts as moved together
+
+    def shared(self, trackers: list[DeviationTracker], rule: PersistenceRule, sigma_rel: float) -> bool:
+        """:func:`crowded`, held for a window of rounds once seen (a shared cause lingers)."""
+        if crowded(trackers, rule, sigma_rel):
+            self.crowd = 3 * rule.window
+        elif self.crowd > 0:
+            self.crowd -= 1
+        return self.crowd > 0
 
     def measure(self, residuals: list[float], excesses: list[float]) -> tuple[float, float]:
         step_abs = mad_sigma(residuals, 0.0)

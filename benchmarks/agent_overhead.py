@@ -75,7 +75,7 @@ def main() -> None:
     median = statistics.median(per_cycle_ms)
     messages = publisher.count / (args.rounds * args.cycles + 1)
     print(
-        f"cycle: 8 GPUs + {len(nics.ports) or 8} NIC ports, {messages:.0f} messages, "
+        f"cycle: 8 GPUs + {ports} NIC ports (8 rails + eth0), {messages:.0f} messages, "
         f"{publisher.bytes / publisher.count:.0f} B each"
     )
     print(

@@ -44,8 +44,8 @@ def _flag(
         job=msg.job,
         id=stable_id(detector, category, msg.node, component, evidence.get("rule"), bucket),
         detector=detector,
-        category=category,  # type: ignore[arg-type]
-        severity=severity,  # type: ignore[arg-type]
+        category=category,
+        severity=severity,
         score=1.0,
         evidence=evidence,
         **kw,
@@ -73,7 +73,9 @@ class StaticRulesBaseline:
 
     name = "static_rules"
 
-    def __init__(self, temp_c: float = 85.0, step_ratio: float = 1.2, group_s: float = 60.0) -> None:
+    def __init__(
+        self, temp_c: float = 85.0, step_ratio: float = 1.2, group_s: float = 60.0
+    ) -> None:
         self.temp_c = temp_c
         self.step_ratio = step_ratio
         self.group_s = group_s
@@ -86,18 +88,45 @@ class StaticRulesBaseline:
         g = self.group_s
         if isinstance(msg, GpuSample):
             if msg.temp_c is not None and msg.temp_c > self.temp_c:
-                out.append(_flag(self.name, "thermal", "warning", msg, g, gpu=msg.gpu,
-                                 evidence={"rule": "temp_c > 85", "temp_c": msg.temp_c}))
+                out.append(
+                    _flag(
+                        self.name,
+                        "thermal",
+                        "warning",
+                        msg,
+                        g,
+                        gpu=msg.gpu,
+                        evidence={"rule": "temp_c > 85", "temp_c": msg.temp_c},
+                    )
+                )
             if msg.xid is not None:
-                out.append(_flag(self.name, "gpu_error", "critical", msg, g, gpu=msg.gpu,
-                                 evidence={"rule": "xid", "xid": msg.xid}))
+                out.append(
+                    _flag(
+                        self.name,
+                        "gpu_error",
+                        "critical",
+                        msg,
+                        g,
+                        gpu=msg.gpu,
+                        evidence={"rule": "xid", "xid": msg.xid},
+                    )
+                )
             if msg.ecc_dbe_total is not None:
                 key = (msg.node, msg.gpu)
                 before = self.dbe.get(key)
                 self.dbe[key] = msg.ecc_dbe_total
                 if before is not None and msg.ecc_dbe_total > before:
-                    out.append(_flag(self.name, "gpu_error", "critical", msg, g, gpu=msg.gpu,
-                                     evidence={"rule": "dbe increase"}))
+                    out.append(
+                        _flag(
+                            self.name,
+                            "gpu_error",
+                            "critical",
+                            msg,
+                            g,
+                            gpu=msg.gpu,
+                            evidence={"rule": "dbe increase"},
+                        )
+                    )
         elif isinstance(msg, NicSample):
             value = msg.counters.get("link_downed")
             if value is not None:
@@ -105,8 +134,17 @@ class StaticRulesBaseline:
                 before = self.downed.get(nkey)
                 self.downed[nkey] = value
                 if before is not None and value > before:
-                    out.append(_flag(self.name, "link", "warning", msg, g, device=msg.device,
-                                     evidence={"rule": "link_downed increase"}))
+                    out.append(
+                        _flag(
+                            self.name,
+                            "link",
+                            "warning",
+                            msg,
+                            g,
+                            device=msg.device,
+                            evidence={"rule": "link_downed increase"},
+                        )
+                    )
         elif isinstance(msg, StepTiming):
             groups = self.steps.setdefault(msg.job, _StepGroups())
             for rows in groups.add(msg, msg.step_s):
@@ -123,8 +161,15 @@ class StaticRulesBaseline:
     def _steps(self, rows: list[tuple[StepTiming, float]]) -> list[Flag]:
         center = median([v for _, v in rows])
         return [
-            _flag(self.name, "straggler", "warning", m, self.group_s, rank=m.rank,
-                  evidence={"rule": "step_s > 1.2x job median", "ratio": round(v / center, 3)})
+            _flag(
+                self.name,
+                "straggler",
+                "warning",
+                m,
+                self.group_s,
+                rank=m.rank,
+                evidence={"rule": "step_s > 1.2x job median", "ratio": round(v / center, 3)},
+            )
             for m, v in rows
             if center > 0 and v > self.step_ratio * center
         ]
@@ -163,7 +208,18 @@ class NvrxBaseline:
         for m, v in rows:
             score = center / v if v > 0 else 1.0
             if score < self.threshold:
-                out.append(_flag(self.name, "straggler", "warning", m, self.group_s, rank=m.rank,
-                                 evidence={"rule": "relative score < 0.75",
-                                           "relative_score": round(score, 3)}))
+                out.append(
+                    _flag(
+                        self.name,
+                        "straggler",
+                        "warning",
+                        m,
+                        self.group_s,
+                        rank=m.rank,
+                        evidence={
+                            "rule": "relative score < 0.75",
+                            "relative_score": round(score, 3),
+                        },
+                    )
+                )
         return out

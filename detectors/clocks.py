@@ -2,7 +2,8 @@
 
 Per sampling round of a node, a GPU is suspect when it is under load (``util_pct >=
 min_util``), the idle reason bit (0x1) is clear, and its SM clock is more than ``low_ratio``
-below the node's median SM clock. Thermal and power throttling also lower clocks; fusion reports those
+below the node's median SM clock. Thermal and power throttling also lower clocks; fusion
+reports those
 under their cause, and this rule catches the rest (a stuck clock, an application clock
 set low, a hw slowdown 0x8 without a thermal reason).
 

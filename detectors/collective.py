@@ -139,13 +139,11 @@ class CollectiveHomogeneityDetector:
         if rnd is None:
             rnd = self.rounds[key] = _Round()
         rnd.arrive[rank] = msg.arrive_ts
-        if msg.arrive_ts < rnd.first_arrive:
-            rnd.first_arrive = msg.arrive_ts
+        rnd.first_arrive = min(rnd.first_arrive, msg.arrive_ts)
         if msg.end_ts is not None and rnd.end.get(rank) is None:
             rnd.ended += 1
         rnd.end[rank] = msg.end_ts
-        if msg.ts > rnd.ts:
-            rnd.ts = msg.ts
+        rnd.ts = max(rnd.ts, msg.ts)
         if msg.peers and msg.end_ts is not None:
             for peer in msg.peers:
                 if peer.bytes > 0 and peer.duration_s > 0.0:
@@ -209,7 +207,9 @@ class CollectiveHomogeneityDetector:
         gap = center - last_center
         prev_gap = self.interval.get(comm)
         # the median gap is robust to a skipped op; smoothing keeps it stable across steps
-        interval = gap if prev_gap is None else prev_gap + _SMOOTHING * (min(gap, 3 * prev_gap) - prev_gap)
+        interval = (
+            gap if prev_gap is None else prev_gap + _SMOOTHING * (min(gap, 3 * prev_gap) - prev_gap)
+        )
         self.interval[comm] = interval
         if len(arrive) < self.min_peers or interval <= 0.0:
             return []

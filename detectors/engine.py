@@ -195,9 +195,9 @@ class DetectionEngine:
     def process(self, msg: GuardMessage) -> list[Flag]:
         """Feed one message (in event-time order, give or take a little); return new flags."""
         kind = msg.kind
-        if kind == "gpu" or kind == "nic":
+        if kind in ("gpu", "nic"):
             found = self.node(msg.node).process(msg) if self.config.node_telemetry else []
-        elif kind == "step" or kind == "collective":
+        elif kind in ("step", "collective"):
             found = self.job(msg.job).process(msg) if msg.job is not None else []
         else:
             found = []
@@ -260,6 +260,7 @@ class DetectionEngine:
 
     def state_bytes(self) -> dict[str, int]:
         """Pickled size of each partition family, for the state budget (bytes)."""
+
         def size(obj: object) -> int:
             return len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
 

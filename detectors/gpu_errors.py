@@ -82,8 +82,7 @@ class GpuErrorDetector:
         st = self.gpus.get(s.gpu)
         if st is None:
             st = self.gpus[s.gpu] = _GpuErrorState()
-        if s.ts > st.last_ts:
-            st.last_ts = s.ts
+        st.last_ts = max(st.last_ts, s.ts)
         st.lost = False
         found: list[Finding] = []
         xid = s.xid
@@ -95,7 +94,9 @@ class GpuErrorDetector:
         if dbe is not None:
             if st.dbe is not None and dbe > st.dbe:
                 found.append(
-                    self._finding(s, "ecc_dbe", {"ecc_dbe_total": dbe, "increase": dbe - st.dbe}, s.ts)
+                    self._finding(
+                        s, "ecc_dbe", {"ecc_dbe_total": dbe, "increase": dbe - st.dbe}, s.ts
+                    )
                 )
             st.dbe = dbe
         return found

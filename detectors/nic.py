@@ -122,8 +122,7 @@ class NicDetector:
             st = self.ports[key] = _PortState(self.hold_args)
         if s.speed_gbps is not None:
             st.speed = s.speed_gbps
-            if s.speed_gbps > self.nominal_gbps:
-                self.nominal_gbps = s.speed_gbps
+            self.nominal_gbps = max(self.nominal_gbps, s.speed_gbps)
         prev, prev_ts = st.counters, st.ts
         if prev_ts is not None and s.ts <= prev_ts:
             return []  # duplicate or out of order: rates need increasing time
@@ -137,14 +136,26 @@ class NicDetector:
         flaps = _increase(counters, prev, ("link_downed",))
         if flaps:
             found.append(
-                self._finding(s, "link", "critical" if flaps >= 3 else "warning", s.ts,
-                              {"signal": "link_downed", "increase": flaps, "interval_s": dt})
+                self._finding(
+                    s,
+                    "link",
+                    "critical" if flaps >= 3 else "warning",
+                    s.ts,
+                    {"signal": "link_downed", "increase": flaps, "interval_s": dt},
+                )
             )
         event = st.down.update(s.link_up is False, s.ts)
         if event is not None:
-            found.append(self._finding(s, "link", "warning", st.down.since,
-                                       {"signal": "link_up", "link_up": s.link_up},
-                                       clear=event == "clear"))
+            found.append(
+                self._finding(
+                    s,
+                    "link",
+                    "warning",
+                    st.down.since,
+                    {"signal": "link_up", "link_up": s.link_up},
+                    clear=event == "clear",
+                )
+            )
         phys = _increase(counters, prev, PHYSICAL_ERRORS) / dt
         retrans = _increase(counters, prev, RETRANSMITS) / dt
         slow = (
@@ -155,14 +166,24 @@ class NicDetector:
         degraded = phys >= self.phys_per_s or retrans >= self.retrans_per_s or slow
         event = st.degraded.update(degraded, s.ts)
         if event is not None:
-            found.append(self._finding(s, "nic", "warning", st.degraded.since, {
-                "signal": "errors" if (phys >= self.phys_per_s or retrans >= self.retrans_per_s)
-                else "speed",
-                "physical_errors_per_s": round(phys, 3),
-                "retransmits_per_s": round(retrans, 3),
-                "speed_gbps": st.speed,
-                "nominal_gbps": self.nominal_gbps,
-            }, clear=event == "clear"))
+            found.append(
+                self._finding(
+                    s,
+                    "nic",
+                    "warning",
+                    st.degraded.since,
+                    {
+                        "signal": "errors"
+                        if (phys >= self.phys_per_s or retrans >= self.retrans_per_s)
+                        else "speed",
+                        "physical_errors_per_s": round(phys, 3),
+                        "retransmits_per_s": round(retrans, 3),
+                        "speed_gbps": st.speed,
+                        "nominal_gbps": self.nominal_gbps,
+                    },
+                    clear=event == "clear",
+                )
+            )
         congestion = _increase(counters, prev, CONGESTION_COUNTERS) / dt
         st.congested = congestion >= self.congestion_per_s and phys == 0.0 and retrans == 0.0
         if self.first_port is None or key < self.first_port:
@@ -172,13 +193,25 @@ class NicDetector:
             share = sum(1 for p in ports if p.congested) / len(ports)
             event = self.congestion.update(share >= 0.5, s.ts)
             if event is not None:
-                found.append(self._finding(s, "nic", "info", self.congestion.since, {
-                    "signal": "congestion",
-                    "observation": "congestion",
-                    "ports_congested_pct": round(100.0 * share),
-                    "ecn_cnp_per_s": round(congestion, 1),
-                    "xmit_wait_per_s": round(_increase(counters, prev, ("port_xmit_wait",)) / dt, 1),
-                }, clear=event == "clear", device=None))
+                found.append(
+                    self._finding(
+                        s,
+                        "nic",
+                        "info",
+                        self.congestion.since,
+                        {
+                            "signal": "congestion",
+                            "observation": "congestion",
+                            "ports_congested_pct": round(100.0 * share),
+                            "ecn_cnp_per_s": round(congestion, 1),
+                            "xmit_wait_per_s": round(
+                                _increase(counters, prev, ("port_xmit_wait",)) / dt, 1
+                            ),
+                        },
+                        clear=event == "clear",
+                        device=None,
+                    )
+                )
         return found
 
     def _finding(

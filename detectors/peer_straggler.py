@@ -3,7 +3,8 @@
 In synchronous training every rank's wall step time is the same (everyone waits for the
 slowest), so a slow rank shows in ``compute_s``, the time it was busy before entering the
 step's synchronising collective. Per job, per pipeline stage and per step, each rank's
-residual is ``compute_s / median(peers) - 1``; :class:`~guard.detectors.persistence.DeviationTracker`
+residual is ``compute_s / median(peers) - 1``;
+:class:`~guard.detectors.persistence.DeviationTracker`
 turns the residuals into a claim only when the slowness persists. A whole-job slowdown
 (checkpoint, data stall) moves the median with it and cancels out; ranks of different
 pipeline stages are never compared; stage medians that differ by more than

@@ -122,9 +122,9 @@ class DeviationTracker:
     __slots__ = (
         "active",
         "baseline",
+        "calm",
         "rel_slow",
         "residuals",
-        "calm",
         "rounds",
         "scores",
         "since_ts",
@@ -152,7 +152,7 @@ class DeviationTracker:
 
     def slow_mean(self) -> float:
         """Mean residual (against peers) over the window's slow rounds, else over the window."""
-        picked = [r for r in self.slow_residuals if r == r]
+        picked = [r for r in self.slow_residuals if not math.isnan(r)]
         if picked and len(picked) * 2 >= len(self.slow_residuals):
             return sum(picked) / len(picked)
         return sum(self.residuals) / len(self.residuals) if self.residuals else 0.0
@@ -183,8 +183,7 @@ class DeviationTracker:
         if ready:
             rel = (residual - self.baseline) / max(rule.min_residual, rule.z * sigma_rel)
             self.rel_slow = rel >= 1.0
-            if rel > score:
-                score = rel
+            score = max(score, rel)
         slow_round = score >= 1.0
         if ready and not slow_round and not self.active and score < 0.5:
             self.baseline += rule.baseline_alpha * (residual - self.baseline)
@@ -273,7 +272,9 @@ class GroupNoise:
         self.rel = -1.0
         self.crowd = 0  # rounds left in which the group counts as moved together
 
-    def shared(self, trackers: list[DeviationTracker], rule: PersistenceRule, sigma_rel: float) -> bool:
+    def shared(
+        self, trackers: list[DeviationTracker], rule: PersistenceRule, sigma_rel: float
+    ) -> bool:
         """:func:`crowded`, held for a window of rounds once seen (a shared cause lingers)."""
         if crowded(trackers, rule, sigma_rel):
             self.crowd = 3 * rule.window

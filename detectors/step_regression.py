@@ -101,7 +101,7 @@ class StepRegressionDetector:
         if self.baseline <= 0.0:
             return []
         relative = value / self.baseline - 1.0
-        self.test.update(relative)
+        self.test.update(relative)  # type: ignore[no-untyped-call]
         self.steps += 1
         if not self.test.drift_detected:
             if self.steps < 30:  # the baseline settles over the first steps

@@ -61,7 +61,9 @@ class SignalAnomalyDetector:
         hold: int = 12,
         refractory_s: float = 86400.0,
     ) -> None:
-        self.model = anomaly.GaussianScorer(window_size=window, grace_period=grace)
+        self.model = anomaly.GaussianScorer(  # type: ignore[no-untyped-call]
+            window_size=window, grace_period=grace
+        )
         self.threshold = threshold
         self.hold = hold
         self.refractory_s = refractory_s
@@ -73,14 +75,14 @@ class SignalAnomalyDetector:
         self, ts: float, value: float, node: str | None = None, metric: str = "value"
     ) -> Finding | None:
         """Score and learn one value; return an ``anomaly`` finding when an alarm is raised."""
-        score = float(self.model.score_one(None, value))  # type: ignore[arg-type]
+        score = float(self.model.score_one(None, value))  # type: ignore[no-untyped-call]
         if score >= self.threshold:
             if self.run == 0:
                 self.run_since = ts
             self.run += 1
         else:
             self.run = 0
-            self.model.learn_one(None, value)  # type: ignore[arg-type]
+            self.model.learn_one(None, value)  # type: ignore[no-untyped-call]
         if self.run < self.hold:
             return None
         if self.last_alarm is not None and ts - self.last_alarm < self.refractory_s:

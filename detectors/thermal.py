@@ -7,7 +7,8 @@ Per sampling round of a node (:mod:`~guard.detectors.gpu_round`), a GPU is suspe
 * its temperature is at least ``limit_c``; or
 * a thermal clocks-event reason bit (0x20 sw thermal, 0x40 hw thermal) is set.
 
-The condition must hold in ``raise_after`` of ``within`` rounds (:class:`~guard.detectors.hold.Hold`);
+The condition must hold in ``raise_after`` of ``within`` rounds
+(:class:`~guard.detectors.hold.Hold`);
 it is ``critical`` at ``critical_c`` or above.
 
 Parameters
@@ -32,7 +33,8 @@ Example
 >>> det = ThermalDetector()
 >>> found = []
 >>> for t in range(5):
-...     samples = {g: GpuSample(ts=10.0 * t, node="n1", gpu=g, temp_c=62 + g % 2 + (20 if g == 4 else 0),
+...     temps = {g: 62.0 + g % 2 + (20.0 if g == 4 else 0.0) for g in range(8)}
+...     samples = {g: GpuSample(ts=10.0 * t, node="n1", gpu=g, temp_c=temps[g],
 ...                             clock_event_reasons=0x40 if g == 4 else 0) for g in range(8)}
 ...     found += det.evaluate("n1", None, samples, 10.0 * t)
 >>> [(f.gpu, f.category, f.evidence["above_peers_c"]) for f in found]

@@ -74,7 +74,9 @@ def _parse_file(path: Path, stats: BacktestStats) -> Iterator[tuple[float, int, 
             yield msg.ts, number, msg
 
 
-def read_messages(paths: Iterable[Path], stats: BacktestStats | None = None) -> Iterator[GuardMessage]:
+def read_messages(
+    paths: Iterable[Path], stats: BacktestStats | None = None
+) -> Iterator[GuardMessage]:
     """Messages of all files, merged by event time (each file is read as it comes)."""
     stats = stats or BacktestStats()
     streams = [_parse_file(Path(p), stats) for p in paths]

@@ -69,6 +69,10 @@ def register(sub: Any, add: Any) -> None:
     p = add("eval", cmd_eval, "score flags against simulator ground truth")
     p.add_argument("--truth", required=True, metavar="TRUTH.json")
     p.add_argument("--flags", required=True, metavar="FLAGS.jsonl")
-    p.add_argument("--grace", type=float, default=120.0, help="seconds after a fault's end that "
-                   "still count as detecting it (default 120)")
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=120.0,
+        help="seconds after a fault's end that still count as detecting it (default 120)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -10,9 +10,9 @@ Reported per fault category and overall: recall (faults detected / faults), prec
 seconds and in steps of the node's job), and the same for the *target* set of faults: those
 that slow a job by at least ``target_slowdown`` plus every Xid, DBE, link flap and degraded
 NIC (the faults that must be caught). A fault that degrades gradually (``pattern:
-"degrading"`` with ``detail.ramp_s``) is timed from the moment its slowdown reaches
-``target_slowdown`` (before that it is not yet a fault that must be caught; a detection
-earlier counts as 0 s).
+"degrading"`` with ``detail.ramp_s``) counts with the slowdown it reached before the run
+ended, and is timed from the moment its slowdown reaches ``target_slowdown`` (before that
+it is not yet a fault that must be caught; a detection earlier counts as 0 s).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -175,14 +176,26 @@ def evaluate(
             true_flagged.add(node)
         else:
             false_claims.append(
-                {k: flag.get(k) for k in ("ts", "node", "gpu", "device", "rank", "detector",
-                                          "category", "severity", "score")}
+                {
+                    k: flag.get(k)
+                    for k in (
+                        "ts",
+                        "node",
+                        "gpu",
+                        "device",
+                        "rank",
+                        "detector",
+                        "category",
+                        "severity",
+                        "score",
+                    )
+                }
             )
     rows: dict[str, Row] = {}
     missed: list[dict[str, Any]] = []
     for fault in truth["faults"]:
         target = (
-            float(fault.get("slowdown") or 0.0) >= target_slowdown
+            _effective_slowdown(fault, end) >= target_slowdown
             or fault.get("kind") in MUST_CATCH_KINDS
         )
         groups = [fault["category"], "all"] + (["target"] if target else [])
@@ -206,8 +219,23 @@ def evaluate(
             missed.append({k: fault.get(k) for k in ("id", "node", "kind", "slowdown", "pattern")})
     rows.setdefault("all", Row("all"))
     node_hours = len(truth["nodes"]) * (end - start) / 3600.0
-    return Evaluation(rows, claims, true_claims, false_claims, node_hours, len(flagged),
-                      len(true_flagged), missed)
+    return Evaluation(
+        rows, claims, true_claims, false_claims, node_hours, len(flagged), len(true_flagged), missed
+    )
+
+
+def _effective_slowdown(fault: Mapping[str, Any], run_end: float) -> float:
+    """The largest slowdown a fault reached before it (or the run) ended.
+
+    A degrading fault's ``slowdown`` is the level at the end of its ramp, which a short run
+    may never reach.
+    """
+    slowdown = float(fault.get("slowdown") or 0.0)
+    ramp = (fault.get("detail") or {}).get("ramp_s")
+    if fault.get("pattern") != "degrading" or not ramp:
+        return slowdown
+    until = run_end if fault.get("end") is None else min(run_end, float(fault["end"]))
+    return slowdown * max(0.0, min(1.0, (until - float(fault["onset"])) / float(ramp)))
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
@@ -239,15 +267,20 @@ def format_report(ev: Evaluation) -> str:
         f"({ev.node_hours:.1f} node-hours); F1 {_fmt(ev.f1())}"
     )
     if ev.missed:
-        lines.append("missed: " + ", ".join(
-            f"{m['id']} {m['kind']}@{m['node']} ({_fmt(m.get('slowdown'))})" for m in ev.missed))
+        lines.append(
+            "missed: "
+            + ", ".join(
+                f"{m['id']} {m['kind']}@{m['node']} ({_fmt(m.get('slowdown'))})" for m in ev.missed
+            )
+        )
     if ev.false_claims:
         by_kind: dict[str, int] = {}
         for f in ev.false_claims:
             key = f"{f['detector']}/{f['category']}"
             by_kind[key] = by_kind.get(key, 0) + 1
-        lines.append("false claims by detector: " + ", ".join(
-            f"{k} {v}" for k, v in sorted(by_kind.items())))
+        lines.append(
+            "false claims by detector: " + ", ".join(f"{k} {v}" for k, v in sorted(by_kind.items()))
+        )
     return "\n".join(lines)
 
 
@@ -260,8 +293,9 @@ def pai_step_timings(path: str | Path, job: str) -> list[Any]:
     """Alibaba PAI mini-batch times as ``StepTiming`` messages, in time order.
 
     Each ``time`` is one step; worker *w* is rank *w* on node ``worker-w``; the normalised
-    mini-batch time (0-1000) becomes ``compute_s`` in thousandths, and the step's wall time
-    ``step_s`` is the slowest worker's (synchronous training).
+    mini-batch time (0-1000), in thousandths, is both the rank's ``compute_s`` and its
+    ``step_s`` (the trace gives each worker's own mini-batch time, not a synchronised wall
+    time, so a step-time alert rule sees the same differences the peer detector sees).
     """
     import csv
 
@@ -275,12 +309,18 @@ def pai_step_timings(path: str | Path, job: str) -> list[Any]:
             )
     messages = []
     for step, t in enumerate(sorted(by_time)):
-        workers = by_time[t]
-        step_s = max(workers.values()) / 1000.0
-        for worker, value in sorted(workers.items()):
+        for worker, value in sorted(by_time[t].items()):
             messages.append(
-                StepTiming(ts=PAI_EPOCH + t, node=f"worker-{worker}", job=job, rank=worker, gpu=0,
-                           step=step, step_s=step_s, compute_s=value / 1000.0)
+                StepTiming(
+                    ts=PAI_EPOCH + t,
+                    node=f"worker-{worker}",
+                    job=job,
+                    rank=worker,
+                    gpu=0,
+                    step=step,
+                    step_s=value / 1000.0,
+                    compute_s=value / 1000.0,
+                )
             )
     return messages
 
@@ -288,22 +328,22 @@ def pai_step_timings(path: str | Path, job: str) -> list[Any]:
 def nab_series(path: str | Path) -> list[tuple[float, float]]:
     """A NAB CSV as ``(epoch seconds, value)`` pairs (NAB timestamps are naive; read as UTC)."""
     import csv
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     out = []
     with Path(path).open(newline="") as fh:
         for row in csv.DictReader(fh):
-            when = datetime.fromisoformat(row["timestamp"]).replace(tzinfo=timezone.utc)
+            when = datetime.fromisoformat(row["timestamp"]).replace(tzinfo=UTC)
             out.append((when.timestamp(), float(row["value"])))
     return out
 
 
 def nab_windows(path: str | Path, key: str) -> list[tuple[float, float]]:
     """Labelled anomaly windows of one NAB series from ``combined_windows.json``."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     def epoch(text: str) -> float:
-        return datetime.fromisoformat(text).replace(tzinfo=timezone.utc).timestamp()
+        return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
 
     raw = json.loads(Path(path).read_text())[key]
     return [(epoch(a), epoch(b)) for a, b in raw]

@@ -34,15 +34,35 @@ def run(
         for rank in range(RANKS):
             nxt, prv = (rank + 1) % RANKS, (rank - 1) % RANKS
             peers = [
-                ConnectionStat(rank=nxt, bytes=BYTES, duration_s=0.4 * link(seq, rank, nxt)
-                               * (1 + 0.01 * rng.gauss(0, 1))),
-                ConnectionStat(rank=prv, bytes=BYTES, duration_s=0.4 * link(seq, prv, rank)
-                               * (1 + 0.01 * rng.gauss(0, 1))),
+                ConnectionStat(
+                    rank=nxt,
+                    bytes=BYTES,
+                    duration_s=0.4 * link(seq, rank, nxt) * (1 + 0.01 * rng.gauss(0, 1)),
+                ),
+                ConnectionStat(
+                    rank=prv,
+                    bytes=BYTES,
+                    duration_s=0.4 * link(seq, prv, rank) * (1 + 0.01 * rng.gauss(0, 1)),
+                ),
             ]
-            arrive = t0 + 1.0 + 0.005 * rng.gauss(0, 1) + late(seq, rank) + (skew or {}).get(rank, 0)
-            found += det.learn_one(CollectiveTiming(
-                ts=end, node=node_of(rank), job="job", rank=rank, comm="dp", op="allreduce",
-                seq=seq, bytes=BYTES, arrive_ts=arrive, end_ts=end, peers=peers))
+            arrive = (
+                t0 + 1.0 + 0.005 * rng.gauss(0, 1) + late(seq, rank) + (skew or {}).get(rank, 0)
+            )
+            found += det.learn_one(
+                CollectiveTiming(
+                    ts=end,
+                    node=node_of(rank),
+                    job="job",
+                    rank=rank,
+                    comm="dp",
+                    op="allreduce",
+                    seq=seq,
+                    bytes=BYTES,
+                    arrive_ts=arrive,
+                    end_ts=end,
+                    peers=peers,
+                )
+            )
     return found + det.flush()
 
 
@@ -90,9 +110,20 @@ def _hang_detector() -> CollectiveHomogeneityDetector:
     for seq in range(10):
         t0 = T0 + 2.0 * seq
         for rank in range(8):
-            det.learn_one(CollectiveTiming(ts=t0 + 1.5, node=node_of(rank), job="job", rank=rank,
-                                           comm="dp", op="allreduce", seq=seq, bytes=BYTES,
-                                           arrive_ts=t0 + 1.0, end_ts=t0 + 1.5))
+            det.learn_one(
+                CollectiveTiming(
+                    ts=t0 + 1.5,
+                    node=node_of(rank),
+                    job="job",
+                    rank=rank,
+                    comm="dp",
+                    op="allreduce",
+                    seq=seq,
+                    bytes=BYTES,
+                    arrive_ts=t0 + 1.0,
+                    end_ts=t0 + 1.5,
+                )
+            )
     return det
 
 
@@ -101,9 +132,20 @@ def test_rank_that_never_arrives_is_a_non_communication_hang() -> None:
     t0 = T0 + 20.0
     for rank in range(8):
         if rank != 5:  # rank 5 never enters the op; the others wait inside it
-            det.learn_one(CollectiveTiming(ts=t0 + 1.0, node=node_of(rank), job="job", rank=rank,
-                                           comm="dp", op="allreduce", seq=10, bytes=BYTES,
-                                           arrive_ts=t0 + 1.0, end_ts=None))
+            det.learn_one(
+                CollectiveTiming(
+                    ts=t0 + 1.0,
+                    node=node_of(rank),
+                    job="job",
+                    rank=rank,
+                    comm="dp",
+                    op="allreduce",
+                    seq=10,
+                    bytes=BYTES,
+                    arrive_ts=t0 + 1.0,
+                    end_ts=None,
+                )
+            )
     assert det.tick(t0 + 5.0) == []  # not yet past the hang limit
     found = det.tick(t0 + 15.0)
     assert [(f.category, f.severity, f.node) for f in found] == [("comm_hang", "critical", "n1")]
@@ -116,9 +158,20 @@ def test_all_arrived_but_stuck_inside_is_a_communication_hang_of_the_job() -> No
     det = _hang_detector()
     t0 = T0 + 20.0
     for rank in range(8):
-        det.learn_one(CollectiveTiming(ts=t0 + 1.0, node=node_of(rank), job="job", rank=rank,
-                                       comm="dp", op="allreduce", seq=10, bytes=BYTES,
-                                       arrive_ts=t0 + 1.0, end_ts=None))
+        det.learn_one(
+            CollectiveTiming(
+                ts=t0 + 1.0,
+                node=node_of(rank),
+                job="job",
+                rank=rank,
+                comm="dp",
+                op="allreduce",
+                seq=10,
+                bytes=BYTES,
+                arrive_ts=t0 + 1.0,
+                end_ts=None,
+            )
+        )
     found = det.tick(t0 + 15.0)
     assert [(f.category, f.node) for f in found] == [("comm_hang", None)]
     assert found[0].evidence["ranks_stuck_inside"] == list(range(8))

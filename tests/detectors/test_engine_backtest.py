@@ -26,8 +26,9 @@ FAULTS = [
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[bytes]]:
     """A 12-node, 5-minute run with three faults and the confounders, as JSONL + truth."""
-    sim = ClusterSimulator(SimConfig(nodes=12, duration_s=300, seed=21, faults=FAULTS,
-                                     random_faults=0))
+    sim = ClusterSimulator(
+        SimConfig(nodes=12, duration_s=300, seed=21, faults=FAULTS, random_faults=0)
+    )
     lines = [encode(m) for m in sim.messages()]
     root = tmp_path_factory.mktemp("sim")
     telemetry, truth = root / "t.jsonl", root / "truth.json"
@@ -36,8 +37,10 @@ def simulated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, lis
     return telemetry, truth, lines
 
 
-def test_engine_finds_the_three_faults_and_nothing_else(simulated: tuple[Path, Path, list[bytes]]) -> None:
-    telemetry, truth_path, lines = simulated
+def test_engine_finds_the_three_faults_and_nothing_else(
+    simulated: tuple[Path, Path, list[bytes]],
+) -> None:
+    _, truth_path, lines = simulated
     engine = DetectionEngine()
     flags = [f for line in lines for f in engine.process(parse_message(line))] + engine.flush()
     ev = evaluate(json.loads(truth_path.read_text()), [f.model_dump() for f in flags])
@@ -58,8 +61,10 @@ def test_backtest_cli_is_deterministic_and_eval_reads_it(
         outs.append(out.read_bytes())
     assert outs[0] == outs[1] and outs[0]
     capsys.readouterr()
-    assert main(["eval", "--truth", str(truth), "--flags", str(tmp_path / "flags0.jsonl"),
-                 "--json"]) == 0
+    assert (
+        main(["eval", "--truth", str(truth), "--flags", str(tmp_path / "flags0.jsonl"), "--json"])
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["categories"]["all"]["recall"] == 1.0
     assert report["false_claims"] == 0
@@ -73,7 +78,7 @@ def test_backtest_skips_bad_lines_and_merges_inputs(
     _, _, lines = simulated
     half = len(lines) // 2
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    a.write_bytes(b"\n".join(lines[:half:2] + [b'{"kind":"gpu","ts":"x"}', b"not json"]) + b"\n")
+    a.write_bytes(b"\n".join([*lines[:half:2], b'{"kind":"gpu","ts":"x"}', b"not json"]) + b"\n")
     b.write_bytes(b"\n".join(lines[1:half:2]) + b"\n")
     out = tmp_path / "flags.jsonl"
     assert main(["backtest", str(a), str(b), "--out", str(out), "--quiet"]) == 0
@@ -88,8 +93,10 @@ def test_baselines_run_through_the_same_backtest(
     telemetry, _, _ = simulated
     for name in ("static", "nvrx"):
         out = tmp_path / f"{name}.jsonl"
-        assert main(["backtest", str(telemetry), "--out", str(out), "--detector", name,
-                     "--quiet"]) == 0
+        assert (
+            main(["backtest", str(telemetry), "--out", str(out), "--detector", name, "--quiet"])
+            == 0
+        )
         for line in out.read_text().splitlines():
             assert json.loads(line)["detector"] in ("static_rules", "nvrx_relative")
 
@@ -124,8 +131,16 @@ def test_state_per_gpu_is_under_10_kb(simulated: tuple[Path, Path, list[bytes]])
 
 def test_fusion_ids_are_stable_and_duplicates_are_dropped() -> None:
     def finding(**kw: object) -> Finding:
-        args: dict[str, object] = dict(detector="nic", category="nic", severity="warning",
-                                       node="n1", ts=10.0, since=8.0, score=1.0, device="mlx5_1")
+        args: dict[str, object] = dict(
+            detector="nic",
+            category="nic",
+            severity="warning",
+            node="n1",
+            ts=10.0,
+            since=8.0,
+            score=1.0,
+            device="mlx5_1",
+        )
         args.update(kw)
         return Finding(**args)  # type: ignore[arg-type]
 

@@ -34,9 +34,19 @@ def run(
             if f is not None:
                 compute = 1.4 * (1.1 if stage == stages - 1 and stages > 1 else 1.0)
                 compute *= speed[rank] * f * (1 + 0.004 * rng.gauss(0, 1))
-            batch.append(StepTiming(ts=T0 + 2.0 * step + 0.001 * rank, node=f"n{rank // 8}-{rank}",
-                                    job="job", rank=rank, gpu=rank % 8, step=step, step_s=2.0,
-                                    compute_s=compute, pp_stage=stage if stages > 1 else None))
+            batch.append(
+                StepTiming(
+                    ts=T0 + 2.0 * step + 0.001 * rank,
+                    node=f"n{rank // 8}-{rank}",
+                    job="job",
+                    rank=rank,
+                    gpu=rank % 8,
+                    step=step,
+                    step_s=2.0,
+                    compute_s=compute,
+                    pp_stage=stage if stages > 1 else None,
+                )
+            )
         for msg in order(batch) if order else batch:
             found += det.learn_one(msg)
     return found + det.flush()

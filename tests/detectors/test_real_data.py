@@ -22,7 +22,7 @@ def pai_claims(job: int) -> list[tuple[str, float]]:
 
 def test_pai_job_1_worker_6_is_flagged_in_its_slow_period_and_workers_3_to_9_never_else() -> None:
     claims = pai_claims(1)
-    assert ("worker-6" in {n for n, _ in claims})
+    assert "worker-6" in {n for n, _ in claims}
     for node, t in claims:
         worker = int(node.split("-")[1])
         if worker >= 3:
@@ -35,8 +35,10 @@ def test_pai_job_3_workers_0_and_1_are_flagged_and_no_other() -> None:
 
 def test_nab_machine_temperature_alarms_fall_in_the_labelled_windows() -> None:
     series = nab_series(DATA / "nab" / "machine_temperature_system_failure.csv")
-    windows = nab_windows(DATA / "nab" / "combined_windows.json",
-                          "realKnownCause/machine_temperature_system_failure.csv")
+    windows = nab_windows(
+        DATA / "nab" / "combined_windows.json",
+        "realKnownCause/machine_temperature_system_failure.csv",
+    )
     det = SignalAnomalyDetector()
     alarms = [ts for ts, value in series if det.learn_one(ts, value, metric="temp") is not None]
     score = nab_score(alarms, windows)

@@ -1,0 +1,392 @@
+"""Detection quality: Guard's detectors against two baselines, on simulated and real data.
+
+Prints one table. Simulated scenario families (``guard.agents.simulator``; several seeds,
+16-256 nodes, fault mixes, slowdowns from 3 % to 50 %, all the confounders on):
+
+* ``stragglers`` — silent slow GPUs (steady and degrading), 3-15 % and 10-50 %;
+* ``thermal+power`` — thermal throttling (steady, intermittent), power caps and brakes;
+* ``network`` — degraded NICs, NICs at reduced speed, link flaps;
+* ``gpu_errors`` — Xid and double-bit ECC errors;
+* ``mixed`` — the fault mix calibrated from the InfiniteHBD production trace;
+* ``confounders`` — no fault at all: every warning/critical flag is false.
+
+Each scenario's messages go, in one pass, to Guard's :class:`DetectionEngine`, to the static
+alert rules a dcgm-exporter user writes (temperature > 85 C, any Xid, DBE increase,
+``link_downed`` increase, step time > 1.2x the job median) and to an NVRx-style relative
+score < 0.75; each set of flags is scored by :func:`guard.evaluate.evaluate` (node-level
+matching; see ``guard eval``). Columns: recall and precision over all faults, F1, false
+warning/critical flags per 1,000 node-hours, time to detect (median and p95, s; median in
+steps), and recall on the *target* set (faults slowing the job by >= 5 %, plus every Xid,
+DBE, link flap and degraded NIC).
+
+Real data: Alibaba PAI mini-batch times (job 1: worker 6 is slow at t = 1811-1941 s, workers
+3-9 never otherwise; job 3: workers 0 and 1 slow throughout, no other; a claim against any
+other worker in those spans is false, workers 0-2 of job 1 are not scored) and the NAB
+machine-temperature series (NAB-style score of the alarms of Guard's river-based signal
+detector against a fixed threshold rule, one alarm per day at most for both).
+
+Usage::
+
+    .venv/bin/python benchmarks/detection_quality.py            # full suite (~15 min, 2 cores)
+    .venv/bin/python benchmarks/detection_quality.py --quick    # one small run per family
+    .venv/bin/python benchmarks/detection_quality.py --jobs 1   # one process
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
+DETECTORS = ("guard", "static", "nvrx")
+
+FAMILIES: dict[str, dict[str, Any]] = {
+    "stragglers": {"fault_mix": {"slow_gpu": 1.0}},
+    "thermal+power": {
+        "fault_mix": {"thermal_throttle": 0.5, "power_cap": 0.25, "power_brake": 0.25}
+    },
+    "network": {"fault_mix": {"degraded_nic": 0.4, "nic_reduced_speed": 0.3, "link_flap": 0.3}},
+    "gpu_errors": {"fault_mix": {"xid": 0.5, "ecc_dbe": 0.5}},
+    "mixed": {},
+    "confounders": {"random_faults": 0},
+}
+
+# (family, nodes, duration_s, seed, severity): severity scales every drawn slowdown
+FULL = [
+    ("stragglers", 16, 1800, 1, 0.6),
+    ("stragglers", 64, 1200, 2, 0.6),
+    ("stragglers", 64, 600, 3, 2.0),
+    ("thermal+power", 16, 900, 4, 1.0),
+    ("thermal+power", 64, 900, 5, 1.0),
+    ("network", 16, 900, 6, 1.0),
+    ("network", 64, 900, 7, 1.0),
+    ("gpu_errors", 16, 900, 8, 1.0),
+    ("gpu_errors", 64, 600, 9, 1.0),
+    ("mixed", 64, 1200, 10, 1.0),
+    ("mixed", 256, 300, 11, 1.0),
+    ("confounders", 64, 1800, 12, 1.0),
+    ("confounders", 256, 300, 13, 1.0),
+]
+QUICK = [
+    ("stragglers", 16, 600, 1, 0.6),
+    ("thermal+power", 16, 600, 4, 1.0),
+    ("network", 16, 600, 6, 1.0),
+    ("gpu_errors", 16, 600, 8, 1.0),
+    ("mixed", 32, 600, 10, 1.0),
+    ("confounders", 32, 900, 12, 1.0),
+]
+FAULTS_PER_NODE_HOUR = 1.0
+
+
+@dataclass
+class Tally:
+    """Counts summed over scenarios, for one (family, detector)."""
+
+    faults: int = 0
+    detected: int = 0
+    target_faults: int = 0
+    target_detected: int = 0
+    claims: int = 0
+    true_claims: int = 0
+    false_claims: int = 0
+    node_hours: float = 0.0
+    ttd_s: list[float] = field(default_factory=list)
+    ttd_steps: list[float] = field(default_factory=list)
+    min_slowdown: float = math.inf
+    max_slowdown: float = 0.0
+    runs: int = 0
+    false_by: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: Tally) -> None:
+        for name in (
+            "faults",
+            "detected",
+            "target_faults",
+            "target_detected",
+            "claims",
+            "true_claims",
+            "false_claims",
+            "node_hours",
+            "runs",
+        ):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.ttd_s += other.ttd_s
+        self.ttd_steps += other.ttd_steps
+        self.min_slowdown = min(self.min_slowdown, other.min_slowdown)
+        self.max_slowdown = max(self.max_slowdown, other.max_slowdown)
+        for k, v in other.false_by.items():
+            self.false_by[k] = self.false_by.get(k, 0) + v
+
+    @property
+    def recall(self) -> float | None:
+        return self.detected / self.faults if self.faults else None
+
+    @property
+    def target_recall(self) -> float | None:
+        return self.target_detected / self.target_faults if self.target_faults else None
+
+    @property
+    def precision(self) -> float | None:
+        return self.true_claims / self.claims if self.claims else None
+
+    @property
+    def f1(self) -> float | None:
+        r, p = self.recall, self.precision
+        if r is None:
+            return None
+        if p is None or p + r == 0:
+            return 0.0
+        return 2 * p * r / (p + r)
+
+
+def run_scenario(spec: tuple[str, int, float, int, float]) -> dict[str, Tally]:
+    """Simulate one scenario and score the three detectors on it."""
+    from guard.agents.simulator import ClusterSimulator, SimConfig
+    from guard.detectors.baselines import NvrxBaseline, StaticRulesBaseline
+    from guard.detectors.engine import DetectionEngine
+    from guard.evaluate import _effective_slowdown, evaluate
+
+    family, nodes, duration, seed, severity = spec
+    options = dict(FAMILIES[family])
+    sim = ClusterSimulator(
+        SimConfig(
+            nodes=nodes,
+            duration_s=duration,
+            seed=seed,
+            severity=severity,
+            faults_per_node_hour=FAULTS_PER_NODE_HOUR,
+            **options,
+        )
+    )
+    detectors = {
+        "guard": DetectionEngine(),
+        "static": StaticRulesBaseline(),
+        "nvrx": NvrxBaseline(),
+    }
+    flags: dict[str, list[Any]] = {name: [] for name in detectors}
+    processes = [(flags[name], det.process) for name, det in detectors.items()]
+    for message in sim.messages():
+        for sink, process in processes:
+            found = process(message)
+            if found:
+                sink.extend(found)
+    truth = sim.truth()
+    result: dict[str, Tally] = {}
+    for name, det in detectors.items():
+        flags[name] += det.flush()
+        ev = evaluate(
+            truth,
+            [
+                f.model_dump(
+                    include={
+                        "id",
+                        "ts",
+                        "node",
+                        "gpu",
+                        "device",
+                        "rank",
+                        "detector",
+                        "category",
+                        "severity",
+                        "score",
+                    }
+                )
+                for f in flags[name]
+            ],
+        )
+        tally = Tally(runs=1)
+        all_row, target = ev.rows["all"], ev.rows.get("target")
+        tally.faults, tally.detected = all_row.faults, all_row.detected
+        tally.ttd_s, tally.ttd_steps = list(all_row.ttd_s), list(all_row.ttd_steps)
+        if target is not None:
+            tally.target_faults, tally.target_detected = target.faults, target.detected
+        tally.claims, tally.true_claims = ev.claims, ev.true_claims
+        tally.false_claims = len(ev.false_claims)
+        tally.node_hours = ev.node_hours
+        for f in ev.false_claims:
+            key = f"{f['detector']}/{f['category']}"
+            tally.false_by[key] = tally.false_by.get(key, 0) + 1
+        slowdowns = [
+            s for f in truth["faults"] if (s := _effective_slowdown(f, truth["end_ts"])) > 0
+        ]
+        if slowdowns:
+            tally.min_slowdown, tally.max_slowdown = min(slowdowns), max(slowdowns)
+        result[name] = tally
+    return result
+
+
+def _q(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def _f(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+# --- real data ------------------------------------------------------------------------------
+
+
+def pai_rows() -> list[tuple[str, str, str]]:
+    from guard.detectors.baselines import NvrxBaseline, StaticRulesBaseline
+    from guard.detectors.engine import DetectionEngine
+    from guard.evaluate import PAI_EPOCH, pai_step_timings
+
+    # job -> (worker -> (slow from, slow to) or None: never slow; workers absent: not scored)
+    truth: dict[int, dict[int, tuple[float, float] | None]] = {
+        1: {6: (1811.0, 1941.0), **{w: None for w in (3, 4, 5, 7, 8, 9)}},
+        3: {0: (0.0, 1e9), 1: (0.0, 1e9), **{w: None for w in range(2, 10)}},
+    }
+    rows = []
+    for job, workers in truth.items():
+        messages = pai_step_timings(DATA / "alibaba-pai" / f"job_{job}_norm.csv", f"pai-{job}")
+        for name, det in (
+            ("guard", DetectionEngine()),
+            ("static", StaticRulesBaseline()),
+            ("nvrx", NvrxBaseline()),
+        ):
+            flags = [f for m in messages for f in det.process(m)] + det.flush()
+            claims = [f for f in flags if f.severity != "info" and f.node]
+            found, false, first = set(), 0, {}
+            for f in claims:
+                worker = int(str(f.node).split("-")[1])
+                if worker not in workers:
+                    continue
+                t = f.ts - PAI_EPOCH
+                span = workers[worker]
+                if span is not None and span[0] <= t <= span[1] + 60.0:
+                    found.add(worker)
+                    first.setdefault(worker, t - span[0])
+                else:
+                    false += 1
+            slow = [w for w, s in workers.items() if s is not None]
+            ttd = statistics.median(first.values()) if first else None
+            rows.append(
+                (
+                    f"PAI job {job}",
+                    name,
+                    f"stragglers found {len(found)}/{len(slow)} "
+                    f"({', '.join(f'worker {w}' for w in sorted(found)) or 'none'}); "
+                    f"false claims {false}; ttd median {_f(ttd, 0)} s",
+                )
+            )
+    return rows
+
+
+def nab_rows() -> list[tuple[str, str, str]]:
+    from guard.detectors.temporal import SignalAnomalyDetector
+    from guard.evaluate import nab_score, nab_series, nab_windows
+
+    series = nab_series(DATA / "nab" / "machine_temperature_system_failure.csv")
+    windows = nab_windows(
+        DATA / "nab" / "combined_windows.json",
+        "realKnownCause/machine_temperature_system_failure.csv",
+    )
+    det = SignalAnomalyDetector()
+    guard_alarms = [ts for ts, v in series if det.learn_one(ts, v) is not None]
+
+    def rule(above: float | None = None, below: float | None = None) -> list[float]:
+        alarms: list[float] = []
+        for ts, v in series:
+            hit = (above is not None and v > above) or (below is not None and v < below)
+            if hit and (not alarms or ts - alarms[-1] > 86400.0):
+                alarms.append(ts)
+        return alarms
+
+    rows = []
+    for name, alarms in (
+        ("guard", guard_alarms),
+        ("static >85", rule(above=85.0)),
+        ("static <50", rule(below=50.0)),
+    ):
+        s = nab_score(alarms, windows)
+        rows.append(
+            (
+                "NAB machine temp",
+                name,
+                f"NAB score {s['nab_score']}; windows hit {s['windows_hit']}/{s['windows']}; "
+                f"alarms {s['alarms']} (inside {s['inside']}, outside {s['outside']})",
+            )
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one small scenario per family")
+    parser.add_argument("--jobs", type=int, default=2, help="parallel scenario processes")
+    args = parser.parse_args(argv)
+    specs = QUICK if args.quick else FULL
+    started = time.perf_counter()
+    tallies: dict[tuple[str, str], Tally] = {}
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs) as pool:
+            results = list(pool.map(run_scenario, specs))
+    else:
+        results = [run_scenario(spec) for spec in specs]
+    for spec, result in zip(specs, results, strict=True):
+        print(
+            f"  done: {spec[0]} {spec[1]} nodes x {spec[2]:.0f} s seed {spec[3]} "
+            f"severity {spec[4]}",
+            file=sys.stderr,
+        )
+        for name, tally in result.items():
+            tallies.setdefault((spec[0], name), Tally()).add(tally)
+    for name in DETECTORS:  # every simulated family together
+        total = Tally()
+        for (_, det), tally in tallies.items():
+            if det == name:
+                total.add(tally)
+        tallies[("ALL", name)] = total
+
+    head = (
+        f"{'family':<14} {'detector':<8} {'runs':>4} {'faults':>6} {'slowdown':>11} "
+        f"{'recall':>6} {'target':>6} {'prec':>5} {'F1':>5} {'false/1kNh':>10} "
+        f"{'ttd_med_s':>9} {'ttd_p95_s':>9} {'ttd_steps':>9}"
+    )
+    print(head)
+    print("-" * len(head))
+    for family in [*FAMILIES, "ALL"]:
+        for name in DETECTORS:
+            t = tallies.get((family, name))
+            if t is None:
+                continue
+            span = (
+                f"{100 * t.min_slowdown:.0f}-{100 * t.max_slowdown:.0f}%"
+                if t.max_slowdown > 0
+                else "-"
+            )
+            false_rate = 1000.0 * t.false_claims / t.node_hours if t.node_hours else 0.0
+            print(
+                f"{family:<14} {name:<8} {t.runs:>4} {t.faults:>6} {span:>11} "
+                f"{_f(t.recall):>6} {_f(t.target_recall):>6} {_f(t.precision):>5} "
+                f"{_f(t.f1):>5} {false_rate:>10.1f} {_f(_q(t.ttd_s, 0.5), 1):>9} "
+                f"{_f(_q(t.ttd_s, 0.95), 1):>9} {_f(_q(t.ttd_steps, 0.5), 1):>9}"
+            )
+    for family in FAMILIES:
+        t = tallies.get((family, "guard"))
+        if t and t.false_by:
+            print(f"  guard false claims in {family}: {t.false_by}")
+    print("-" * len(head))
+    for source, name, text in pai_rows() + nab_rows():
+        print(f"{source:<17} {name:<11} {text}")
+    node_hours = tallies[("ALL", "guard")].node_hours
+    print(
+        f"({len(specs)} simulated runs, {node_hours:.0f} node-hours, "
+        f"{time.perf_counter() - started:.0f} s)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -325,7 +325,15 @@ def run_agent(args: argparse.Namespace, settings: Settings) -> int:
     else:
         from .publisher import Publisher
 
-        publisher = Publisher(settings)
+        try:
+            publisher = Publisher(settings)
+        except OSError as exc:
+            print(
+                f"guard agent: error: cannot use the spool directory ({exc}); set agent.spool_dir "
+                "(GUARD_AGENT_SPOOL_DIR) to a writable directory",
+                file=sys.stderr,
+            )
+            return 2
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: object) -> None:

@@ -1374,7 +1374,7 @@ def write_jsonl(
     """
     out_path = Path(out_path)
     if workers is None:
-        workers = min(2, os.cpu_count() or 1)
+        workers = min(8, os.cpu_count() or 1)
     workers = max(1, min(workers, int(config.duration_s // max(config.sample_interval_s, 1)) or 1))
     sim = ClusterSimulator(config)  # validates the config before forking
     dt = float(config.sample_interval_s)

@@ -131,7 +131,9 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--severity", type=float, default=1.0, help="multiplies drawn slowdowns")
     p.add_argument("--no-confounders", action="store_true")
     p.add_argument("--exclude", action="append", help="node cordoned from the start")
-    p.add_argument("--workers", type=int, default=None, help="processes (default: up to 2)")
+    p.add_argument(
+        "--workers", type=int, default=None, help="processes (default: one per CPU, up to 8)"
+    )
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
     p = add("agent", cmd_agent, "node agent: sample GPUs and NICs, forward job timings to Kafka")

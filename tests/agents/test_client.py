@@ -112,3 +112,18 @@ def test_any_input_never_raises(step: object, step_s: object, peers: object) -> 
     client.step(step=step, step_s=step_s)  # type: ignore[arg-type]
     client.collective("c", "allreduce", 1, 1, math.nan, None, peers=peers)  # type: ignore[arg-type]
     assert client.dropped == 2
+
+
+def test_the_torch_timer_reports_steps_even_without_cuda(
+    listener: ClientListener, sock_path: Path
+) -> None:
+    from guard.agents.client import TorchStepTimer
+
+    timer = TorchStepTimer(GuardClient(job="j", rank=2, socket_path=str(sock_path)), dp_rank=2)
+    for step in range(3):
+        timer.start()
+        timer.compute_done()
+        timer.end(step)
+    got = _drain(listener, 3)
+    assert [m.step for m in got] == [0, 1, 2]  # type: ignore[attr-defined]
+    assert all(m.dp_rank == 2 and m.step_s >= 0 for m in got)  # type: ignore[attr-defined]

@@ -45,6 +45,17 @@ Library use (what ``guard demo`` and the detection-quality benchmark do)::
     truth = sim.truth()                 # the dict of docs/simulator-truth.md
     sim.step_times("job-a")             # [(ts, step_s), ...] to compare runs
 
+``sim.batches()`` yields the same messages one sampling tick at a time (a list per
+simulated second), which is cheaper to pace for live replay (``guard agent --simulate``).
+``write_jsonl(config, path, workers=None)`` writes a run to JSONL and returns ``(truth,
+counts)``; with several workers it forks, so call it from a single-threaded process (or
+pass ``workers=1``). Messages are built without validation (valid by construction; the
+tests validate the output through ``guard.schemas``); treat them as read-only.
+
+The truth dict follows ``docs/simulator-truth.md`` and adds three fields: ``idle_nodes``
+(nodes without a job at the start), ``excluded_nodes`` (``SimConfig.excluded``) and
+``remediations`` (``[{node, job, ts, replaced_by, restart_s}]``).
+
 ``remediate(node)`` models what Guard's orchestrator does: the node is cordoned, the job
 restarts from its last checkpoint (``SimConfig.restart_s`` without steps) with a spare idle
 node taking over the same ranks; the cordoned node keeps reporting telemetry as an idle

@@ -229,6 +229,8 @@ class CollectiveHomogeneityDetector:
         if noise is None:
             noise = self.noise[comm] = GroupNoise()
         sigma_rel, sigma_abs = noise.measure(residuals, excesses)
+        if noise.disturbed:
+            return []  # everyone jittered at once: no evidence about anyone this op
         found: list[Finding] = []
         events = [
             tracker.update(residual, sigma_rel, sigma_abs, self.rule, rnd.ts)
@@ -299,6 +301,8 @@ class CollectiveHomogeneityDetector:
             if excess is not None:
                 excesses.append(excess)
         sigma_rel, sigma_abs = self.link_noise.measure(residuals, excesses)
+        if self.link_noise.disturbed:
+            return []
         found: list[Finding] = []
         events = [
             tracker.update(residual, sigma_rel, sigma_abs, self.link_rule, rnd.ts)

@@ -165,6 +165,8 @@ class PeerStragglerDetector:
             if noise is None:
                 noise = self.noise[stage] = GroupNoise()
             sigma_rel, sigma_abs = noise.measure(residuals, excesses)
+            if noise.disturbed:
+                continue  # everyone jittered at once: no evidence about anyone this step
             events = [
                 tracker.update(residual, sigma_rel, sigma_abs, rule, ts)
                 for residual, tracker in zip(residuals, trackers, strict=True)

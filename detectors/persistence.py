@@ -92,6 +92,7 @@ from .robust import mad_sigma
 __all__ = ["DeviationTracker", "GroupNoise", "PersistenceRule", "crowded"]
 
 _SMOOTHING = 0.1
+_SLOW = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,14 +263,21 @@ class GroupNoise:
 
     ``sigma_abs`` is the MAD-sigma of the residuals against the median; ``sigma_rel`` that of
     the members' excesses over their own baselines (much smaller in a quiet job: it measures
-    round-to-round jitter, not the fixed differences between GPUs).
+    round-to-round jitter, not the fixed differences between GPUs). A round whose spread is
+    more than ``disturbed_factor`` times the group's usual spread (a data stall, a checkpoint
+    or congestion jitters everyone at once) is *disturbed*: it carries no evidence about any
+    one member, and the detectors skip it — otherwise a member that drew high noise a few
+    rounds in a row would look persistently slow.
     """
 
-    __slots__ = ("abs", "crowd", "rel")
+    __slots__ = ("abs", "crowd", "disturbed", "rel", "usual", "warm")
 
     def __init__(self) -> None:
         self.abs = -1.0
         self.rel = -1.0
+        self.usual = -1.0  # slow average of calm rounds' sigma_abs
+        self.warm = 0
+        self.disturbed = False
         self.crowd = 0  # rounds left in which the group counts as moved together
 
     def shared(
@@ -282,9 +290,16 @@ class GroupNoise:
             self.crowd -= 1
         return self.crowd > 0
 
-    def measure(self, residuals: list[float], excesses: list[float]) -> tuple[float, float]:
+    def measure(
+        self, residuals: list[float], excesses: list[float], disturbed_factor: float = 2.0
+    ) -> tuple[float, float]:
         step_abs = mad_sigma(residuals, 0.0)
         step_rel = mad_sigma(excesses) if len(excesses) >= 3 else step_abs
+        self.disturbed = self.warm >= 8 and step_abs > disturbed_factor * self.usual
+        if not self.disturbed:
+            self.warm += 1
+            rate = max(_SLOW, 1.0 / self.warm)
+            self.usual = step_abs if self.usual < 0 else self.usual + rate * (step_abs - self.usual)
         self.abs = step_abs if self.abs < 0 else self.abs + _SMOOTHING * (step_abs - self.abs)
         self.rel = step_rel if self.rel < 0 else self.rel + _SMOOTHING * (step_rel - self.rel)
         return max(step_rel, self.rel), max(step_abs, self.abs)

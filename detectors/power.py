@@ -62,7 +62,7 @@ class PowerDetector:
 
     def __init__(
         self,
-        low_ratio: float = 0.15,
+        low_ratio: float = 0.25,
         limit_ratio: float = 0.9,
         min_util: float = 50.0,
         util_band: float = 15.0,

@@ -75,7 +75,10 @@ class SignalAnomalyDetector:
         self, ts: float, value: float, node: str | None = None, metric: str = "value"
     ) -> Finding | None:
         """Score and learn one value; return an ``anomaly`` finding when an alarm is raised."""
-        score = float(self.model.score_one(None, value))  # type: ignore[no-untyped-call]
+        try:
+            score = float(self.model.score_one(None, value))  # type: ignore[no-untyped-call]
+        except (TypeError, ZeroDivisionError, ValueError):
+            score = 0.0  # a flat window: river's sigma is 0 or (rounding) imaginary
         if score >= self.threshold:
             if self.run == 0:
                 self.run_since = ts

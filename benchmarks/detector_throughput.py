@@ -1,0 +1,145 @@
+"""Detector throughput and state size: how fast backtest runs, how much state a GPU costs.
+
+Prints:
+
+* **detectors only** — messages per second through :class:`DetectionEngine` (models already
+  in memory; one core), median of ``--runs`` runs;
+* **backtest end to end** — ``guard backtest`` on a JSONL file (read, validate every line
+  through ``guard.schemas``, detect, write flags), median of ``--runs`` runs; and the
+  schema-only parse rate for comparison;
+* **state** — pickled bytes of the engine's partitions after the run, per GPU (total over
+  all partitions / GPUs in the cluster), the largest node partition per GPU, and the largest
+  job partition per GPU of that job, for several cluster sizes. The budget is 10 KB per GPU
+  (ARCHITECTURE.md, design rule 5).
+
+Usage::
+
+    .venv/bin/python benchmarks/detector_throughput.py [--nodes 32] [--duration 300] [--runs 5]
+    .venv/bin/python benchmarks/detector_throughput.py --profile   # top functions by own time
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pickle
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from guard.agents.simulator import ClusterSimulator, SimConfig
+from guard.backtest import BacktestStats, make_detector, read_messages, run_backtest
+from guard.detectors.engine import DetectionEngine
+from guard.schemas import encode, parse_message
+
+
+def detectors_only(messages: list, runs: int) -> list[float]:
+    rates = []
+    for _ in range(runs):
+        engine = DetectionEngine()
+        process = engine.process
+        started = time.perf_counter()
+        for m in messages:
+            process(m)
+        engine.flush()
+        rates.append(len(messages) / (time.perf_counter() - started))
+    return rates
+
+
+def state_per_gpu(nodes: int, duration: float, seed: int) -> dict[str, float]:
+    sim = ClusterSimulator(SimConfig(nodes=nodes, duration_s=duration, seed=seed))
+    engine = DetectionEngine()
+    for m in sim.messages():
+        engine.process(m)
+    truth = sim.truth()
+    gpus = nodes * truth["gpus_per_node"]
+    sizes = engine.state_bytes()
+    node_max = max(len(pickle.dumps(p)) for p in engine.nodes.values()) / truth["gpus_per_node"]
+    job_max = max(
+        len(pickle.dumps(engine.jobs[j["job"]])) / j["ranks"]
+        for j in truth["jobs"]
+        if j["job"] in engine.jobs
+    )
+    return {
+        "total_per_gpu": sum(sizes.values()) / gpus,
+        "node_partition_per_gpu": node_max,
+        "job_partition_per_gpu": job_max,
+        **{k: v / gpus for k, v in sizes.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=32)
+    parser.add_argument("--duration", type=float, default=300.0)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--state-sizes", default="16,64,256", help="cluster sizes for state")
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args(argv)
+
+    messages = list(
+        ClusterSimulator(
+            SimConfig(nodes=args.nodes, duration_s=args.duration, seed=args.seed)
+        ).messages()
+    )
+    kinds: dict[str, int] = {}
+    for m in messages:
+        kinds[m.kind] = kinds.get(m.kind, 0) + 1
+    print(f"input: {args.nodes} nodes x {args.duration:.0f} s, {len(messages):,} messages {kinds}")
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        detectors_only(messages, 1)
+        prof.disable()
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
+        print(out.getvalue())
+        return 0
+
+    rates = detectors_only(messages, args.runs)
+    print(
+        f"detectors only:        median {statistics.median(rates):>10,.0f} msg/s "
+        f"(runs: {', '.join(f'{r:,.0f}' for r in rates)})"
+    )
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "telemetry.jsonl"
+        path.write_bytes(b"".join(encode(m) + b"\n" for m in messages))
+        lines = path.read_bytes().splitlines()
+        parse_rates = []
+        for _ in range(max(1, args.runs // 2)):
+            started = time.perf_counter()
+            for line in lines:
+                parse_message(line)
+            parse_rates.append(len(lines) / (time.perf_counter() - started))
+        print(f"schema parse only:     median {statistics.median(parse_rates):>10,.0f} msg/s")
+        e2e = []
+        for _ in range(max(1, args.runs // 2)):
+            stats = BacktestStats()
+            with (Path(tmp) / "flags.jsonl").open("wb") as out:
+                run_backtest(read_messages([path], stats), out, make_detector("guard"), stats)
+            e2e.append(stats.rate)
+        print(
+            f"backtest end to end:   median {statistics.median(e2e):>10,.0f} msg/s "
+            f"(runs: {', '.join(f'{r:,.0f}' for r in e2e)}; {path.stat().st_size / 1e6:.0f} MB)"
+        )
+
+    for nodes in (int(n) for n in args.state_sizes.split(",") if n):
+        s = state_per_gpu(nodes, 120.0, args.seed)
+        print(
+            f"state, {nodes:>3} nodes: {s['total_per_gpu']:>7,.0f} B/GPU in all "
+            f"(node partitions {s['nodes']:,.0f}, job partitions {s['jobs']:,.0f}, "
+            f"fusion {s['fusion']:,.0f}); largest node partition "
+            f"{s['node_partition_per_gpu']:,.0f} B/GPU, largest job partition "
+            f"{s['job_partition_per_gpu']:,.0f} B/GPU (budget 10,240)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

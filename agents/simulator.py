@@ -69,6 +69,7 @@ done. Explicit faults instead of (or besides) sampled ones: ``SimConfig(faults=[
 
 from __future__ import annotations
 
+import bisect
 import gc
 import math
 import multiprocessing
@@ -346,6 +347,8 @@ class ClusterSimulator:
             int, tuple[str | None, list[dict[str, Any]], list[dict[str, Any]]]
         ] = {}
         self._rank_cache: dict[str, tuple[int, list[dict[str, Any]], list[dict[str, Any]]]] = {}
+        self._objects: dict[int, tuple[Any, list[Any], list[Any]]] = {}
+        self._reuse_samples = False  # set by the JSONL writer only (see _sample_objects)
         self._done = False
 
     # --- public API ------------------------------------------------------------------------
@@ -456,9 +459,7 @@ class ClusterSimulator:
                 out.extend(carry)
                 carry = []
             out.sort(key=_first)
-            cut = len(out)
-            while cut and out[cut - 1][0] >= tick_end:
-                cut -= 1
+            cut = bisect.bisect_left(out, tick_end, key=_first)
             if cut < len(out):
                 carry = out[cut:]
                 del out[cut:]
@@ -973,8 +974,17 @@ class ClusterSimulator:
             ts = ts_node + self._skew_l[i]
             key = ts + self._delay(i, ts_node) if i in ooo else ts
             gpu_templates, nic_templates = self._sample_templates(i, job_of.get(i))
+            reuse = self._reuse_samples and i not in ooo  # late ones must not be overwritten
+            if reuse:
+                gpu_objects, nic_objects = self._sample_objects(i, gpu_templates, nic_templates)
             for j in gpus:
-                d = gpu_templates[j].copy()
+                if reuse:
+                    message = gpu_objects[j]
+                    d = message.__dict__
+                    d["xid"] = None
+                else:
+                    d = gpu_templates[j].copy()
+                    message = _gpu_model(d)
                 d["ts"] = ts
                 d["temp_c"] = temp_r[j]
                 d["power_w"] = power_r[j]
@@ -988,14 +998,33 @@ class ClusterSimulator:
                 d["pcie_replay_total"] = pcie_r[j]
                 if xid_r[j]:
                     d["xid"] = xid_r[j]
-                out.append((key, _gpu_model(d)))
+                out.append((key, message))
             for j in gpus:
-                d = nic_templates[j].copy()
+                if reuse:
+                    message = nic_objects[j]
+                    d = message.__dict__
+                    d["counters"].update(zip(NIC_COUNTERS, counters_r[j], strict=True))
+                else:
+                    d = nic_templates[j].copy()
+                    message = _nic_model(d)
+                    d["counters"] = dict(zip(NIC_COUNTERS, counters_r[j], strict=True))
                 d["ts"] = ts
                 d["link_up"] = up_r[j]
                 d["speed_gbps"] = speed_r[j]
-                d["counters"] = dict(zip(NIC_COUNTERS, counters_r[j], strict=True))
-                out.append((key, _nic_model(d)))
+                out.append((key, message))
+
+    def _sample_objects(
+        self, node: int, gpu_templates: list[dict[str, Any]], nic_templates: list[dict[str, Any]]
+    ) -> tuple[list[Any], list[Any]]:
+        """Writer mode: one GPU and one NIC message object per device, refilled every tick
+        (the writer encodes a tick before the next is built, so nothing sees the change)."""
+        cached = self._objects.get(node)
+        if cached is not None and cached[0] is gpu_templates:
+            return cached[1], cached[2]
+        gpu = [_gpu_model(t.copy()) for t in gpu_templates]
+        nic = [_nic_model({**t, "counters": {}}) for t in nic_templates]
+        self._objects[node] = (gpu_templates, gpu, nic)
+        return gpu, nic
 
     def _sample_templates(
         self, node: int, job: str | None
@@ -1339,6 +1368,7 @@ def _write_part(
     config: SimConfig, path: str, emit_from: float, emit_until: float
 ) -> tuple[dict[str, int], dict[str, Any]]:
     sim = ClusterSimulator(config)
+    sim._reuse_samples = True
     counts: Counter[str] = Counter()
     # The messages hold no reference cycles; the cyclic collector would only rescan
     # millions of short-lived objects (it doubles the run time).

@@ -123,6 +123,9 @@ def test_same_seed_same_bytes_and_workers_do_not_change_them(tmp_path: Path) -> 
         digests.append((hashlib.sha256(out.read_bytes()).hexdigest(), json.dumps(truth)))
         assert sum(counts.values()) == len(out.read_bytes().splitlines())
     assert digests[0] == digests[1] == digests[2]
+    # The writer's shortcuts (reused sample objects, whole-tick encoding) change no byte.
+    plain = b"".join(encode(m) + b"\n" for m in ClusterSimulator(config).messages())
+    assert plain == (tmp_path / "t1.jsonl").read_bytes()
     other = tmp_path / "other.jsonl"
     write_jsonl(SimConfig(nodes=6, duration_s=90, seed=6), other, workers=1)
     assert other.read_bytes() != (tmp_path / "t1.jsonl").read_bytes()

@@ -111,13 +111,18 @@ def cmd_broker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
-    print(
-        "guard demo: not yet. The end-to-end demo (streams, sink, orchestrator over a simulated"
-        " cluster) lands with the pipeline issue; today `guard broker`, `guard topics create`,"
-        " `guard db migrate` and `guard schema export` work.",
-        file=sys.stderr,
+    from guard.demo import DemoConfig, run_demo
+
+    config = DemoConfig(
+        nodes=args.nodes,
+        duration_s=args.duration,
+        seed=args.seed,
+        speed=args.speed,
+        workers=args.workers,
+        home=Path(args.home) if args.home else None,
     )
-    return 3
+    run_demo(settings, config, as_json=args.json)
+    return 0
 
 
 # --- parser -------------------------------------------------------------------------------
@@ -141,9 +146,18 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = add("demo", cmd_demo, "run the whole pipeline on a simulated cluster (embedded)")
-    p.add_argument("--nodes", type=int, default=32)
-    p.add_argument("--duration", type=float, default=600)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--nodes", type=int, default=32, help="simulated nodes (8 GPUs each)")
+    p.add_argument("--duration", type=float, default=600, help="simulated seconds")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--speed",
+        type=float,
+        default=None,
+        help="simulated seconds per wall second (default: what the workers keep up with)",
+    )
+    p.add_argument("--workers", type=int, default=1, help="streams worker processes")
+    p.add_argument("--home", help="data directory (default: a new temporary one)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
 
     p = add("broker", cmd_broker, "start the embedded Tansu broker on loopback")
     p.add_argument("--port", type=int, default=None, help="default: a free port")

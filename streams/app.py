@@ -96,6 +96,42 @@ class KeyedState:
             self.saved_at.pop(key, None)
 
 
+class EventClock:
+    """One agent's event time: drives the time-based checks (hangs, lost GPUs) of its keys.
+
+    When the agent's input stops for a while, event time follows the wall clock, so that a
+    job that stopped sending (a hang) is still noticed.
+    """
+
+    def __init__(self, state: KeyedState, tick_s: float, emit: Callable[[list[Finding]], Any]):
+        self.state = state
+        self.tick_s = tick_s
+        self.emit = emit
+        self.watermark = 0.0
+        self.last_tick = 0.0
+        self.wall = time.monotonic()
+
+    async def advance(self, ts: float) -> None:
+        if ts > self.watermark:
+            self.watermark = ts
+            self.wall = time.monotonic()
+            if ts - self.last_tick >= self.tick_s:
+                await self.tick(ts)
+
+    async def idle(self, after_s: float = 2.0) -> None:
+        idle = time.monotonic() - self.wall
+        if self.watermark and idle >= after_s:
+            await self.tick(self.watermark + idle)
+
+    async def tick(self, now: float) -> None:
+        self.last_tick = now
+        found: list[Finding] = []
+        for obj, _ in list(self.state.live.values()):
+            found += obj.tick(now)
+        if found:
+            await self.emit(found)
+
+
 def encode_finding(finding: Finding) -> bytes:
     return orjson.dumps(asdict(finding))
 
@@ -173,7 +209,6 @@ def create_app(settings: Settings, engine_config: EngineConfig | None = None) ->
     )
     counters = StreamsCounters()
     app.guard_counters = counters  # type: ignore[attr-defined]
-    clock = {"watermark": 0.0, "wall": time.monotonic(), "last_tick": 0.0}
 
     async def send_findings(findings: list[Finding]) -> None:
         for f in findings:
@@ -193,25 +228,14 @@ def create_app(settings: Settings, engine_config: EngineConfig | None = None) ->
             ],
         )
 
-    async def ticks(now: float) -> None:
-        """Event-time checks over every live partition object (hangs, lost GPUs)."""
-        clock["last_tick"] = now
-        found: list[Finding] = []
-        for obj, _ in list(job_state.live.values()):
-            found += obj.tick(now)
-        for obj, _ in list(node_state.live.values()):
-            found += obj.tick(now)
-        if found:
-            await send_findings(found)
-
-    async def advance(ts: float) -> None:
-        if ts > clock["watermark"]:
-            clock["watermark"] = ts
-            clock["wall"] = time.monotonic()
-            if ts - clock["last_tick"] >= cfg.tick_s:
-                await ticks(ts)
+    clocks: list[EventClock] = []
 
     def make_agent(topic: Any, state: KeyedState, key_of: Callable[[Any], str | None]) -> None:
+        # Each agent keeps its own event time: node telemetry may run ahead of job telemetry
+        # (separate topics, separate lags), and a job must only be judged on its own clock.
+        clock = EventClock(state, cfg.tick_s, send_findings)
+        clocks.append(clock)
+
         async def telemetry(stream: Any) -> None:
             # Batches keep faust's per-event cost off the hot path.
             async for events in stream.take_events(
@@ -237,7 +261,7 @@ def create_app(settings: Settings, engine_config: EngineConfig | None = None) ->
                     await send_findings(found)
                 for key in touched:
                     state.maybe_checkpoint(key)
-                await advance(latest)
+                await clock.advance(latest)
 
         telemetry.__name__ = f"{topic.topics[0].rsplit('.', 1)[-1]}_telemetry"
         app.agent(topic, name=telemetry.__name__)(telemetry)
@@ -259,11 +283,8 @@ def create_app(settings: Settings, engine_config: EngineConfig | None = None) ->
 
     @app.timer(interval=1.0)
     async def idle_clock() -> None:
-        # No input for a while: let event time follow the wall clock, so that a job that
-        # stopped sending (a hang) is still noticed.
-        idle = time.monotonic() - clock["wall"]
-        if clock["watermark"] and idle >= 2.0:
-            await ticks(clock["watermark"] + idle)
+        for clock in clocks:
+            await clock.idle()
 
     @app.on_partitions_revoked.connect
     async def on_revoked(app: Any, revoked: set[Any], **kwargs: Any) -> None:

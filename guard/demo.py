@@ -186,6 +186,7 @@ class FlagReader(threading.Thread):
         super().__init__(name="guard-demo-flags", daemon=True)
         self.settings = settings
         self.flags: list[Flag] = []
+        self.arrivals: list[float] = []  # wall time (epoch) each flag was read
         self.on_flag = on_flag
         self.last_flag_at = time.monotonic()
         self.stop_event = threading.Event()
@@ -203,6 +204,7 @@ class FlagReader(threading.Thread):
                 flag = decode(record.value(), "flag")
                 assert isinstance(flag, Flag)
                 self.flags.append(flag)
+                self.arrivals.append(time.time())
                 self.last_flag_at = time.monotonic()
                 if self.on_flag is not None:
                     self.on_flag(flag)
@@ -335,6 +337,10 @@ class Pipeline:
         producer.flush(60)
         if self.error is not None:
             raise RuntimeError(f"a pipeline part failed: {self.error}") from self.error
+
+    def wall_epoch_of(self, ts: float) -> float:
+        """When (epoch wall time) the message of event time ``ts`` was due to be published."""
+        return self._wall_epoch() + (ts - self.start_ts) / self.speed
 
     def sim_now(self) -> float:
         return (time.monotonic() - self.wall_start) * self.speed

@@ -25,6 +25,7 @@ real pynvml error classes (the hardware boundary).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import threading
 from collections.abc import Callable
@@ -38,6 +39,15 @@ log = logging.getLogger(__name__)
 
 #: Xid 79: "GPU has fallen off the bus" — what a lost GPU reports.
 XID_GPU_LOST = 79
+
+
+def _address(handle: Any) -> int:
+    """What identifies a device handle: the address an NVML handle points to (the event's
+    ``device`` is a new ctypes object for the same device), else the object itself."""
+    try:
+        return int(ctypes.cast(handle, ctypes.c_void_p).value or 0) or id(handle)
+    except (TypeError, ctypes.ArgumentError):
+        return id(handle)
 
 
 def _load_pynvml() -> Any:
@@ -233,7 +243,7 @@ class XidWatcher:
     def __init__(self, nvml: Any, handles: list[Any], wait_ms: int = 500) -> None:
         self.nvml = nvml
         self.wait_ms = wait_ms
-        self._index_of = {id(h): i for i, h in enumerate(handles) if h is not None}
+        self._index_of = {_address(h): i for i, h in enumerate(handles) if h is not None}
         self._handles = handles
         self._last: dict[int, int] = {}
         self._lock = threading.Lock()
@@ -279,15 +289,7 @@ class XidWatcher:
         return last
 
     def _index(self, device: Any) -> int | None:
-        index = self._index_of.get(id(device))
-        if index is not None:
-            return index
-        for i, handle in enumerate(self._handles):  # ctypes handles compare by value
-            if handle is not None and getattr(handle, "value", handle) == getattr(
-                device, "value", device
-            ):
-                return i
-        return None
+        return self._index_of.get(_address(device))
 
     def _run(self) -> None:
         nv = self.nvml

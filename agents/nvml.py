@@ -77,6 +77,7 @@ class NvmlCollector:
         self._static: dict[tuple[int, str], float] = {}
         self._remap_logged: set[int] = set()
         self.errors = 0
+        self._legacy_temp = False
         for index in range(nv.nvmlDeviceGetCount()):
             try:
                 handle = nv.nvmlDeviceGetHandleByIndex(index)
@@ -114,9 +115,10 @@ class NvmlCollector:
                 continue
             values: dict[str, Any] = {}
             call = self._call
-            temp = call(
-                index, "temp_c", nv.nvmlDeviceGetTemperatureV, handle, nv.NVML_TEMPERATURE_GPU
+            temperature = (
+                nv.nvmlDeviceGetTemperature if self._legacy_temp else nv.nvmlDeviceGetTemperatureV
             )
+            temp = call(index, "temp_c", temperature, handle, nv.NVML_TEMPERATURE_GPU)
             power = call(index, "power_w", nv.nvmlDeviceGetPowerUsage, handle)
             limit = call(index, "power_limit_w", nv.nvmlDeviceGetEnforcedPowerLimit, handle)
             values["temp_c"] = temp
@@ -204,6 +206,16 @@ class NvmlCollector:
             self._unsupported.add((index, metric))
             log.info(
                 "GPU %d: %s is not supported by this GPU or driver; not asking again", index, metric
+            )
+            return
+        if (
+            code == nv.NVML_ERROR_FUNCTION_NOT_FOUND
+            and metric == "temp_c"
+            and not self._legacy_temp
+        ):
+            self._legacy_temp = True  # a driver older than nvmlDeviceGetTemperatureV
+            log.info(
+                "nvmlDeviceGetTemperatureV is not in this driver; using nvmlDeviceGetTemperature"
             )
             return
         if code == nv.NVML_ERROR_GPU_IS_LOST:

@@ -107,6 +107,10 @@ class NvmlStandIn:
         assert sensor == pynvml.NVML_TEMPERATURE_GPU
         return int(self._now(self._gpu(handle, "temp", "nvmlDeviceGetTemperatureV"))["temp_c"])
 
+    def nvmlDeviceGetTemperature(self, handle: _Handle, sensor: int) -> int:
+        """The pre-``V`` call, still in every driver."""
+        return int(self._now(self._gpu(handle, "temp", "nvmlDeviceGetTemperature"))["temp_c"])
+
     def nvmlDeviceGetPowerUsage(self, handle: _Handle) -> int:
         return int(self._now(self._gpu(handle, "power", "nvmlDeviceGetPowerUsage"))["power_mw"])
 

@@ -107,3 +107,16 @@ def test_other_nvml_errors_null_the_field_and_are_counted(
     assert collector.errors == 8
     monkeypatch.undo()
     assert all(s.temp_c is not None for s in collector.sample(TS + 1, None))
+
+
+def test_an_old_driver_without_temperature_v_falls_back_to_the_old_call(
+    collector: NvmlCollector, standin: NvmlStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def missing(handle: object, sensor: int) -> int:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    monkeypatch.setattr(standin, "nvmlDeviceGetTemperatureV", missing)
+    first = collector.sample(TS, None)
+    assert all(s.temp_c is None for s in first)  # the cycle it found out
+    again = _by_gpu(collector.sample(TS + 1, None))
+    assert again[0].temp_c == 58 and collector.errors == 0

@@ -116,7 +116,7 @@ def test_an_old_driver_without_temperature_v_falls_back_to_the_old_call(
         raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 
     monkeypatch.setattr(standin, "nvmlDeviceGetTemperatureV", missing)
-    first = collector.sample(TS, None)
-    assert all(s.temp_c is None for s in first)  # the cycle it found out
+    first = _by_gpu(collector.sample(TS, None))
+    assert first[0].temp_c is None and first[1].temp_c == 61  # found out on GPU 0
     again = _by_gpu(collector.sample(TS + 1, None))
     assert again[0].temp_c == 58 and collector.errors == 0

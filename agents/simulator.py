@@ -736,7 +736,11 @@ class ClusterSimulator:
             self._hot_extra = 0.0
         if not busy:
             return
-        picks = plan.permutation(busy).tolist()
+        # Confounders go to nodes without an injected fault where there are enough of them,
+        # so that evaluation can tell a false flag from a late true one.
+        faulty = {f.node for f in self._faults}
+        healthy = [node for node in busy if node not in faulty]
+        picks = plan.permutation(healthy if len(healthy) >= 5 else busy).tolist()
 
         def pick() -> int:
             return int(picks.pop()) if picks else int(plan.choice(busy))

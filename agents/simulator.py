@@ -281,7 +281,7 @@ def _fast_builder(cls: type) -> Callable[[dict[str, Any]], Any]:
     fields = set(cls.model_fields)  # type: ignore[attr-defined]
 
     def build(data: dict[str, Any]) -> Any:
-        obj = _new_object(cls)
+        obj: Any = _new_object(cls)
         _set_slot(obj, "__dict__", data)
         _set_slot(obj, "__pydantic_fields_set__", fields)
         _set_slot(obj, "__pydantic_extra__", None)
@@ -1446,8 +1446,8 @@ def write_jsonl(
     bounds = [sim.start_ts + dt * round(ticks * k / workers) for k in range(workers + 1)]
     bounds[-1] = sim.end_ts + 1.0
     if workers == 1:
-        counts, truth = _write_part(config, str(out_path), bounds[0], bounds[1])
-        return truth, counts
+        only_counts, truth = _write_part(config, str(out_path), bounds[0], bounds[1])
+        return truth, only_counts
     parts = [str(out_path)] + [f"{out_path}.part{k}" for k in range(1, workers)]
     context = multiprocessing.get_context("fork")
     with context.Pool(workers) as pool:

@@ -27,8 +27,10 @@ import logging
 import os
 import struct
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 __all__ = ["Spool", "SpoolRecord"]
 
@@ -92,7 +94,7 @@ class Spool:
         self._cursor: Position = self._load_cursor()
         self._pending = sum(c for seg, c in self._counts.items() if seg >= self._cursor[0])
         self._pending -= self._consumed_in_cursor_segment()
-        self._writer = None
+        self._writer: BinaryIO | None = None
         self._active = max(self._segments) if self._segments else self._cursor[0]
 
     # --- sizes -----------------------------------------------------------------------------
@@ -138,7 +140,7 @@ class Spool:
         self._counts[self._active] = 0
         self._path(self._active).touch()
 
-    def _open_writer(self):  # type: ignore[no-untyped-def]
+    def _open_writer(self) -> BinaryIO:
         if self._writer is None:
             self._writer = open(self._path(self._active), "ab")  # noqa: SIM115 - kept open
         return self._writer
@@ -222,7 +224,9 @@ class Spool:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._path(seg))
 
-    def _scan(self, seg: int, start: int, stop: int | None = None):  # type: ignore[no-untyped-def]
+    def _scan(
+        self, seg: int, start: int, stop: int | None = None
+    ) -> Iterator[tuple[int, SpoolRecord]]:
         """(offset after, record) of the valid records of a segment from ``start``."""
         try:
             with open(self._path(seg), "rb") as f:

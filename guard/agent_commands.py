@@ -104,7 +104,8 @@ def _parse_fault(text: str) -> Any:
 def cmd_agent(args: argparse.Namespace, settings: Settings) -> int:
     from guard.agents.daemon import run_agent
 
-    return run_agent(args, settings)
+    code: int = run_agent(args, settings)
+    return code
 
 
 def register(sub: Any, add: Any) -> None:

@@ -23,8 +23,12 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
         print(f"guard simulate: error: {exc}", file=sys.stderr)
         return 2
     started = time.monotonic()
-    truth, counts = write_jsonl(config, args.out, workers=args.workers)
-    Path(args.truth).write_text(json.dumps(truth, indent=1) + "\n")
+    try:
+        truth, counts = write_jsonl(config, args.out, workers=args.workers)
+        Path(args.truth).write_text(json.dumps(truth, indent=1) + "\n")
+    except OSError as exc:
+        print(f"guard simulate: error: cannot write the output: {exc}", file=sys.stderr)
+        return 2
     summary = {
         "out": args.out,
         "truth": args.truth,

@@ -338,3 +338,26 @@ def test_fault_mix_is_the_one_derived_from_the_infinitehbd_trace() -> None:
     assert weights == FAULT_MIX
     assert counts["slow_gpu"] == 126 and counts["link_flap"] == 40
     assert sum(FAULT_MIX.values()) == pytest.approx(1, abs=1e-3)
+
+
+def test_guard_simulate_cli_writes_telemetry_and_truth(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from guard.cli import main
+
+    out, truth = tmp_path / "t.jsonl", tmp_path / "truth.json"
+    args = ["simulate", "--nodes", "4", "--duration", "30", "--seed", "1", "--out", str(out)]
+    code = main(
+        [*args, "--truth", str(truth), "--fault", "slow_gpu:node=node-001:gpu=2:onset=5", "--json"]
+    )
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    lines = out.read_bytes().splitlines()
+    assert summary["messages"] == len(lines) and all(parse_message(line) for line in lines[::5])
+    faults = json.loads(truth.read_text())["faults"]
+    assert any(
+        f["node"] == "node-001" and f["gpu"] == 2 and f["kind"] == "slow_gpu" for f in faults
+    )
+    assert main([*args, "--truth", str(truth), "--fault", "slow_gpu:gpu=99"]) == 2
+    assert main(["simulate", "--out", str(tmp_path / "no" / "t.jsonl"), "--truth", str(truth)]) == 2
+    assert "error" in capsys.readouterr().err

@@ -16,12 +16,11 @@ from guard.agents.nvml import NvmlCollector
 from guard.agents.publisher import Publisher
 from guard.cli import main
 from guard.config import Settings
+from guard.schemas import parse_message
 
 from .fake_sysfs import make_fake_sysfs
 from .nvml_standin import NvmlStandIn
 from .test_publisher import consume_topics
-
-pytestmark = pytest.mark.kafka
 
 
 def test_job_discovery_prefers_explicit_then_slurm_then_clients() -> None:
@@ -34,6 +33,7 @@ def test_job_discovery_prefers_explicit_then_slurm_then_clients() -> None:
     assert tracker.current(now=100.0 + 301) is None  # the job ended: stop labelling
 
 
+@pytest.mark.kafka
 def test_agent_publishes_gpus_nics_and_client_timings(
     kafka_settings: Settings, tmp_path: Path
 ) -> None:
@@ -71,6 +71,7 @@ def test_agent_publishes_gpus_nics_and_client_timings(
     assert daemon.status()["client_received"] == 5
 
 
+@pytest.mark.kafka
 def test_guard_agent_simulate_publishes_to_the_broker(
     kafka_settings: Settings,
     tmp_path: Path,
@@ -105,3 +106,34 @@ def test_guard_agent_simulate_publishes_to_the_broker(
     assert {m.node for m in got if m.kind == "gpu"} == {"node-000", "node-001", "node-002"}
     assert Counter(m.kind for m in got).keys() == {"gpu", "nic", "step", "collective"}
     assert json.loads(truth.read_text())["nodes"] == ["node-000", "node-001", "node-002"]
+
+
+def test_guard_agent_once_dry_run_samples_dcgm_and_sysfs(
+    settings: Settings, tmp_path: Path, exporter: str, capfdbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    sysfs = make_fake_sysfs(tmp_path / "sys")
+    code = main(
+        [
+            "agent",
+            "--once",
+            "--dry-run",
+            "--node",
+            "h100-07",
+            "--job",
+            "llm-2",
+            "--gpu-source",
+            "dcgm",
+            "--dcgm-url",
+            exporter,
+            "--sysfs",
+            str(sysfs),
+            "--socket",
+            str(tmp_path / "agent.sock"),
+        ]
+    )
+    assert code == 0
+    lines = [line for line in capfdbinary.readouterr().out.splitlines() if line.startswith(b"{")]
+    messages = [parse_message(line) for line in lines]
+    kinds = Counter(m.kind for m in messages)
+    assert kinds == {"gpu": 2, "nic": 9}
+    assert {m.job for m in messages} == {"llm-2"} and {m.node for m in messages} == {"h100-07"}

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -46,28 +42,6 @@ def test_without_a_host_label_the_agents_node_is_used() -> None:
 def test_garbage_never_raises(text: str) -> None:
     samples, problems = parse_dcgm_metrics(text, "node-1", TS)
     assert isinstance(samples, list) and isinstance(problems, list)
-
-
-@pytest.fixture
-def exporter() -> Iterator[str]:
-    body = FIXTURE.read_bytes()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}/metrics"
-    server.shutdown()
-    server.server_close()
 
 
 def test_scrapes_a_live_endpoint_and_survives_a_dead_one(exporter: str) -> None:

@@ -1,1 +1,23 @@
-"""Pure, event-time detection logic: objects fed messages in ``ts`` order that return flags."""
+"""Pure, event-time detection logic: objects fed messages in ``ts`` order that return flags.
+
+Start at :class:`~guard.detectors.engine.DetectionEngine` (what ``guard backtest`` runs) or,
+in a partitioned streams worker, at :class:`~guard.detectors.engine.NodeDetectors` (key:
+node), :class:`~guard.detectors.engine.JobDetectors` (key: job) and
+:class:`~guard.detectors.fusion.NodeFusion` (key: node). One concept per module; every
+module's docstring has an example that runs (``tests/detectors/test_doctests.py``).
+"""
+
+from .engine import DetectionEngine, EngineConfig, JobDetectors, NodeDetectors
+from .findings import Finding
+from .fusion import JobFusion, NodeFusion, to_flag
+
+__all__ = [
+    "DetectionEngine",
+    "EngineConfig",
+    "Finding",
+    "JobDetectors",
+    "JobFusion",
+    "NodeDetectors",
+    "NodeFusion",
+    "to_flag",
+]

@@ -93,13 +93,16 @@ class NodeDetectors:
     def process(self, msg: GuardMessage) -> list[Finding]:
         if msg.job is not None:
             self.job = msg.job
-        if isinstance(msg, GpuSample):
+        kind = msg.kind
+        if kind == "gpu":
+            assert isinstance(msg, GpuSample)
             found = self.errors.learn_one(msg)
             closed = self.round.add(msg)
             if closed is not None:
                 found += self._evaluate(closed)
             return found
-        if isinstance(msg, NicSample):
+        if kind == "nic":
+            assert isinstance(msg, NicSample)
             return self.nic.learn_one(msg)
         return []
 
@@ -196,9 +199,15 @@ class DetectionEngine:
         """Feed one message (in event-time order, give or take a little); return new flags."""
         kind = msg.kind
         if kind in ("gpu", "nic"):
-            found = self.node(msg.node).process(msg) if self.config.node_telemetry else []
-        elif kind in ("step", "collective"):
-            found = self.job(msg.job).process(msg) if msg.job is not None else []
+            node = self.nodes.get(msg.node)
+            if node is None:
+                node = self.node(msg.node)
+            found = node.process(msg) if self.config.node_telemetry else []
+        elif kind in ("step", "collective") and msg.job is not None:
+            job = self.jobs.get(msg.job)
+            if job is None:
+                job = self.job(msg.job)
+            found = job.process(msg)
         else:
             found = []
         flags = self.fuse(found) if found else []

@@ -199,13 +199,13 @@ class DeviationTracker:
             slow.popleft()
             picked.popleft()
             kept.popleft()
-        n_slow = sum(1 for s in slow if s >= 0.0)
+        n_slow = len(slow) - slow.count(-1.0)
         verdict = (
             len(scores) >= rule.window // 2
             and n_slow >= rule.min_fraction * rule.window
             and sum(scores) / len(scores) >= rule.min_score
         )
-        if not verdict and len(kept) >= rule.window:
+        if not verdict and len(kept) >= rule.window and max(kept) >= rule.offset_residual:
             ordered = sorted(kept)
             mid = len(ordered) // 2
             typical = ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])

@@ -55,7 +55,7 @@ def committed_total(settings: Settings, group: str) -> int:
     return sum(max(tp.offset, 0) for tp in result.topic_partitions)
 
 
-def run_workers(settings: Settings, workers: int, total: int, home: Path) -> float:
+def run_workers(settings: Settings, workers: int, total: int, home: Path, engine: str) -> float:
     app_id = f"bench-{uuid.uuid4().hex[:8]}"
     env = {
         **os.environ,
@@ -65,10 +65,15 @@ def run_workers(settings: Settings, workers: int, total: int, home: Path) -> flo
         "GUARD_HOME": str(home),
         "GUARD_STREAMS_APP_ID": app_id,
         "GUARD_STREAMS_PROGRESS_S": "3600",
+        "GUARD_STREAMS_ENGINE": engine,
     }
     procs = [
-        subprocess.Popen([sys.executable, "-m", "guard.cli", "streams"], env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.Popen(
+            [sys.executable, "-m", "guard.cli", "streams"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         for _ in range(workers)
     ]
     try:
@@ -101,6 +106,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--workers", default="1,2")
+    parser.add_argument("--engines", default="faust,native")
     args = parser.parse_args()
     broker = None
     bootstrap = os.environ.get("GUARD_KAFKA_BOOTSTRAP")
@@ -111,22 +117,36 @@ def main() -> None:
         bootstrap = broker.bootstrap
     home = Path(tempfile.mkdtemp(prefix="guard-bench-"))
     try:
-        results: dict[int, list[float]] = {}
+        results: dict[tuple[str, int], list[float]] = {}
         for run in range(args.runs):
-            settings = load_settings(home=home, kafka={
-                "bootstrap": bootstrap, "topic_prefix": f"b{uuid.uuid4().hex[:6]}.",
-                "telemetry_partitions": args.partitions})
+            settings = load_settings(
+                home=home,
+                kafka={
+                    "bootstrap": bootstrap,
+                    "topic_prefix": f"b{uuid.uuid4().hex[:6]}.",
+                    "telemetry_partitions": args.partitions,
+                },
+            )
             create_topics(settings)
             total = preload(settings, args.nodes, args.duration)
-            for workers in (int(w) for w in args.workers.split(",")):
-                rate = run_workers(settings, workers, total, home)
-                results.setdefault(workers, []).append(rate)
-                print(f"run {run + 1}: {workers} worker(s), {total:,} messages: {rate:,.0f} msg/s",
-                      flush=True)
-        for workers, rates in results.items():
-            print(f"median {workers} worker(s): {statistics.median(rates):,.0f} msg/s "
-                  f"({statistics.median(rates) / workers:,.0f} per worker; runs: "
-                  f"{', '.join(f'{r:,.0f}' for r in rates)})")
+            for engine in args.engines.split(","):
+                for workers in (int(w) for w in args.workers.split(",")):
+                    rate = run_workers(settings, workers, total, home, engine)
+                    results.setdefault((engine, workers), []).append(rate)
+                    print(
+                        f"run {run + 1}: {engine}, {workers} worker(s), {total:,} messages: "
+                        f"{rate:,.0f} msg/s",
+                        flush=True,
+                    )
+        base = {w: statistics.median(r) for (e, w), r in results.items() if e == "faust"}
+        for (engine, workers), rates in results.items():
+            median = statistics.median(rates)
+            ratio = f", {median / base[workers]:.1f}x faust" if workers in base else ""
+            print(
+                f"median {engine}, {workers} worker(s): {median:,.0f} msg/s "
+                f"({median / workers:,.0f} per worker{ratio}; runs: "
+                f"{', '.join(f'{r:,.0f}' for r in rates)})"
+            )
     finally:
         if broker is not None:
             broker.stop()

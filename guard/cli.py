@@ -119,6 +119,7 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
         seed=args.seed,
         speed=args.speed,
         workers=args.workers,
+        engine=args.engine or settings.streams.engine,
         home=Path(args.home) if args.home else None,
     )
     run_demo(settings, config, as_json=args.json)
@@ -156,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="simulated seconds per wall second (default: what the workers keep up with)",
     )
     p.add_argument("--workers", type=int, default=1, help="streams worker processes")
+    p.add_argument(
+        "--engine",
+        choices=["faust", "native"],
+        default=None,
+        help="streams transport (default from config: faust)",
+    )
     p.add_argument("--home", help="data directory (default: a new temporary one)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
 

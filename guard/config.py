@@ -91,6 +91,9 @@ class AgentSettings(Section):
 
 class StreamsSettings(Section):
     app_id: str = "guard-streams"
+    engine: Literal["faust", "native"] = Field(
+        "faust", description="transport: faust agents, or librdkafka batches (faster)"
+    )
     workers: int = Field(1, ge=1)
     checkpoint_s: float = Field(
         5.0, gt=0, description="how often a key's detector state goes to its changelog table"

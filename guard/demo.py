@@ -64,6 +64,7 @@ class DemoConfig:
     speed: float | None = None  # None: what one streams worker keeps up with here
     sample_interval_s: float = 2.0
     workers: int = 1
+    engine: str = "faust"  # streams transport: faust or native
     faults: list[FaultSpec] | None = None  # None: DEFAULT_FAULTS on random busy nodes
     random_faults: int = 0
     home: Path | None = None
@@ -99,7 +100,8 @@ class DemoConfig:
         step_s = min((float(j["step_s_nominal"]) for j in truth["jobs"]), default=2.0)
         gpus = len(truth["nodes"]) * int(truth.get("gpus_per_node", 8))
         per_sim_second = 2 * gpus / self.sample_interval_s + 2 * ranks / step_s
-        return max(1.0, min(20.0, self.workers * self.worker_rate / per_sim_second))
+        rate = self.worker_rate * (10 if self.engine == "native" else 1)
+        return max(1.0, min(20.0, self.workers * rate / per_sim_second))
 
 
 class StreamsWorkers:
@@ -125,6 +127,7 @@ class StreamsWorkers:
             "GUARD_STREAMS_APP_ID": s.streams.app_id,
             "GUARD_STREAMS_PROGRESS_S": "1",
             "GUARD_STREAMS_CHECKPOINT_S": str(s.streams.checkpoint_s),
+            "GUARD_STREAMS_ENGINE": s.streams.engine,
         }
 
     def start(self) -> None:
@@ -247,6 +250,7 @@ class Pipeline:
         cfg = self.config
         s = self.settings
         s.home.mkdir(parents=True, exist_ok=True)
+        s.streams.engine = cfg.engine  # type: ignore[assignment]
         bootstrap = cfg.bootstrap or os.environ.get("GUARD_KAFKA_BOOTSTRAP")
         if not bootstrap:
             self.broker = EmbeddedBroker(log_path=s.home / "tansu.log").start()

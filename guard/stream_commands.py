@@ -13,27 +13,52 @@ from guard.config import Settings
 
 
 def cmd_streams(args: argparse.Namespace, settings: Settings) -> int:
-    import faust
-
     from guard.kafka import create_topics
-    from guard.streams.app import create_app
 
     create_topics(settings)  # the input topics must exist before the workers subscribe
+    if args.engine:
+        settings.streams.engine = args.engine
+    if settings.streams.engine == "native":
+        return _run_native(settings)
+    import faust
+
+    from guard.streams.app import create_app
+
     app = create_app(settings)
     counters = app.guard_counters  # type: ignore[attr-defined]
 
     @app.timer(interval=settings.streams.progress_s)
     async def progress() -> None:
-        print(
-            f"guard streams: {counters.telemetry} telemetry messages, {counters.findings} "
-            f"findings, {counters.flags} flags, {counters.dead_letters} dead letters, "
-            f"{app.guard_restored()} keys restored from checkpoints",  # type: ignore[attr-defined]
-            file=sys.stderr,
-            flush=True,
-        )
+        print(_progress_line(counters, app.guard_restored()), file=sys.stderr, flush=True)  # type: ignore[attr-defined]
 
     worker = faust.Worker(app, loglevel=args.loglevel, quiet=True, redirect_stdouts=False)
     worker.execute_from_commandline()
+    return 0
+
+
+def _progress_line(counters: Any, restored: int) -> str:
+    return (
+        f"guard streams: {counters.telemetry} telemetry messages, {counters.findings} "
+        f"findings, {counters.flags} flags, {counters.dead_letters} dead letters, "
+        f"{restored} keys restored from checkpoints"
+    )
+
+
+def _run_native(settings: Settings) -> int:
+    from guard.streams.native import NativeWorker
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    worker = NativeWorker(settings)
+
+    def report(counters: Any) -> None:
+        restored = sum(
+            s.restored for s in (worker.node.state, worker.job.state, worker.fusion.state)
+        )
+        print(_progress_line(counters, restored), file=sys.stderr, flush=True)
+
+    worker.run(stop, on_progress=report)
     return 0
 
 
@@ -75,5 +100,11 @@ def _report(sink: Any, stop: threading.Event, settings: Settings) -> None:
 def register(sub: Any, add: Any) -> None:
     p = add("streams", cmd_streams, "run a streams worker (detectors over the telemetry topics)")
     p.add_argument("--loglevel", default="warning")
+    p.add_argument(
+        "--engine",
+        choices=["faust", "native"],
+        default=None,
+        help="transport (default from config: faust)",
+    )
     p = add("sink", cmd_sink, "store Guard's topics in ClickHouse")
     p.add_argument("--group", default="guard-sink", help="consumer group id")

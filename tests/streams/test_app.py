@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from confluent_kafka import TopicPartition
 
 from guard.config import Settings
@@ -19,7 +20,9 @@ from guard.schemas import Flag, GpuSample, GuardMessage, StepTiming, decode
 
 
 @contextmanager
-def streams_worker(settings: Settings, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def streams_worker(
+    settings: Settings, log: Path, engine: str = "faust", app_id: str | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("GUARD_")},
         "GUARD_KAFKA_BOOTSTRAP": settings.kafka.bootstrap,
@@ -27,7 +30,8 @@ def streams_worker(settings: Settings, log: Path) -> Iterator[subprocess.Popen[b
         "GUARD_KAFKA_TELEMETRY_PARTITIONS": str(settings.kafka.telemetry_partitions),
         "GUARD_KAFKA_CONTROL_PARTITIONS": str(settings.kafka.control_partitions),
         "GUARD_HOME": str(settings.home),
-        "GUARD_STREAMS_APP_ID": f"streams-{settings.kafka.topic_prefix}",
+        "GUARD_STREAMS_APP_ID": app_id or f"streams-{settings.kafka.topic_prefix}",
+        "GUARD_STREAMS_ENGINE": engine,
         "GUARD_STREAMS_CHECKPOINT_S": "1",
         "GUARD_STREAMS_PROGRESS_S": "2",
     }
@@ -87,8 +91,9 @@ def gpu_round(t: float, node: str, xid_gpu: int | None = None) -> list[GuardMess
     ]
 
 
+@pytest.mark.parametrize("engine", ["faust", "native"])
 def test_worker_turns_telemetry_into_flags_and_dead_letters_garbage(
-    kafka_settings: Settings, tmp_path: Path
+    kafka_settings: Settings, tmp_path: Path, engine: str
 ) -> None:
     settings = kafka_settings
     t0 = time.time() - 120
@@ -109,7 +114,7 @@ def test_worker_turns_telemetry_into_flags_and_dead_letters_garbage(
         )
     assert producer.flush(30) == 0
 
-    with streams_worker(settings, tmp_path / "worker.log") as worker:
+    with streams_worker(settings, tmp_path / "worker.log", engine) as worker:
         flags = read_flags(settings, want=1, timeout_s=90, worker=worker)
         # the worker carried on after the bad records: the DLQ has both, with reasons
         dlq = make_consumer(settings, "dlq-reader", [settings.topic("dlq")])

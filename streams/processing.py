@@ -1,0 +1,230 @@
+"""What a streams worker does with a batch of records, whatever carries them.
+
+Plain Python shared by both transports of ``guard streams`` (the faust app and the native
+librdkafka worker): keyed detector state with periodic checkpoints, one event clock per
+stream, the routing of telemetry to :mod:`guard.detectors` and of findings to fusion. The
+transports only move bytes in and out.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+
+from guard.detectors.engine import EngineConfig, JobDetectors, NodeDetectors
+from guard.detectors.findings import Finding
+from guard.detectors.fusion import JobFusion, NodeFusion
+from guard.schemas import Flag, GuardMessage, SchemaError, decode
+
+__all__ = [
+    "EventClock",
+    "FusionProcessor",
+    "KeyedState",
+    "StreamsCounters",
+    "TelemetryProcessor",
+    "decode_finding",
+    "encode_finding",
+    "finding_key",
+]
+
+# (topic, partition, value) of one record
+Record = tuple[str, int, bytes | None]
+
+
+@dataclass
+class StreamsCounters:
+    """What a worker did, for progress lines and benchmarks."""
+
+    telemetry: int = 0
+    findings: int = 0
+    flags: int = 0
+    dead_letters: int = 0
+
+
+@dataclass
+class KeyedState:
+    """Live detector objects per key, checkpointed every ``every_s`` seconds.
+
+    ``load(key)`` returns the last checkpoint's bytes (or None); ``save(key, partition,
+    blob)`` stores one. The partition travels with each object so that a rebalance can
+    forget exactly what moved away.
+    """
+
+    make: Callable[[str], Any]
+    every_s: float
+    load: Callable[[str], bytes | None] = lambda key: None
+    save: Callable[[str, int, bytes], None] = lambda key, partition, blob: None
+    live: dict[str, tuple[Any, int]] = field(default_factory=dict)
+    saved_at: dict[str, float] = field(default_factory=dict)
+    restored: int = 0
+
+    def get(self, key: str, partition: int) -> Any:
+        entry = self.live.get(key)
+        if entry is not None and entry[1] == partition:
+            return entry[0]
+        blob = self.load(key)
+        if blob is not None:
+            obj = pickle.loads(blob)
+            self.restored += 1
+        else:
+            obj = self.make(key)
+        self.live[key] = (obj, partition)
+        self.saved_at[key] = time.monotonic()
+        return obj
+
+    def checkpoint_due(self, keys: Iterable[str], force: bool = False) -> int:
+        """Save the keys whose last checkpoint is older than ``every_s``. Returns how many."""
+        now = time.monotonic()
+        saved = 0
+        for key in keys:
+            entry = self.live.get(key)
+            if entry is None or (not force and now - self.saved_at.get(key, 0.0) < self.every_s):
+                continue
+            self.save(key, entry[1], pickle.dumps(entry[0], protocol=pickle.HIGHEST_PROTOCOL))
+            self.saved_at[key] = now
+            saved += 1
+        return saved
+
+    def forget(self, partitions: set[int]) -> None:
+        for key in [k for k, (_, p) in self.live.items() if p in partitions]:
+            del self.live[key]
+            self.saved_at.pop(key, None)
+
+
+class EventClock:
+    """One stream's event time; drives the time-based checks (hangs, lost GPUs) of its keys.
+
+    Each stream keeps its own: node telemetry may run ahead of job telemetry (separate
+    topics, separate lags), and a job must be judged on its own clock. When the stream's
+    input stops for a while, event time follows the wall clock, so that a job that stopped
+    sending (a hang) is still noticed.
+    """
+
+    def __init__(self, state: KeyedState, tick_s: float) -> None:
+        self.state = state
+        self.tick_s = tick_s
+        self.watermark = 0.0
+        self.last_tick = 0.0
+        self.wall = time.monotonic()
+
+    def advance(self, ts: float) -> list[Finding]:
+        if ts <= self.watermark:
+            return []
+        self.watermark = ts
+        self.wall = time.monotonic()
+        return self.tick(ts) if ts - self.last_tick >= self.tick_s else []
+
+    def idle(self, after_s: float = 2.0) -> list[Finding]:
+        idle = time.monotonic() - self.wall
+        if self.watermark and idle >= after_s:
+            return self.tick(self.watermark + idle)
+        return []
+
+    def tick(self, now: float) -> list[Finding]:
+        self.last_tick = now
+        found: list[Finding] = []
+        for obj, _ in list(self.state.live.values()):
+            found += obj.tick(now)
+        return found
+
+
+class TelemetryProcessor:
+    """Decodes telemetry records and feeds them to the keyed detectors of one stream.
+
+    ``level`` is ``"node"`` (gpu, nic; key = node) or ``"job"`` (step, collective; key =
+    job).
+    """
+
+    def __init__(
+        self,
+        level: str,
+        kind_of_topic: dict[str, str],
+        config: EngineConfig,
+        every_s: float,
+        counters: StreamsCounters,
+    ) -> None:
+        self.level = level
+        self.kind_of_topic = kind_of_topic
+        make: Callable[[str], Any] = (
+            (lambda key: NodeDetectors(key, config))
+            if level == "node"
+            else (lambda key: JobDetectors(key, config))
+        )
+        self.state = KeyedState(make, every_s)
+        self.clock = EventClock(self.state, config.tick_s)
+        self.counters = counters
+
+    def key_of(self, message: GuardMessage) -> str | None:
+        return message.node if self.level == "node" else message.job
+
+    def process(
+        self, records: Iterable[Record]
+    ) -> tuple[list[Finding], list[tuple[int, SchemaError]]]:
+        """Findings of a batch, and the batch positions of records that were not valid."""
+        found: list[Finding] = []
+        bad: list[tuple[int, SchemaError]] = []
+        touched: set[str] = set()
+        latest = 0.0
+        n = 0
+        for n, (topic, partition, value) in enumerate(records, 1):
+            try:
+                message = decode(value or b"", self.kind_of_topic[topic])
+            except SchemaError as exc:
+                bad.append((n - 1, exc))
+                continue
+            key = self.key_of(message)
+            if key is None:
+                continue
+            found += self.state.get(key, partition).process(message)
+            touched.add(key)
+            latest = max(latest, message.ts)
+        self.counters.telemetry += n
+        self.counters.dead_letters += len(bad)
+        self.state.checkpoint_due(touched)
+        found += self.clock.advance(latest)
+        self.counters.findings += len(found)
+        return found, bad
+
+
+def finding_key(finding: Finding) -> str:
+    """Findings are repartitioned by the node they are about (``job:<id>`` for job-level)."""
+    return finding.node if finding.node is not None else f"job:{finding.job or ''}"
+
+
+def encode_finding(finding: Finding) -> bytes:
+    return orjson.dumps(asdict(finding))
+
+
+def decode_finding(raw: bytes) -> Finding:
+    return Finding(**orjson.loads(raw))
+
+
+class FusionProcessor:
+    """Per-node (and per-job) fusion of findings into flags, in event-time order per batch."""
+
+    def __init__(self, every_s: float, counters: StreamsCounters) -> None:
+        self.state = KeyedState(
+            lambda key: JobFusion(key[4:]) if key.startswith("job:") else NodeFusion(key),
+            every_s,
+        )
+        self.counters = counters
+
+    def process(self, records: Iterable[tuple[bytes, int, bytes]]) -> list[Flag]:
+        """``records``: (key, partition, value) of findings."""
+        decoded = sorted(
+            ((decode_finding(value), key.decode(), partition) for key, partition, value in records),
+            key=lambda item: item[0].ts,
+        )
+        flags: list[Flag] = []
+        for finding, key, partition in decoded:
+            flag = self.state.get(key, partition).update(finding)
+            if flag is not None:
+                flags.append(flag)
+        self.state.checkpoint_due({key for _, key, _ in decoded})
+        self.counters.flags += len(flags)
+        return flags

@@ -46,6 +46,8 @@ class Hold:
 
     def update(self, condition: bool, ts: float) -> str | None:
         """Add one round's verdict; return ``"raise"``, ``"clear"`` or ``None``."""
+        if not condition and not self.bits and not self.active:
+            return None  # the common case: nothing going on
         if condition and not (self.bits & 1):
             self.since = float(ts)  # start of the current run of hits
         self.bits = ((self.bits << 1) | int(condition)) & ((1 << self.within) - 1)

@@ -47,6 +47,7 @@ Example
 
 from __future__ import annotations
 
+from operator import itemgetter, sub
 from typing import Any
 
 from guard.schemas import NicSample
@@ -66,16 +67,44 @@ RETRANSMITS = ("out_of_sequence", "packet_seq_err", "local_ack_timeout_err")
 CONGESTION_COUNTERS = ("np_ecn_marked_roce_packets", "rp_cnp_handled")
 
 
-def _increase(now: dict[str, int], before: dict[str, int], names: tuple[str, ...]) -> int:
-    """Sum of the increases of ``names``; a counter that went down was reset and adds 0."""
-    total = 0
-    for name in names:
-        value = now.get(name)
-        if value is not None:
-            old = before.get(name)
-            if old is not None and value > old:
-                total += value - old
-    return total
+# counter -> group: 0 physical errors, 1 retransmits, 2 congestion marks, 3 flaps, 4 xmit wait
+_GROUP = (
+    *((name, 0) for name in PHYSICAL_ERRORS),
+    *((name, 1) for name in RETRANSMITS),
+    *((name, 2) for name in CONGESTION_COUNTERS),
+    ("link_downed", 3),
+    ("port_xmit_wait", 4),
+)
+
+
+_NAMES = tuple(name for name, _ in _GROUP)
+_GET_ALL = itemgetter(*_NAMES)
+
+
+def _increases(now: dict[str, int], before: dict[str, int]) -> list[int]:
+    """Increases of the watched counters, summed per group (resets add 0)."""
+    try:  # fast path: every watched counter present (one C-level lookup of all of them)
+        diffs = list(map(sub, _GET_ALL(now), _GET_ALL(before)))
+    except KeyError:
+        sums = [0, 0, 0, 0, 0]
+        for name, group in _GROUP:
+            value = now.get(name)
+            if value is not None:
+                old = before.get(name)
+                if old is not None and value > old:
+                    sums[group] += value - old
+        return sums
+    if min(diffs) < 0:
+        diffs = [d if d > 0 else 0 for d in diffs]
+    p, r = len(PHYSICAL_ERRORS), len(RETRANSMITS)
+    c = len(CONGESTION_COUNTERS)
+    return [
+        sum(diffs[:p]),
+        sum(diffs[p : p + r]),
+        sum(diffs[p + r : p + r + c]),
+        diffs[-2],
+        diffs[-1],
+    ]
 
 
 class _PortState:
@@ -132,8 +161,8 @@ class NicDetector:
         if prev_ts is None:
             return []
         dt = s.ts - prev_ts
+        phys_n, retrans_n, marks, flaps, wait = _increases(counters, prev)
         found: list[Finding] = []
-        flaps = _increase(counters, prev, ("link_downed",))
         if flaps:
             found.append(
                 self._finding(
@@ -156,15 +185,15 @@ class NicDetector:
                     clear=event == "clear",
                 )
             )
-        phys = _increase(counters, prev, PHYSICAL_ERRORS) / dt
-        retrans = _increase(counters, prev, RETRANSMITS) / dt
+        phys = phys_n / dt
+        retrans = retrans_n / dt
         slow = (
             st.speed is not None
             and self.nominal_gbps > 0.0
             and st.speed < self.speed_ratio * self.nominal_gbps
         )
-        degraded = phys >= self.phys_per_s or retrans >= self.retrans_per_s or slow
-        event = st.degraded.update(degraded, s.ts)
+        errors = phys >= self.phys_per_s or retrans >= self.retrans_per_s
+        event = st.degraded.update(errors or slow, s.ts)
         if event is not None:
             found.append(
                 self._finding(
@@ -173,9 +202,7 @@ class NicDetector:
                     "warning",
                     st.degraded.since,
                     {
-                        "signal": "errors"
-                        if (phys >= self.phys_per_s or retrans >= self.retrans_per_s)
-                        else "speed",
+                        "signal": "errors" if errors else "speed",
                         "physical_errors_per_s": round(phys, 3),
                         "retransmits_per_s": round(retrans, 3),
                         "speed_gbps": st.speed,
@@ -184,8 +211,8 @@ class NicDetector:
                     clear=event == "clear",
                 )
             )
-        congestion = _increase(counters, prev, CONGESTION_COUNTERS) / dt
-        st.congested = congestion >= self.congestion_per_s and phys == 0.0 and retrans == 0.0
+        congestion = marks / dt
+        st.congested = congestion >= self.congestion_per_s and phys_n == 0 and retrans_n == 0
         if self.first_port is None or key < self.first_port:
             self.first_port = key
         if key == self.first_port:  # one node-level verdict per sampling round
@@ -204,9 +231,7 @@ class NicDetector:
                             "observation": "congestion",
                             "ports_congested_pct": round(100.0 * share),
                             "ecn_cnp_per_s": round(congestion, 1),
-                            "xmit_wait_per_s": round(
-                                _increase(counters, prev, ("port_xmit_wait",)) / dt, 1
-                            ),
+                            "xmit_wait_per_s": round(wait / dt, 1),
                         },
                         clear=event == "clear",
                         device=None,

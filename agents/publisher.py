@@ -253,3 +253,7 @@ class Publisher:
             self._producer = None
             self.state = "offline"
             self._next_probe = time.monotonic() + self.probe_s
+        elif not len(self.spool):
+            # Caught up: from here on publish directly (new records no longer queue behind).
+            self.state = "online"
+            log.info("spool replayed; publishing directly again")

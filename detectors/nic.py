@@ -173,7 +173,12 @@ class NicDetector:
                     {"signal": "link_downed", "increase": flaps, "interval_s": dt},
                 )
             )
-        event = st.down.update(s.link_up is False, s.ts)
+        down = st.down
+        event = (
+            down.update(s.link_up is False, s.ts)
+            if (s.link_up is False or down.bits or down.active)
+            else None
+        )
         if event is not None:
             found.append(
                 self._finding(
@@ -193,7 +198,12 @@ class NicDetector:
             and st.speed < self.speed_ratio * self.nominal_gbps
         )
         errors = phys >= self.phys_per_s or retrans >= self.retrans_per_s
-        event = st.degraded.update(errors or slow, s.ts)
+        degraded = st.degraded
+        event = (
+            degraded.update(errors or slow, s.ts)
+            if (errors or slow or degraded.bits or degraded.active)
+            else None
+        )
         if event is not None:
             found.append(
                 self._finding(

@@ -96,14 +96,16 @@ class PowerDetector:
             below = 0.0
             if s.power_w is not None and power_med:
                 below = 1.0 - s.power_w / power_med
-            held_back = bool(bits & POWER_CAP_BIT) or (
-                s.sm_clock_mhz is not None
-                and clock_med is not None
-                and s.sm_clock_mhz < 0.97 * clock_med
-            )
             low = (
                 below >= self.low_ratio
-                and held_back
+                and (
+                    bool(bits & POWER_CAP_BIT)  # held back: capped, or clocked below siblings
+                    or (
+                        s.sm_clock_mhz is not None
+                        and clock_med is not None
+                        and s.sm_clock_mhz < 0.97 * clock_med
+                    )
+                )
                 and s.util_pct is not None
                 and util_med is not None
                 and s.util_pct >= self.min_util

@@ -6,8 +6,9 @@ null: the end of the run), and is *true*; a claim that matches no fault is *fals
 by a confounder or by noise). ``info`` flags are observations and are not scored.
 
 Reported per fault category and overall: recall (faults detected / faults), precision
-(true claims / claims), false claims per 1,000 node-hours, time to detect (median, p95, in
-seconds and in steps of the node's job), and the same for the *target* set of faults: those
+(true claims / claims; per category: claims that matched a fault of the category against
+those plus false claims of that flag category), false claims per 1,000 node-hours, time
+to detect (median, p95, in seconds and in steps of the node's job), and the same for the *target* set of faults: those
 that slow a job by at least ``target_slowdown`` plus every Xid, DBE, link flap and degraded
 NIC (the faults that must be caught). A fault that degrades gradually (``pattern:
 "degrading"`` with ``detail.ramp_s``) counts with the slowdown it reached before the run
@@ -67,16 +68,26 @@ class Row:
     detected: int = 0
     ttd_s: list[float] = field(default_factory=list)
     ttd_steps: list[float] = field(default_factory=list)
+    true_claims: int = 0  # claims that matched a fault of this group
+    false_claims: int = 0  # unmatched claims whose flag category is this group's
 
     @property
     def recall(self) -> float | None:
         return self.detected / self.faults if self.faults else None
+
+    @property
+    def precision(self) -> float | None:
+        total = self.true_claims + self.false_claims
+        return self.true_claims / total if total else None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "faults": self.faults,
             "detected": self.detected,
             "recall": self.recall,
+            "precision": self.precision,
+            "true_claims": self.true_claims,
+            "false_claims": self.false_claims,
             "ttd_median_s": _quantile(self.ttd_s, 0.5),
             "ttd_p95_s": _quantile(self.ttd_s, 0.95),
             "ttd_median_steps": _quantile(self.ttd_steps, 0.5),
@@ -154,6 +165,7 @@ def evaluate(
     flagged: set[str] = set()
     true_flagged: set[str] = set()
     seen_ids: set[str] = set()
+    rows: dict[str, Row] = {}
     for flag in flags:
         if flag.get("severity") == "info" or not flag.get("node"):
             continue
@@ -164,17 +176,21 @@ def evaluate(
         claims += 1
         node, ts = flag["node"], float(flag["ts"])
         flagged.add(node)
-        matched = False
+        matched: set[str] = set()
         for fault in faults_by_node.get(node, []):
             f_end = end if fault.get("end") is None else float(fault["end"])
             if float(fault["onset"]) - early_s <= ts <= f_end + grace_s:
-                matched = True
+                matched.add(fault["category"])
                 if fault["id"] not in first_hit or ts < first_hit[fault["id"]]:
                     first_hit[fault["id"]] = ts
         if matched:
             true_claims += 1
             true_flagged.add(node)
+            for name in matched:
+                rows.setdefault(name, Row(name)).true_claims += 1
         else:
+            category = str(flag.get("category"))
+            rows.setdefault(category, Row(category)).false_claims += 1
             false_claims.append(
                 {
                     k: flag.get(k)
@@ -191,7 +207,6 @@ def evaluate(
                     )
                 }
             )
-    rows: dict[str, Row] = {}
     missed: list[dict[str, Any]] = []
     for fault in truth["faults"]:
         target = (
@@ -217,7 +232,8 @@ def evaluate(
                     row.ttd_steps.append(ttd / step_s)
         if hit is None:
             missed.append({k: fault.get(k) for k in ("id", "node", "kind", "slowdown", "pattern")})
-    rows.setdefault("all", Row("all"))
+    everything = rows.setdefault("all", Row("all"))
+    everything.true_claims, everything.false_claims = true_claims, len(false_claims)
     node_hours = len(truth["nodes"]) * (end - start) / 3600.0
     return Evaluation(
         rows, claims, true_claims, false_claims, node_hours, len(flagged), len(true_flagged), missed
@@ -248,13 +264,15 @@ def format_report(ev: Evaluation) -> str:
         k for k in ("target", "all") if k in ev.rows
     ]
     lines = [
-        f"{'category':<12} {'faults':>6} {'found':>6} {'recall':>7} {'ttd_med_s':>10} "
-        f"{'ttd_p95_s':>10} {'ttd_med_steps':>13}"
+        f"{'category':<12} {'faults':>6} {'found':>6} {'recall':>7} {'prec':>5} {'false':>5} "
+        f"{'false/1kNh':>10} {'ttd_med_s':>10} {'ttd_p95_s':>10} {'ttd_med_steps':>13}"
     ]
     for name in order:
         r = ev.rows[name]
+        false_rate = 1000.0 * r.false_claims / ev.node_hours if ev.node_hours else 0.0
         lines.append(
             f"{name:<12} {r.faults:>6} {r.detected:>6} {_fmt(r.recall):>7} "
+            f"{_fmt(r.precision):>5} {r.false_claims:>5} {false_rate:>10.2f} "
             f"{_fmt(_quantile(r.ttd_s, 0.5), 1):>10} {_fmt(_quantile(r.ttd_s, 0.95), 1):>10} "
             f"{_fmt(_quantile(r.ttd_steps, 0.5), 1):>13}"
         )

@@ -8,8 +8,8 @@ by a confounder or by noise). ``info`` flags are observations and are not scored
 Reported per fault category and overall: recall (faults detected / faults), precision
 (true claims / claims; per category: claims that matched a fault of the category against
 those plus false claims of that flag category), false claims per 1,000 node-hours, time
-to detect (median, p95, in seconds and in steps of the node's job), and the same for the *target* set of faults: those
-that slow a job by at least ``target_slowdown`` plus every Xid, DBE, link flap and degraded
+to detect (median, p95, in seconds and in steps of the node's job), and the same for the
+*target* set of faults: those that slow a job by at least ``target_slowdown`` plus every Xid, DBE, link flap and degraded
 NIC (the faults that must be caught). A fault that degrades gradually (``pattern:
 "degrading"`` with ``detail.ramp_s``) counts with the slowdown it reached before the run
 ended, and is timed from the moment its slowdown reaches ``target_slowdown`` (before that

@@ -9,11 +9,12 @@ Reported per fault category and overall: recall (faults detected / faults), prec
 (true claims / claims; per category: claims that matched a fault of the category against
 those plus false claims of that flag category), false claims per 1,000 node-hours, time
 to detect (median, p95, in seconds and in steps of the node's job), and the same for the
-*target* set of faults: those that slow a job by at least ``target_slowdown`` plus every Xid, DBE, link flap and degraded
-NIC (the faults that must be caught). A fault that degrades gradually (``pattern:
-"degrading"`` with ``detail.ramp_s``) counts with the slowdown it reached before the run
-ended, and is timed from the moment its slowdown reaches ``target_slowdown`` (before that
-it is not yet a fault that must be caught; a detection earlier counts as 0 s).
+*target* set of faults: those that slow a job by at least ``target_slowdown`` plus every
+Xid, DBE, link flap and degraded NIC (the faults that must be caught). A fault that
+degrades gradually (``pattern: "degrading"`` with ``detail.ramp_s``) counts with the
+slowdown it reached before the run ended, and is timed from the moment its slowdown
+reaches ``target_slowdown`` (before that it is not yet a fault that must be caught; a
+detection earlier counts as 0 s).
 """
 
 from __future__ import annotations

@@ -112,9 +112,10 @@ def bound_run(home: Path) -> dict[str, float]:
             publisher.publish(message)
             published += 1
         publisher.poll()
-        while publisher.state == "draining":
-            publisher.poll()
-            time.sleep(0.05)
+    deadline = time.monotonic() + 60
+    while publisher.state != "offline" and time.monotonic() < deadline:
+        publisher.poll()  # wait for the in-flight records to fail over into the spool
+        time.sleep(0.05)
     result = {
         "published": published,
         "kept": len(publisher.spool),

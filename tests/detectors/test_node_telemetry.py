@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from guard.detectors.engine import NodeDetectors
 from guard.detectors.findings import Finding
 from guard.detectors.gpu_errors import GpuErrorDetector
@@ -257,3 +260,74 @@ def test_duplicate_and_out_of_order_samples_are_ignored() -> None:
         for t in (0, 1, 2, 2, 1, 3, 4)
     ]
     assert [f for m in msgs for f in det.learn_one(m)] == []
+
+
+# --- counter arithmetic, property-based ----------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.integers(0, 10**6), st.booleans()),  # (healthy traffic, counter reset?)
+        min_size=3,
+        max_size=40,
+    )
+)
+def test_resets_and_traffic_without_errors_never_give_a_claim(
+    steps: list[tuple[int, bool]],
+) -> None:
+    det = NicDetector()
+    data, wait, errors = 0, 0, 7  # a constant error count: no new errors ever
+    found: list[Finding] = []
+    for t, (traffic, reset) in enumerate(steps):
+        if reset:
+            data, wait, errors = 0, 0, 0  # driver reload / agent restart: everything from zero
+        data += traffic
+        wait += traffic // 100
+        counters = {
+            "port_xmit_data": data,
+            "port_xmit_wait": wait,
+            "symbol_error": errors,
+            "out_of_sequence": errors,
+            "link_downed": errors,
+        }
+        found += det.learn_one(
+            NicSample(
+                ts=T0 + t,
+                node="n1",
+                device="mlx5_0",
+                port=1,
+                counters=counters,
+                link_up=True,
+                speed_gbps=400.0,
+            )
+        )
+    assert [f for f in found if f.severity != "info"] == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    bursts=st.lists(st.integers(0, 50), min_size=6, max_size=30),
+    reset_at=st.integers(0, 29),
+)
+def test_only_an_increase_of_the_counter_reads_as_errors(bursts: list[int], reset_at: int) -> None:
+    det = NicDetector(raise_after=1, within=1, clear_after=1000)
+    total = 0
+    observed: list[int] = []
+    raised_at = None
+    for t, burst in enumerate(bursts):
+        if t == reset_at:
+            total = 0  # a reset: the counter starts again from zero
+        total += burst
+        observed.append(total)
+        found = det.learn_one(
+            NicSample(
+                ts=T0 + t, node="n1", device="mlx5_0", port=1, counters={"symbol_error": total}
+            )
+        )
+        if found and raised_at is None:
+            raised_at = t
+    # one second apart, phys_per_s = 0.5: any increase of the counter is an error burst; a
+    # decrease (a reset) never is, and neither is the first sample after it
+    increases = [t for t in range(1, len(observed)) if observed[t] > observed[t - 1]]
+    assert raised_at == (increases[0] if increases else None)

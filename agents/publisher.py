@@ -33,6 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import KafkaError, KafkaException
+
 from guard.config import Settings
 from guard.kafka import TELEMETRY_TOPICS, make_producer, to_record
 from guard.schemas import GuardMessage
@@ -64,7 +66,14 @@ class Publisher:
         self.probe_s = probe_s
         self.replay_batch = replay_batch
         self.topics = [settings.topic(name) for name in TELEMETRY_TOPICS]
-        self.stats = {"published": 0, "delivered": 0, "spooled": 0, "replayed": 0, "failed": 0}
+        self.stats = {
+            "published": 0,
+            "delivered": 0,
+            "spooled": 0,
+            "replayed": 0,
+            "failed": 0,
+            "rejected": 0,
+        }
         self._held: list[SpoolRecord] = []
         self._next_probe = 0.0
         self._producer: Any = None
@@ -148,6 +157,9 @@ class Publisher:
             try:
                 self._produce(record)
                 return
+            except KafkaException as exc:  # refused before sending (e.g. larger than allowed)
+                self._reject(record, exc.args[0] if exc.args else exc)
+                return
             except BufferError:
                 self._producer.poll(0.05)
                 try:
@@ -166,6 +178,9 @@ class Publisher:
             if err is None:
                 self.stats["delivered"] += 1
                 return
+            if _permanent(err):
+                self._reject(record, err)
+                return
             self.stats["failed"] += 1
             self._spool(record)
             if self.state == "online":
@@ -182,6 +197,15 @@ class Publisher:
             record.key,
             timestamp=record.timestamp_ms,
             on_delivery=report,
+        )
+
+    def _reject(self, record: SpoolRecord, err: Any) -> None:
+        self.stats["rejected"] += 1
+        log.error(
+            "the broker rejected a record for %s for good (%s); dropped it (%d so far)",
+            record.topic,
+            err,
+            self.stats["rejected"],
         )
 
     def _go_draining(self) -> None:
@@ -219,9 +243,13 @@ class Publisher:
             return
         results: list[bool | None] = [None] * len(batch)
 
-        def reporter(i: int) -> Callable[[Any, Any], None]:
+        def reporter(i: int, record: SpoolRecord) -> Callable[[Any, Any], None]:
             def report(err: Any, msg: Any) -> None:
-                results[i] = err is None
+                if err is not None and _permanent(err):
+                    self._reject(record, err)  # never deliverable: do not block the backlog
+                    results[i] = True
+                else:
+                    results[i] = err is None
 
             return report
 
@@ -234,8 +262,12 @@ class Publisher:
                         record.value,
                         record.key,
                         timestamp=record.timestamp_ms,
-                        on_delivery=reporter(i),
+                        on_delivery=reporter(i, record),
                     )
+                    break
+                except KafkaException as exc:
+                    self._reject(record, exc.args[0] if exc.args else exc)
+                    results[i] = True
                     break
                 except BufferError:
                     producer.poll(0.05)
@@ -257,3 +289,39 @@ class Publisher:
             # Caught up: from here on publish directly (new records no longer queue behind).
             self.state = "online"
             log.info("spool replayed; publishing directly again")
+
+
+def _permanent(err: Any) -> bool:
+    """A delivery error that retrying later cannot fix (a record too large, a topic we may
+    not write, a corrupt record); everything else (timeouts, transport, leadership, a topic
+    not there yet, purges) is the broker being away and goes to the spool."""
+    code = err.code() if hasattr(err, "code") else None
+    if code in _TRANSIENT_CODES or getattr(err, "retriable", lambda: False)():
+        return False
+    return code in _PERMANENT_CODES
+
+
+_TRANSIENT_CODES = {
+    KafkaError._MSG_TIMED_OUT,
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._PURGE_QUEUE,
+    KafkaError._PURGE_INFLIGHT,
+    KafkaError._TIMED_OUT,
+    KafkaError._UNKNOWN_TOPIC,
+    KafkaError._UNKNOWN_PARTITION,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.REQUEST_TIMED_OUT,
+    KafkaError.NETWORK_EXCEPTION,
+}
+_PERMANENT_CODES = {
+    KafkaError.MSG_SIZE_TOO_LARGE,
+    KafkaError.INVALID_MSG,
+    KafkaError.RECORD_LIST_TOO_LARGE,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.INVALID_RECORD,
+    KafkaError._INVALID_ARG,
+    KafkaError.INVALID_TIMESTAMP,
+}

@@ -122,3 +122,25 @@ def test_beyond_the_spool_bound_drops_are_counted_and_nothing_blocks(settings: S
     assert publisher.dropped > 0 and publisher.dropped + len(publisher.spool) == 3000
     publisher.close()
     assert publisher.stats["published"] == 3000
+
+
+def test_a_record_the_broker_can_never_take_is_dropped_not_spooled(
+    kafka_settings: Settings,
+) -> None:
+    from guard.kafka import make_producer
+    from guard.schemas import NicSample
+
+    publisher = Publisher(
+        kafka_settings,
+        producer_factory=lambda: make_producer(kafka_settings, **{"message.max.bytes": 4000}),
+    )
+    huge = NicSample(
+        ts=T0, node="node-1", device="mlx5_0", port=1, counters={f"c{i:03d}": i for i in range(400)}
+    )
+    publisher.publish(_sample(1))
+    publisher.publish(huge)  # too large for this producer: refused, counted, not retried
+    publisher.publish(_sample(2))
+    publisher.flush(30)
+    assert publisher.state == "online" and len(publisher.spool) == 0
+    assert publisher.stats["rejected"] == 1 and publisher.stats["delivered"] == 2
+    publisher.close()

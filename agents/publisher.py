@@ -21,6 +21,10 @@ States:
     goes back to ``offline`` with nothing committed past the first undelivered record:
     delivery is at-least-once (a record may be sent twice, never lost below the bound).
 
+A record the broker can never take (larger than allowed, a topic we may not write, an
+invalid record) is dropped, counted in ``stats["rejected"]`` and logged, rather than
+spooled: retrying it would block the backlog behind it forever.
+
 Nothing here blocks the caller for long: ``publish`` never waits for the broker, and
 ``poll`` does at most one replay batch.
 """

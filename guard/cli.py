@@ -206,7 +206,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.handler(args, settings)
         return code
     except ValidationError as exc:
-        print(f"guard: error: invalid configuration: {exc}", file=sys.stderr)
+        print(
+            f"guard: error: invalid configuration: {exc}\n(read from the TOML file and "
+            "GUARD_<SECTION>_<FIELD> environment variables; `guard config show` prints "
+            "the fields)",
+            file=sys.stderr,
+        )
     except (
         CommandError,
         BrokerUnreachable,

@@ -21,6 +21,7 @@ from guard.schemas import GuardMessage, encode
 __all__ = [
     "CONTROL_TOPICS",
     "DLQ_ERROR_HEADER",
+    "INTERNAL_TOPICS",
     "TELEMETRY_TOPICS",
     "TOPIC_BY_KIND",
     "BrokerUnreachable",
@@ -47,6 +48,8 @@ TOPIC_BY_KIND: dict[str, str] = {
     "node_state": "node-state",
 }
 TELEMETRY_TOPICS = ("gpu", "nic", "steps", "collectives")
+# Streams-internal: findings repartitioned by node (co-partitioned with the telemetry).
+INTERNAL_TOPICS = ("findings",)
 CONTROL_TOPICS = ("remediation", "sweeps", "node-state", "dlq")
 
 DLQ_ERROR_HEADER = "guard-error"
@@ -198,6 +201,15 @@ def topic_specs(settings: Settings) -> list[NewTopic]:
             config={"retention.ms": str(int(k.telemetry_retention_hours * hours))},
         )
         for name in TELEMETRY_TOPICS
+    ]
+    specs += [
+        NewTopic(
+            settings.topic(name),
+            num_partitions=k.telemetry_partitions,
+            replication_factor=k.replication_factor,
+            config={"retention.ms": str(24 * hours)},
+        )
+        for name in INTERNAL_TOPICS
     ]
     control = {
         "remediation": {"retention.ms": str(int(k.dlq_retention_hours * hours))},

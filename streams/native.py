@@ -109,10 +109,9 @@ class NativeWorker:
                 replication_factor=k.replication_factor,
                 config=config,
             )
-            for topic, config in [
-                (self.findings_topic, {"retention.ms": str(24 * 3_600_000)}),
-                *((t, {"cleanup.policy": "compact"}) for t in self.changelogs.values()),
-            ]
+            for topic, config in (
+                (t, {"cleanup.policy": "compact"}) for t in self.changelogs.values()
+            )
             if topic not in existing
         ]
         if wanted:

@@ -3,16 +3,16 @@
 # local development. Jars come from Maven Central through deploy/kafka/pom.xml.
 #
 #   deploy/kafka/kafka.sh start    resolve jars (once), format storage, start, wait until it answers;
-#                                  prints the bootstrap address (also in $GUARD_KAFKA_DIR/bootstrap)
+#                                  prints the bootstrap address (also in $GUARD_CI_KAFKA_DIR/bootstrap)
 #   deploy/kafka/kafka.sh stop     stop it (SIGTERM, then SIGKILL after 30 s) and delete its data
 #   deploy/kafka/kafka.sh status   running or not, and where
 #
-# Environment: GUARD_KAFKA_DIR (work folder, default deploy/kafka/.run), GUARD_KAFKA_PORT
-# (default: a free port), KAFKA_HEAP_OPTS (default -Xms256m -Xmx768m), GUARD_KAFKA_START_TIMEOUT (s, 120).
+# Environment: GUARD_CI_KAFKA_DIR (work folder, default deploy/kafka/.run), GUARD_CI_KAFKA_PORT
+# (default: a free port), KAFKA_HEAP_OPTS (default -Xms256m -Xmx768m), GUARD_CI_KAFKA_START_TIMEOUT (s, 120).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-dir="${GUARD_KAFKA_DIR:-$here/.run}"
+dir="${GUARD_CI_KAFKA_DIR:-$here/.run}"
 lib="$dir/lib"
 pidfile="$dir/kafka.pid"
 
@@ -38,7 +38,7 @@ is_running() { [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
 start() {
   if is_running; then log "already running (pid $(cat "$pidfile"))"; cat "$dir/bootstrap"; return; fi
   resolve_jars
-  local port="${GUARD_KAFKA_PORT:-$(free_port)}" cport
+  local port="${GUARD_CI_KAFKA_PORT:-$(free_port)}" cport
   cport="$(free_port)"
   rm -rf "$dir/data" "$dir/logs"; mkdir -p "$dir/data" "$dir/logs"
   cat > "$dir/server.properties" <<PROPS
@@ -85,7 +85,7 @@ PROPS
         >"$dir/logs/stdout.log" 2>&1 &
   echo $! >"$pidfile"
   echo "127.0.0.1:$port" >"$dir/bootstrap"
-  local deadline=$((SECONDS + ${GUARD_KAFKA_START_TIMEOUT:-120}))
+  local deadline=$((SECONDS + ${GUARD_CI_KAFKA_START_TIMEOUT:-120}))
   until grep -q "Kafka Server started" "$dir/logs/server.log" 2>/dev/null; do
     if ! is_running; then
       log "broker exited during start-up; last lines of its logs:"
@@ -93,7 +93,7 @@ PROPS
       exit 1
     fi
     if (( SECONDS > deadline )); then
-      log "broker did not start within ${GUARD_KAFKA_START_TIMEOUT:-120} s; see $dir/logs"; stop; exit 1
+      log "broker did not start within ${GUARD_CI_KAFKA_START_TIMEOUT:-120} s; see $dir/logs"; stop; exit 1
     fi
     sleep 0.5
   done

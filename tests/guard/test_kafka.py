@@ -103,7 +103,7 @@ def test_bad_message_goes_to_the_dead_letter_topic_untouched(kafka_settings: Set
 def test_topics_are_created_once_with_their_configs(kafka_settings: Settings) -> None:
     again = create_topics(kafka_settings)
     assert set(again.values()) == {"exists"}
-    assert len(again) == 8
+    assert len(again) == 9
     assert to_record(
         kafka_settings,
         parse_message(b'{"kind":"node_state","ts":1,"node":"n1","state":"cordoned"}'),

@@ -30,6 +30,10 @@ from guard.schemas import NicSample
 
 __all__ = ["NicCollector"]
 
+#: Files in the counter directories that are settings, not counters (mlx5 ``hw_counters``
+#: has ``lifespan``, the counters' cache lifetime in ms).
+_NOT_COUNTERS = frozenset({"lifespan"})
+
 log = logging.getLogger(__name__)
 
 
@@ -140,6 +144,8 @@ class NicCollector:
         except OSError:
             return
         for name in names:
+            if name in _NOT_COUNTERS:
+                continue
             path = directory / name
             key = prefix + name
             if key in port.fds or str(path) in self._bad:

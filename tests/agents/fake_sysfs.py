@@ -77,6 +77,7 @@ def make_fake_sysfs(root: Path, rails: int = 8) -> Path:
             write(port / "counters" / name, 1000 * i + n if "data" not in name else 10**12 + i)
         for name in HW_COUNTERS:
             write(port / "hw_counters" / name, 0)
+        write(port / "hw_counters" / "lifespan", 10)  # a setting (ms), not a counter
         net = root / "class" / "net" / f"ib{i}"
         (net / "statistics").mkdir(parents=True)
         (net / "device").mkdir()

@@ -1139,6 +1139,7 @@ class ClusterSimulator:
         while job.next_start < tick_end and job.next_start < self.end_ts:
             if self._pending_remediation and self._apply_remediation(job):
                 job.next_start += self.config.restart_s  # restart from the last checkpoint
+                job.seq = 0  # new communicators count from zero
                 continue
             end = self._one_step(job, s, out)
             job.next_start = end + 0.002
@@ -1352,7 +1353,9 @@ class ClusterSimulator:
                     "node": name,
                     "job": job.name,
                     "rank": r,
-                    "comm": f"{job.name}/dp{stage}" if pipelined else f"{job.name}/dp",
+                    # A restart builds new communicators (NCCL ids are per launch).
+                    "comm": (f"{job.name}/dp{stage}" if pipelined else f"{job.name}/dp")
+                    + (f".g{job.layout_version}" if job.layout_version else ""),
                     "op": "allreduce",
                     "seq": 0,
                     "bytes": _GRADIENT_BYTES,

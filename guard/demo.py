@@ -45,10 +45,10 @@ __all__ = ["DEFAULT_FAULTS", "DemoConfig", "Pipeline", "run_demo"]
 
 #: The demo's scenario: four faults of different kinds in the big job, onsets spread out.
 DEFAULT_FAULTS = (
-    ("thermal_throttle", 0.15, 0.15),
-    ("slow_gpu", 0.25, 0.10),
-    ("degraded_nic", 0.35, 0.30),
-    ("xid", 0.45, 0.0),
+    ("thermal_throttle", 0.15, 0.15, "steady"),
+    ("slow_gpu", 0.25, 0.10, "steady"),
+    ("degraded_nic", 0.35, 0.30, None),
+    ("xid", 0.45, 0.0, None),
 )
 
 PROGRESS = re.compile(
@@ -78,8 +78,10 @@ class DemoConfig:
         faults = self.faults
         if faults is None:
             faults = [
-                FaultSpec(kind, onset_s=frac * self.duration_s, slowdown=slow or None)
-                for kind, frac, slow in DEFAULT_FAULTS
+                FaultSpec(
+                    kind, onset_s=frac * self.duration_s, slowdown=slow or None, pattern=pattern
+                )
+                for kind, frac, slow, pattern in DEFAULT_FAULTS
             ]
         return SimConfig(
             nodes=self.nodes,

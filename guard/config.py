@@ -21,6 +21,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from guard.schemas import CATEGORIES
+
 __all__ = ["Settings", "load_settings"]
 
 
@@ -125,18 +127,8 @@ class OrchestratorSettings(Section):
         "warning", description="weakest flag severity that makes a node suspect (info never does)"
     )
     sweep_categories: list[str] = Field(
-        default_factory=lambda: [
-            "straggler",
-            "thermal",
-            "power",
-            "clock",
-            "nic",
-            "link",
-            "comm_slow",
-            "comm_hang",
-            "gpu_error",
-            "anomaly",
-        ],
+        # every category but the job-level observation of stage imbalance
+        default_factory=lambda: [c for c in CATEGORIES if c != "imbalance"],
         description="flag categories that can start a sweep",
     )
     persist_flags: int = Field(

@@ -6,7 +6,7 @@ is flagged on the sample that carries it: the detector's own window is zero). La
 flag = when it was read from guard.remediation − when the message that completed its
 evidence (the flag's ``ts``) was published. Prints median and p95 over the run's flags.
 
-    .venv/bin/python benchmarks/e2e_latency.py [--nodes 16] [--duration 180] [--speed 1]
+    .venv/bin/python benchmarks/e2e_latency.py [--nodes 16] [--duration 180] [--engine native]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=180)
     parser.add_argument("--speed", type=float, default=1.0)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--engine", choices=["faust", "native"], default="native")
     parser.add_argument("--sample-interval", type=float, default=1.0)
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="guard-latency-"))
@@ -37,6 +38,7 @@ def main() -> None:
         duration_s=args.duration,
         speed=args.speed,
         workers=args.workers,
+        engine=args.engine,
         faults=faults,
         home=home,
         sample_interval_s=args.sample_interval,
@@ -61,7 +63,8 @@ def main() -> None:
         pipe.stop()
     gpus = args.nodes * 8
     print(
-        f"{gpus} GPUs at {1 / args.sample_interval:g} Hz, speed {args.speed}x: "
+        f"{gpus} GPUs at {1 / args.sample_interval:g} Hz, speed {args.speed}x, "
+        f"{args.workers} {args.engine} worker(s): "
         f"{pipe.published:,} messages in {wall:.0f} s ({rate:,.0f} msg/s), "
         f"{len(latencies)} Xid flags of {len(faults)} injected"
     )

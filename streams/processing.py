@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pickle
 import time
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -34,6 +35,12 @@ __all__ = [
 
 # (topic, partition, value) of one record
 Record = tuple[str, int, bytes | None]
+
+#: Largest checkpoint record; bigger states (a job of thousands of ranks) are split into
+#: parts under keys ``<key>\x1f<i>`` with a manifest under the key itself. Kafka refuses
+#: records over 1 MB by default, and a refused checkpoint would stop the worker.
+CHUNK_BYTES = 512 * 1024
+_MANIFEST = b"guard-chunks:"
 
 
 @dataclass
@@ -67,9 +74,8 @@ class KeyedState:
         entry = self.live.get(key)
         if entry is not None and entry[1] == partition:
             return entry[0]
-        blob = self.load(key)
-        if blob is not None:
-            obj = pickle.loads(blob)
+        obj = self._restore(key)
+        if obj is not None:
             self.restored += 1
         else:
             obj = self.make(key)
@@ -85,10 +91,31 @@ class KeyedState:
             entry = self.live.get(key)
             if entry is None or (not force and now - self.saved_at.get(key, 0.0) < self.every_s):
                 continue
-            self.save(key, entry[1], pickle.dumps(entry[0], protocol=pickle.HIGHEST_PROTOCOL))
+            self._store(key, entry[1], entry[0])
             self.saved_at[key] = now
             saved += 1
         return saved
+
+    def _store(self, key: str, partition: int, obj: Any) -> None:
+        blob = zlib.compress(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), 1)
+        if len(blob) <= CHUNK_BYTES:
+            self.save(key, partition, blob)
+            return
+        parts = [blob[i : i + CHUNK_BYTES] for i in range(0, len(blob), CHUNK_BYTES)]
+        for i, part in enumerate(parts):  # parts first: the manifest completes the set
+            self.save(f"{key}\x1f{i}", partition, part)
+        self.save(key, partition, _MANIFEST + str(len(parts)).encode())
+
+    def _restore(self, key: str) -> Any:
+        blob = self.load(key)
+        if blob is None:
+            return None
+        if blob.startswith(_MANIFEST):
+            parts = [self.load(f"{key}\x1f{i}") for i in range(int(blob[len(_MANIFEST) :]))]
+            if any(p is None for p in parts):
+                return None  # an incomplete checkpoint: start cold rather than wrong
+            blob = b"".join(p for p in parts if p is not None)
+        return pickle.loads(zlib.decompress(blob))
 
     def forget(self, partitions: set[int]) -> None:
         for key in [k for k, (_, p) in self.live.items() if p in partitions]:

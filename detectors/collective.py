@@ -351,6 +351,11 @@ class CollectiveHomogeneityDetector:
             "waiting_s": round(now - rnd.first_arrive, 3),
             "typical_duration_s": round(self.duration.get(comm, 0.0), 6),
         }
+        if not stuck:
+            # Everyone who arrived also left: the op completed, and a collective cannot
+            # complete without all its members. What is missing is telemetry (an agent
+            # restart, a gap), not a rank.
+            return []
         if missing:
             by_node: dict[str, list[int]] = {}
             for rank in missing:
@@ -372,8 +377,6 @@ class CollectiveHomogeneityDetector:
                 )
                 for node, ranks in sorted(by_node.items())
             ]
-        if not stuck:
-            return []
         return [
             Finding(
                 detector=self.name,

@@ -160,7 +160,7 @@ def create_app(settings: Settings, engine_config: EngineConfig | None = None) ->
     async def on_revoked(app: Any, revoked: set[Any], **kwargs: Any) -> None:
         parts = {tp.partition for tp in revoked}
         for processor in processors:
-            processor.state.forget(parts)
+            processor.forget(parts)
         fusion_processor.state.forget(parts)
 
     def restored() -> int:

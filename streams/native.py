@@ -81,7 +81,7 @@ class NativeWorker:
                 "partition.assignment.strategy": "range",
                 "fetch.max.bytes": 64 << 20,
                 "max.partition.fetch.bytes": 16 << 20,
-                "queued.max.messages.kbytes": 262144,
+                "queued.max.messages.kbytes": 32768,  # a short queue keeps findings prompt
             },
         )
 
@@ -265,5 +265,7 @@ class NativeWorker:
             state.checkpoint_due(
                 [k for k, (_, p) in state.live.items() if p in numbers], force=True
             )
-            state.forget(numbers)
+        self.node.forget(numbers)
+        self.job.forget(numbers)
+        self.fusion.state.forget(numbers)
         self._commit()

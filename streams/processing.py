@@ -117,47 +117,65 @@ class KeyedState:
             blob = b"".join(p for p in parts if p is not None)
         return pickle.loads(zlib.decompress(blob))
 
-    def forget(self, partitions: set[int]) -> None:
-        for key in [k for k, (_, p) in self.live.items() if p in partitions]:
+    def forget(self, partitions: set[int]) -> list[str]:
+        """Drop the keys of ``partitions`` (they moved to another worker); returns them."""
+        keys = [k for k, (_, p) in self.live.items() if p in partitions]
+        for key in keys:
             del self.live[key]
             self.saved_at.pop(key, None)
+        return keys
 
 
 class EventClock:
-    """One stream's event time; drives the time-based checks (hangs, lost GPUs) of its keys.
+    """Event time per key; drives the time-based checks (hangs, lost GPUs) of each key.
 
-    Each stream keeps its own: node telemetry may run ahead of job telemetry (separate
-    topics, separate lags), and a job must be judged on its own clock. When the stream's
-    input stops for a while, event time follows the wall clock, so that a job that stopped
-    sending (a hang) is still noticed.
+    A key is judged on its own clock only: partitions (and the topics of one stream) are
+    consumed at different paces, so one job's messages can run seconds of event time ahead
+    of another's, and ticking a job with someone else's time would make its in-flight
+    collectives look hung. When a key's input stops for a while, its event time follows
+    the wall clock, so that a job that stopped sending (a hang) or a node that went silent
+    (a lost GPU) is still noticed.
     """
 
     def __init__(self, state: KeyedState, tick_s: float) -> None:
         self.state = state
         self.tick_s = tick_s
-        self.watermark = 0.0
-        self.last_tick = 0.0
-        self.wall = time.monotonic()
+        self.watermark: dict[str, float] = {}
+        self.wall: dict[str, float] = {}
+        self.last_tick: dict[str, float] = {}
 
-    def advance(self, ts: float) -> list[Finding]:
-        if ts <= self.watermark:
-            return []
-        self.watermark = ts
-        self.wall = time.monotonic()
-        return self.tick(ts) if ts - self.last_tick >= self.tick_s else []
+    def advance(self, latest: dict[str, float]) -> list[Finding]:
+        """``latest``: the newest event time seen per key in a batch."""
+        found: list[Finding] = []
+        now = time.monotonic()
+        for key, ts in latest.items():
+            if ts <= self.watermark.get(key, 0.0):
+                continue
+            self.watermark[key] = ts
+            self.wall[key] = now
+            if ts - self.last_tick.get(key, 0.0) >= self.tick_s:
+                found += self._tick(key, ts)
+        return found
 
     def idle(self, after_s: float = 2.0) -> list[Finding]:
-        idle = time.monotonic() - self.wall
-        if self.watermark and idle >= after_s:
-            return self.tick(self.watermark + idle)
-        return []
-
-    def tick(self, now: float) -> list[Finding]:
-        self.last_tick = now
         found: list[Finding] = []
-        for obj, _ in list(self.state.live.values()):
-            found += obj.tick(now)
+        now = time.monotonic()
+        for key, wall in list(self.wall.items()):
+            idle = now - wall
+            if idle >= after_s and key in self.state.live:
+                found += self._tick(key, self.watermark[key] + idle)
         return found
+
+    def forget(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self.watermark.pop(key, None)
+            self.wall.pop(key, None)
+            self.last_tick.pop(key, None)
+
+    def _tick(self, key: str, now: float) -> list[Finding]:
+        self.last_tick[key] = now
+        entry = self.state.live.get(key)
+        return entry[0].tick(now) if entry is not None else []
 
 
 class TelemetryProcessor:
@@ -186,6 +204,9 @@ class TelemetryProcessor:
         self.clock = EventClock(self.state, config.tick_s)
         self.counters = counters
 
+    def forget(self, partitions: set[int]) -> None:
+        self.clock.forget(self.state.forget(partitions))
+
     def key_of(self, message: GuardMessage) -> str | None:
         return message.node if self.level == "node" else message.job
 
@@ -195,8 +216,7 @@ class TelemetryProcessor:
         """Findings of a batch, and the batch positions of records that were not valid."""
         found: list[Finding] = []
         bad: list[tuple[int, SchemaError]] = []
-        touched: set[str] = set()
-        latest = 0.0
+        latest: dict[str, float] = {}
         n = 0
         for n, (topic, partition, value) in enumerate(records, 1):
             try:
@@ -208,11 +228,11 @@ class TelemetryProcessor:
             if key is None:
                 continue
             found += self.state.get(key, partition).process(message)
-            touched.add(key)
-            latest = max(latest, message.ts)
+            if message.ts > latest.get(key, 0.0):
+                latest[key] = message.ts
         self.counters.telemetry += n
         self.counters.dead_letters += len(bad)
-        self.state.checkpoint_due(touched)
+        self.state.checkpoint_due(latest)
         found += self.clock.advance(latest)
         self.counters.findings += len(found)
         return found, bad

@@ -154,6 +154,31 @@ def test_rank_that_never_arrives_is_a_non_communication_hang() -> None:
     assert det.tick(t0 + 30.0) == []  # reported once
 
 
+def test_a_completed_op_with_missing_telemetry_is_not_a_hang() -> None:
+    # An agent restart drops rank 5's reports; the others left the op, so it completed
+    # (a collective cannot finish without all its members): no rank is at fault.
+    det = _hang_detector()
+    t0 = T0 + 20.0
+    for rank in range(8):
+        if rank != 5:
+            det.learn_one(
+                CollectiveTiming(
+                    ts=t0 + 1.2,
+                    node=node_of(rank),
+                    job="job",
+                    rank=rank,
+                    comm="dp",
+                    op="allreduce",
+                    seq=10,
+                    bytes=BYTES,
+                    arrive_ts=t0 + 1.0,
+                    end_ts=t0 + 1.2,
+                )
+            )
+    assert det.tick(t0 + 15.0) == []
+    assert det.tick(t0 + 60.0) == []
+
+
 def test_all_arrived_but_stuck_inside_is_a_communication_hang_of_the_job() -> None:
     det = _hang_detector()
     t0 = T0 + 20.0

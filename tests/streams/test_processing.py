@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from guard.detectors.findings import Finding
 from guard.streams.processing import (
     CHUNK_BYTES,
@@ -68,3 +70,46 @@ def test_findings_travel_as_json_and_are_keyed_by_their_node() -> None:
     assert decode_finding(encode_finding(f)) == f
     assert finding_key(f) == "job:job-a"
     assert finding_key(Finding("thermal", "thermal", "warning", "n1", 1.0, 1.0, 1.0)) == "n1"
+
+
+class _Recorder:
+    """A detector partition that records the event times it is ticked at."""
+
+    def __init__(self) -> None:
+        self.ticks: list[float] = []
+
+    def tick(self, now: float) -> list[Finding]:
+        self.ticks.append(now)
+        return []
+
+
+def test_each_key_is_ticked_on_its_own_event_time() -> None:
+    from guard.streams.processing import EventClock
+
+    state = KeyedState(make=lambda key: _Recorder(), every_s=3600)
+    slow, fast = state.get("job-slow", 0), state.get("job-fast", 1)
+    clock = EventClock(state, tick_s=5.0)
+    clock.advance({"job-slow": 100.0, "job-fast": 100.0})
+    # job-fast's partition runs 60 s of event time ahead: job-slow must not be judged by it
+    clock.advance({"job-fast": 160.0})
+    clock.advance({"job-slow": 103.0})
+    assert slow.ticks == [100.0]
+    assert fast.ticks == [100.0, 160.0]
+    clock.advance({"job-slow": 106.0})
+    assert slow.ticks == [100.0, 106.0]
+
+
+def test_a_silent_key_follows_the_wall_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    from guard.streams import processing
+    from guard.streams.processing import EventClock
+
+    state = KeyedState(make=lambda key: _Recorder(), every_s=3600)
+    hung = state.get("job-hung", 0)
+    clock = EventClock(state, tick_s=5.0)
+    now = [1000.0]
+    monkeypatch.setattr(processing.time, "monotonic", lambda: now[0])
+    clock.advance({"job-hung": 50.0})
+    assert clock.idle() == [] and hung.ticks == [50.0]  # not idle yet
+    now[0] += 30.0  # 30 s of wall time without a message from this job
+    clock.idle()
+    assert hung.ticks == [50.0, 80.0]

@@ -67,8 +67,8 @@ def insert_messages(
     """
     written: dict[str, int] = {}
     database = settings.clickhouse.database
-    for table_name, rows in rows_by_table(messages).items():
-        table = next(t for t in TABLES if t.name == table_name)
+    for table, rows in rows_by_table(messages).items():
+        table_name = table.name
         settings_arg: dict[str, Any] = {}
         if dedup_token is not None:
             token = hashlib.blake2b(f"{dedup_token}/{table_name}".encode(), digest_size=16)

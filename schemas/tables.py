@@ -9,21 +9,14 @@ deduplication token without doubling it (or the rollup fed from it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from .messages import (
-    CollectiveTiming,
-    Flag,
-    GpuSample,
     GuardMessage,
-    NicSample,
-    NodeState,
-    StepTiming,
-    SweepResult,
 )
 
 __all__ = ["TABLES", "TABLE_BY_KIND", "Column", "Table", "ddl_statements", "rows_by_table"]
@@ -48,11 +41,10 @@ def _json(value: Any) -> str:
 class Column:
     name: str
     type: str
-    source: str | None = None  # model attribute, default: the column name
     convert: Callable[[Any], Any] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity hash: rows are grouped by table per message
 class Table:
     name: str
     kind: str
@@ -60,12 +52,11 @@ class Table:
     engine: str
     order_by: str
     partition_by: str = "toDate(ts)"
-    ttl_days_column: str = "ts"
     indexes: tuple[str, ...] = ()
     row: Callable[[GuardMessage], tuple[Any, ...]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        getters = tuple((c.source or c.name, c.convert) for c in self.columns)
+        getters = tuple((c.name, c.convert) for c in self.columns)
 
         def row(message: GuardMessage) -> tuple[Any, ...]:
             return tuple(
@@ -82,11 +73,7 @@ class Table:
     def ddl(self, database: str, ttl_days: int) -> str:
         cols = ",\n  ".join(f"`{c.name}` {c.type}" for c in self.columns)
         idx = "".join(f",\n  {i}" for i in self.indexes)
-        ttl = (
-            f"\nTTL toDateTime({self.ttl_days_column}) + INTERVAL {int(ttl_days)} DAY"
-            if ttl_days > 0
-            else ""
-        )
+        ttl = f"\nTTL toDateTime(ts) + INTERVAL {int(ttl_days)} DAY" if ttl_days > 0 else ""
         return (
             f"CREATE TABLE IF NOT EXISTS `{database}`.`{self.name}` (\n  {cols}{idx}\n)\n"
             f"ENGINE = {self.engine}\nPARTITION BY {self.partition_by}\n"
@@ -260,15 +247,6 @@ TABLES: tuple[Table, ...] = (
     NODE_STATES,
 )
 TABLE_BY_KIND: dict[str, Table] = {t.kind: t for t in TABLES}
-MODEL_BY_TABLE: dict[str, type[GuardMessage]] = {
-    "gpu_samples": GpuSample,
-    "nic_samples": NicSample,
-    "step_timings": StepTiming,
-    "collective_timings": CollectiveTiming,
-    "flags": Flag,
-    "sweeps": SweepResult,
-    "node_states": NodeState,
-}
 
 # One-minute GPU rollups, fed by a materialized view from gpu_samples.
 GPU_1M_DDL = """CREATE TABLE IF NOT EXISTS `{db}`.`gpu_1m` (
@@ -326,14 +304,10 @@ def ddl_statements(database: str, ttl_days: int = 30, rollup_ttl_days: int = 365
     ]
 
 
-def rows_by_table(messages: Iterable[GuardMessage]) -> dict[str, list[tuple[Any, ...]]]:
+def rows_by_table(messages: Iterable[GuardMessage]) -> dict[Table, list[tuple[Any, ...]]]:
     """Group messages into rows per table, in the tables' column order."""
-    out: dict[str, list[tuple[Any, ...]]] = {}
+    out: dict[Table, list[tuple[Any, ...]]] = {}
     for message in messages:
         table = TABLE_BY_KIND[message.kind]
-        out.setdefault(table.name, []).append(table.row(message))
+        out.setdefault(table, []).append(table.row(message))
     return out
-
-
-def columns_of(table: str) -> Sequence[str]:
-    return next(t.column_names for t in TABLES if t.name == table)

@@ -23,7 +23,7 @@ from guard.agents.simulator import ClusterSimulator, FaultSpec, SimConfig
 from guard.broker import EmbeddedBroker
 from guard.config import load_settings
 from guard.demo import FlagReader, StreamsWorkers
-from guard.kafka import create_topics, make_producer, to_record
+from guard.kafka import create_topics, make_producer, produce_raw, to_record
 
 
 def main() -> None:
@@ -76,12 +76,7 @@ def main() -> None:
             if wait > 0.002:
                 producer.poll(0)
                 time.sleep(wait)
-            while True:
-                try:
-                    producer.produce(r.topic, r.value, r.key, timestamp=r.timestamp_ms)
-                    break
-                except BufferError:
-                    producer.poll(0.01)
+            produce_raw(producer, r.topic, r.value, r.key, timestamp=r.timestamp_ms)
         producer.flush(60)
         behind = time.time() - (wall0 + args.duration / args.speed)
         deadline = time.monotonic() + 120

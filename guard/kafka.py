@@ -32,6 +32,7 @@ __all__ = [
     "make_consumer",
     "make_producer",
     "produce",
+    "produce_raw",
     "to_record",
     "topic_specs",
     "wait_for_broker",
@@ -151,15 +152,23 @@ def produce(
 ) -> None:
     """Queue one message; waits (polling) instead of failing when the local queue is full."""
     record = to_record(settings, message)
+    produce_raw(
+        producer,
+        record.topic,
+        record.value,
+        record.key,
+        timestamp=record.timestamp_ms,
+        on_delivery=on_delivery,
+    )
+
+
+def produce_raw(
+    producer: Producer, topic: str, value: bytes | None, key: bytes | None, **kwargs: Any
+) -> None:
+    """``producer.produce`` that waits (polling) instead of failing on a full local queue."""
     while True:
         try:
-            producer.produce(
-                record.topic,
-                record.value,
-                record.key,
-                timestamp=record.timestamp_ms,
-                on_delivery=on_delivery,
-            )
+            producer.produce(topic, value, key, **kwargs)
             return
         except BufferError:
             producer.poll(0.05)
@@ -178,7 +187,8 @@ def dead_letter(
     The value is the original bytes untouched (even when not UTF-8); the reason and the
     source (``topic/partition/offset``) travel in headers.
     """
-    producer.produce(
+    produce_raw(
+        producer,
         settings.topic("dlq"),
         raw,
         key,

@@ -27,7 +27,7 @@ from confluent_kafka.admin import NewTopic
 
 from guard.config import Settings
 from guard.detectors.engine import EngineConfig
-from guard.kafka import dead_letter, make_consumer, make_producer, wait_for_broker
+from guard.kafka import dead_letter, make_consumer, make_producer, produce_raw, wait_for_broker
 from guard.schemas import encode
 
 from .processing import (
@@ -205,12 +205,7 @@ class NativeWorker:
             )
 
     def _produce(self, topic: str, value: bytes, key: bytes | None, **kwargs: Any) -> None:
-        while True:
-            try:
-                self.producer.produce(topic, value, key, **kwargs)
-                return
-            except BufferError:
-                self.producer.poll(0.05)
+        produce_raw(self.producer, topic, value, key, **kwargs)
 
     def _commit(self) -> None:
         # What the consumed records caused must be on the broker before their offsets.

@@ -428,17 +428,9 @@ def summarize(pipe: Pipeline, wall_s: float) -> dict[str, Any]:
     flags = [f.model_dump() for f in pipe.flag_reader.flags]
     ev = evaluate(truth, flags)
     snapshot = pipe.orchestrator.core.snapshot()
-    first_hit: dict[str, float] = {}
-    for flag in flags:
-        if flag["severity"] == "info" or not flag.get("node"):
-            continue
-        for fault in truth["faults"]:
-            end = truth["end_ts"] if fault.get("end") is None else fault["end"]
-            if fault["node"] == flag["node"] and fault["onset"] - 5 <= flag["ts"] <= end + 120:
-                first_hit[fault["id"]] = min(first_hit.get(fault["id"], 1e18), flag["ts"])
     faults = []
     for fault in truth["faults"]:
-        hit = first_hit.get(fault["id"])
+        hit = ev.first_hit.get(fault["id"])
         node_state = snapshot.get(fault["node"])
         faults.append(
             {

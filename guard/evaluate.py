@@ -106,6 +106,8 @@ class Evaluation:
     flagged_nodes: int
     true_flagged_nodes: int
     missed: list[dict[str, Any]]
+    #: fault id → event time of the first claim that detected it
+    first_hit: dict[str, float] = field(default_factory=dict)
 
     @property
     def precision(self) -> float | None:
@@ -237,7 +239,15 @@ def evaluate(
     everything.true_claims, everything.false_claims = true_claims, len(false_claims)
     node_hours = len(truth["nodes"]) * (end - start) / 3600.0
     return Evaluation(
-        rows, claims, true_claims, false_claims, node_hours, len(flagged), len(true_flagged), missed
+        rows,
+        claims,
+        true_claims,
+        false_claims,
+        node_hours,
+        len(flagged),
+        len(true_flagged),
+        missed,
+        first_hit,
     )
 
 

@@ -41,7 +41,7 @@ from guard.store import connect, migrate
 from guard.streams.sink import ClickHouseSink
 from guard.sweeps import DryRunScheduler, KafkaOrchestrator, SimulatedClock, SimulatedSweepExecutor
 
-__all__ = ["DEFAULT_FAULTS", "DemoConfig", "Pipeline", "run_demo"]
+__all__ = ["DEFAULT_FAULTS", "DemoConfig", "Pipeline", "run_demo", "worker_env"]
 
 #: The demo's scenario: four faults of different kinds in the big job, onsets spread out.
 DEFAULT_FAULTS = (
@@ -106,6 +106,24 @@ class DemoConfig:
         return max(1.0, min(20.0, self.workers * rate / per_sim_second))
 
 
+def worker_env(settings: Settings, **overrides: str) -> dict[str, str]:
+    """Environment of a ``guard streams`` subprocess that shares ``settings``."""
+    s = settings
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("GUARD_")},
+        "GUARD_KAFKA_BOOTSTRAP": s.kafka.bootstrap,
+        "GUARD_KAFKA_TOPIC_PREFIX": s.kafka.topic_prefix,
+        "GUARD_KAFKA_TELEMETRY_PARTITIONS": str(s.kafka.telemetry_partitions),
+        "GUARD_KAFKA_CONTROL_PARTITIONS": str(s.kafka.control_partitions),
+        "GUARD_HOME": str(s.home),
+        "GUARD_STREAMS_APP_ID": s.streams.app_id,
+        "GUARD_STREAMS_PROGRESS_S": str(s.streams.progress_s),
+        "GUARD_STREAMS_CHECKPOINT_S": str(s.streams.checkpoint_s),
+        "GUARD_STREAMS_ENGINE": s.streams.engine,
+        **overrides,
+    }
+
+
 class StreamsWorkers:
     """``guard streams`` subprocesses, with their progress lines parsed."""
 
@@ -117,21 +135,6 @@ class StreamsWorkers:
         self.progress: dict[int, tuple[int, int, int, int]] = {}
         self._threads: list[threading.Thread] = []
 
-    def env(self) -> dict[str, str]:
-        s = self.settings
-        return {
-            **{k: v for k, v in os.environ.items() if not k.startswith("GUARD_")},
-            "GUARD_KAFKA_BOOTSTRAP": s.kafka.bootstrap,
-            "GUARD_KAFKA_TOPIC_PREFIX": s.kafka.topic_prefix,
-            "GUARD_KAFKA_TELEMETRY_PARTITIONS": str(s.kafka.telemetry_partitions),
-            "GUARD_KAFKA_CONTROL_PARTITIONS": str(s.kafka.control_partitions),
-            "GUARD_HOME": str(s.home),
-            "GUARD_STREAMS_APP_ID": s.streams.app_id,
-            "GUARD_STREAMS_PROGRESS_S": "1",
-            "GUARD_STREAMS_CHECKPOINT_S": str(s.streams.checkpoint_s),
-            "GUARD_STREAMS_ENGINE": s.streams.engine,
-        }
-
     def start(self) -> None:
         for i in range(self.count):
             self.start_one(i)
@@ -139,7 +142,7 @@ class StreamsWorkers:
     def start_one(self, i: int) -> None:
         proc = subprocess.Popen(
             [sys.executable, "-m", "guard.cli", "streams"],
-            env=self.env(),
+            env=worker_env(self.settings, GUARD_STREAMS_PROGRESS_S="1"),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

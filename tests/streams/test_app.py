@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from guard.config import Settings
+from guard.demo import worker_env
 from guard.kafka import make_consumer, make_producer, produce
 from guard.schemas import Flag, GpuSample, GuardMessage, StepTiming, decode
 
@@ -23,18 +23,13 @@ from guard.schemas import Flag, GpuSample, GuardMessage, StepTiming, decode
 def streams_worker(
     settings: Settings, log: Path, engine: str = "faust", app_id: str | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("GUARD_")},
-        "GUARD_KAFKA_BOOTSTRAP": settings.kafka.bootstrap,
-        "GUARD_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
-        "GUARD_KAFKA_TELEMETRY_PARTITIONS": str(settings.kafka.telemetry_partitions),
-        "GUARD_KAFKA_CONTROL_PARTITIONS": str(settings.kafka.control_partitions),
-        "GUARD_HOME": str(settings.home),
-        "GUARD_STREAMS_APP_ID": app_id or f"streams-{settings.kafka.topic_prefix}",
-        "GUARD_STREAMS_ENGINE": engine,
-        "GUARD_STREAMS_CHECKPOINT_S": "1",
-        "GUARD_STREAMS_PROGRESS_S": "2",
-    }
+    env = worker_env(
+        settings,
+        GUARD_STREAMS_APP_ID=app_id or f"streams-{settings.kafka.topic_prefix}",
+        GUARD_STREAMS_ENGINE=engine,
+        GUARD_STREAMS_CHECKPOINT_S="1",
+        GUARD_STREAMS_PROGRESS_S="2",
+    )
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "guard.cli", "streams"],

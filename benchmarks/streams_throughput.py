@@ -25,6 +25,7 @@ from confluent_kafka.admin import AdminClient
 
 from guard.agents.simulator import ClusterSimulator, SimConfig
 from guard.config import Settings, load_settings
+from guard.demo import worker_env
 from guard.kafka import TELEMETRY_TOPICS, client_config, create_topics, make_producer, produce
 
 
@@ -57,16 +58,13 @@ def committed_total(settings: Settings, group: str) -> int:
 
 def run_workers(settings: Settings, workers: int, total: int, home: Path, engine: str) -> float:
     app_id = f"bench-{uuid.uuid4().hex[:8]}"
-    env = {
-        **os.environ,
-        "GUARD_KAFKA_BOOTSTRAP": settings.kafka.bootstrap,
-        "GUARD_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
-        "GUARD_KAFKA_TELEMETRY_PARTITIONS": str(settings.kafka.telemetry_partitions),
-        "GUARD_HOME": str(home),
-        "GUARD_STREAMS_APP_ID": app_id,
-        "GUARD_STREAMS_PROGRESS_S": "3600",
-        "GUARD_STREAMS_ENGINE": engine,
-    }
+    env = worker_env(
+        settings,
+        GUARD_HOME=str(home),
+        GUARD_STREAMS_APP_ID=app_id,
+        GUARD_STREAMS_PROGRESS_S="3600",
+        GUARD_STREAMS_ENGINE=engine,
+    )
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "guard.cli", "streams"],

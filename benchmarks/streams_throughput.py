@@ -85,6 +85,11 @@ def run_workers(settings: Settings, workers: int, total: int, home: Path, engine
                 first, start_count = now, done
             if done >= total:
                 assert first is not None
+                if start_count >= total:  # one commit covered everything: nothing to time
+                    raise SystemExit(
+                        f"{total:,} messages were done within one commit interval; "
+                        "use more --nodes or --duration"
+                    )
                 return (total - start_count) / max(1e-6, now - first)
             if any(p.poll() is not None for p in procs):
                 raise RuntimeError("a worker exited early")

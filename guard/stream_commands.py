@@ -47,6 +47,7 @@ def _progress_line(counters: Any, restored: int) -> str:
 def _run_native(settings: Settings) -> int:
     from guard.streams.native import NativeWorker
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -220,6 +220,7 @@ class NativeWorker:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         numbers = sorted({tp.partition for tp in partitions})
+        log.info("partitions assigned: %s", ",".join(map(str, numbers)) or "none")
         for table, topic in self.changelogs.items():
             self._restore(table, topic, numbers)
 
@@ -256,6 +257,7 @@ class NativeWorker:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         numbers = {tp.partition for tp in partitions}
+        log.info("partitions revoked: %s", ",".join(map(str, sorted(numbers))) or "none")
         for state in (self.node.state, self.job.state, self.fusion.state):
             state.checkpoint_due(
                 [k for k, (_, p) in state.live.items() if p in numbers], force=True

@@ -60,6 +60,14 @@ def processed(log: Path) -> int:
     return int(counts[-1]) if counts else 0
 
 
+def assigned(log: Path) -> set[int]:
+    """The partitions the worker holds now, from its latest assignment line."""
+    lines = re.findall(r"partitions assigned: ([\d,]+|none)", log.read_text(errors="replace"))
+    if not lines or lines[-1] == "none":
+        return set()
+    return {int(p) for p in lines[-1].split(",")}
+
+
 def wait_processed(log: Path, total: int, timeout_s: float = 180) -> None:
     deadline = time.monotonic() + timeout_s
     while processed(log) < total and time.monotonic() < deadline:
@@ -88,12 +96,21 @@ def test_native_workers_match_backtest_one_or_two_and_resume(
     two_settings = kafka_settings.model_copy(deep=True)
     two_settings.kafka.topic_prefix = f"t{uuid.uuid4().hex[:10]}."
     create_topics(two_settings)
-    publish(two_settings, messages)
     logs = [tmp_path / "two-a.log", tmp_path / "two-b.log"]
     with (
         streams_worker(two_settings, logs[0], "native", "two"),
         streams_worker(two_settings, logs[1], "native", "two"),
     ):
+        # publish only once the group has settled with both members, or the first worker
+        # to join may take every partition and finish before the second arrives
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            held = [assigned(p) for p in logs]
+            if all(held) and not held[0] & held[1]:
+                break
+            time.sleep(0.5)
+        assert all(held) and not held[0] & held[1], [p.read_text()[-1000:] for p in logs]
+        publish(two_settings, messages)
         deadline = time.monotonic() + 180
         while sum(processed(p) for p in logs) < len(messages) and time.monotonic() < deadline:
             time.sleep(0.5)

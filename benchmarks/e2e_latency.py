@@ -17,6 +17,7 @@ import os
 import statistics
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from guard.agents.simulator import ClusterSimulator, FaultSpec, SimConfig
@@ -42,7 +43,12 @@ def main() -> None:
         broker = EmbeddedBroker().start()
         bootstrap = broker.bootstrap
     settings = load_settings(
-        home=home, kafka={"bootstrap": bootstrap, "telemetry_partitions": args.partitions}
+        home=home,
+        kafka={
+            "bootstrap": bootstrap,
+            "telemetry_partitions": args.partitions,
+            "topic_prefix": f"lat{uuid.uuid4().hex[:6]}.",  # a shared broker keeps old runs
+        },
     )
     settings.streams.engine = args.engine
     settings.streams.app_id = "latency"

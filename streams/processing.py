@@ -80,7 +80,11 @@ class KeyedState:
         else:
             obj = self.make(key)
         self.live[key] = (obj, partition)
-        self.saved_at[key] = time.monotonic()
+        # A per-key offset spreads the checkpoints over the period: keys created together
+        # (every node of a cluster at start-up) would otherwise all be saved in one burst
+        # every period and stall the worker for that long.
+        spread = (zlib.crc32(key.encode()) % 1024) / 1024 * self.every_s
+        self.saved_at[key] = time.monotonic() - spread
         return obj
 
     def checkpoint_due(self, keys: Iterable[str], force: bool = False) -> int:

@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine",
         choices=["faust", "native"],
         default=None,
-        help="streams transport (default from config: faust)",
+        help="streams transport (default from config: native)",
     )
     p.add_argument("--home", help="data directory (default: a new temporary one)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")

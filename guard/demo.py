@@ -64,7 +64,7 @@ class DemoConfig:
     speed: float | None = None  # None: what one streams worker keeps up with here
     sample_interval_s: float = 2.0
     workers: int = 1
-    engine: str = "faust"  # streams transport: faust or native
+    engine: str = "native"  # streams transport: native or faust
     faults: list[FaultSpec] | None = None  # None: DEFAULT_FAULTS on random busy nodes
     random_faults: int = 0
     home: Path | None = None

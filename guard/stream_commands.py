@@ -105,7 +105,7 @@ def register(sub: Any, add: Any) -> None:
         "--engine",
         choices=["faust", "native"],
         default=None,
-        help="transport (default from config: faust)",
+        help="transport (default from config: native)",
     )
     p = add("sink", cmd_sink, "store Guard's topics in ClickHouse")
     p.add_argument("--group", default="guard-sink", help="consumer group id")

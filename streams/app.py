@@ -41,12 +41,17 @@ __all__ = ["create_app"]
 
 
 def _backed_by(state: KeyedState, table: Any) -> None:
-    state.load = table.get
+    # Keys and values are bytes end to end (key_type = value_type = bytes: raw serializers).
+    # faust derives a table's changelog serializers from those types, not from a schema, and
+    # falls back on json: with str keys the checkpoints were written raw but read back as
+    # json, so recovery failed and a rebalanced worker hung in it.
+    state.load = lambda key: table.get(key.encode())
 
     def save(key: str, partition: int, blob: bytes) -> None:
         # Batches have no current event: write the store and the key's changelog partition.
-        table.data[key] = blob
-        table.send_changelog(partition, key, blob)
+        raw = key.encode()
+        table.data[raw] = blob
+        table.send_changelog(partition, raw, blob)
 
     state.save = save
 
@@ -90,9 +95,8 @@ def create_app(settings: Settings, engine_config: EngineConfig | None = None) ->
     dlq = app.topic(settings.topic("dlq"), **raw)
     table_args = {
         "default": None,
-        "schema": faust.Schema(
-            key_type=str, value_type=bytes, key_serializer="raw", value_serializer="raw"
-        ),
+        "key_type": bytes,
+        "value_type": bytes,
         "partitions": k.telemetry_partitions,
     }
     counters = StreamsCounters()

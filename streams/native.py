@@ -258,11 +258,7 @@ class NativeWorker:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         numbers = {tp.partition for tp in partitions}
         log.info("partitions revoked: %s", ",".join(map(str, sorted(numbers))) or "none")
-        for state in (self.node.state, self.job.state, self.fusion.state):
-            state.checkpoint_due(
-                [k for k, (_, p) in state.live.items() if p in numbers], force=True
-            )
-        self.node.forget(numbers)
+        self.node.forget(numbers)  # each checkpoints what it drops
         self.job.forget(numbers)
         self.fusion.state.forget(numbers)
         self._commit()

@@ -122,8 +122,13 @@ class KeyedState:
         return pickle.loads(zlib.decompress(blob))
 
     def forget(self, partitions: set[int]) -> list[str]:
-        """Drop the keys of ``partitions`` (they moved to another worker); returns them."""
+        """Checkpoint, then drop, the keys of ``partitions``; returns them.
+
+        The partitions moved to another worker, which resumes their keys from this last
+        checkpoint rather than one up to ``every_s`` old.
+        """
         keys = [k for k, (_, p) in self.live.items() if p in partitions]
+        self.checkpoint_due(keys, force=True)
         for key in keys:
             del self.live[key]
             self.saved_at.pop(key, None)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -46,6 +47,25 @@ def streams_worker(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def processed(log: Path) -> int:
+    """Telemetry messages the worker has handled, from its latest progress line."""
+    counts = re.findall(r"guard streams: (\d+) telemetry", log.read_text(errors="replace"))
+    return int(counts[-1]) if counts else 0
+
+
+def restored(log: Path) -> int:
+    """Keys the worker resumed from checkpoints, from its latest progress line."""
+    found = re.findall(r"(\d+) keys restored", log.read_text(errors="replace"))
+    return int(found[-1]) if found else 0
+
+
+def wait_for(check: Callable[[], bool], log: Path, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert check(), log.read_text(errors="replace")[-3000:]
 
 
 def read_flags(
@@ -126,3 +146,30 @@ def test_worker_turns_telemetry_into_flags_and_dead_letters_garbage(
     ], log[-3000:]
     assert sorted(r.value() for r in dead) == sorted([b"\xff not json", b'{"kind":"step","ts":1}'])
     assert all(dict(r.headers())["guard-error"] for r in dead)
+
+
+@pytest.mark.slow
+def test_faust_replacement_worker_resumes_from_the_changelogs(
+    kafka_settings: Settings, tmp_path: Path
+) -> None:
+    settings = kafka_settings
+    producer = make_producer(settings)
+    t0 = time.time() - 300
+
+    def publish(start: float, rounds: int) -> None:
+        for i in range(rounds):
+            for node in ("node-a", "node-b"):
+                for m in gpu_round(start + 2 * i, node):
+                    produce(producer, settings, m)
+        assert producer.flush(30) == 0
+
+    first, second = tmp_path / "first.log", tmp_path / "second.log"
+    with streams_worker(settings, first, "faust", "resume"):
+        publish(t0, 10)
+        wait_for(lambda: processed(first) >= 160, first)
+        time.sleep(1.5)  # past the 1 s checkpoint period: the next batch checkpoints its keys
+        publish(t0 + 20, 5)
+        wait_for(lambda: processed(first) >= 240, first)
+    with streams_worker(settings, second, "faust", "resume"):
+        publish(t0 + 30, 3)
+        wait_for(lambda: restored(second) >= 2, second)  # node-a and node-b, not a cold start

@@ -21,7 +21,7 @@ from guard.detectors.engine import DetectionEngine
 from guard.kafka import create_topics, make_producer, produce
 from guard.schemas import GuardMessage
 
-from .test_app import read_flags, streams_worker
+from .test_app import processed, read_flags, restored, streams_worker
 
 
 def scenario() -> list[GuardMessage]:
@@ -53,11 +53,6 @@ def publish(settings: Settings, messages: list[GuardMessage]) -> None:
     for m in messages:
         produce(producer, settings, m)
     assert producer.flush(60) == 0
-
-
-def processed(log: Path) -> int:
-    counts = re.findall(r"guard streams: (\d+) telemetry", log.read_text(errors="replace"))
-    return int(counts[-1]) if counts else 0
 
 
 def assigned(log: Path) -> set[int]:
@@ -125,9 +120,6 @@ def test_native_workers_match_backtest_one_or_two_and_resume(
     with streams_worker(kafka_settings, tmp_path / "again.log", "native", "one"):
         publish(kafka_settings, more)
         deadline = time.monotonic() + 60
-        restored = 0
-        while restored == 0 and time.monotonic() < deadline:
+        while restored(tmp_path / "again.log") == 0 and time.monotonic() < deadline:
             time.sleep(0.5)
-            found = re.findall(r"(\d+) keys restored", (tmp_path / "again.log").read_text())
-            restored = int(found[-1]) if found else 0
-    assert restored > 0
+    assert restored(tmp_path / "again.log") > 0

@@ -33,7 +33,10 @@ PROGRESS = re.compile(rb"guard streams: (\d+) telemetry")
 
 
 def preload(settings: Settings, nodes: int, duration: float) -> int:
-    sim = ClusterSimulator(SimConfig(nodes=nodes, duration_s=duration, seed=3))
+    # Event time = record time: a past start (the simulator's default) makes the broker's
+    # time-based retention delete the preloaded segments minutes later, mid-benchmark.
+    start = float(int(time.time() - duration))
+    sim = ClusterSimulator(SimConfig(nodes=nodes, duration_s=duration, seed=3, start_ts=start))
     producer = make_producer(settings)
     n = 0
     for message in sim.messages():
@@ -64,12 +67,17 @@ def run_workers(settings: Settings, workers: int, total: int, home: Path, engine
     lock = threading.Lock()
 
     def follow(index: int, stream: IO[bytes]) -> None:
-        for line in stream:
-            found = PROGRESS.search(line)
-            if found:
-                with lock:
-                    counts[index] = int(found.group(1))
-                    marks.append((time.monotonic(), sum(counts)))
+        with open(home / f"{app_id}-{index}.log", "wb") as log:  # kept for a failed run
+            for line in stream:
+                log.write(line)
+                track(index, line)
+
+    def track(index: int, line: bytes) -> None:
+        found = PROGRESS.search(line)
+        if found:
+            with lock:
+                counts[index] = int(found.group(1))
+                marks.append((time.monotonic(), sum(counts)))
 
     procs = []
     for index in range(workers):
@@ -99,7 +107,7 @@ def run_workers(settings: Settings, workers: int, total: int, home: Path, engine
             if any(p.poll() is not None for p in procs):
                 raise RuntimeError("a worker exited early")
             time.sleep(0.25)
-        raise TimeoutError("workers did not finish within 900 s")
+        raise TimeoutError(f"workers did not finish within 900 s; logs: {home}/{app_id}-*.log")
     finally:
         for p in procs:
             p.terminate()
@@ -115,6 +123,11 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--engines", default="faust,native")
+    parser.add_argument(
+        "--faust-workers",
+        default="1",
+        help="worker counts for the faust baseline (each faust run takes minutes)",
+    )
     args = parser.parse_args()
     broker = None
     bootstrap = os.environ.get("GUARD_KAFKA_BOOTSTRAP")
@@ -138,7 +151,8 @@ def main() -> None:
             create_topics(settings)
             total = preload(settings, args.nodes, args.duration)
             for engine in args.engines.split(","):
-                for workers in (int(w) for w in args.workers.split(",")):
+                counts = args.faust_workers if engine == "faust" else args.workers
+                for workers in (int(w) for w in counts.split(",")):
                     rate = run_workers(settings, workers, total, home, engine)
                     results.setdefault((engine, workers), []).append(rate)
                     print(

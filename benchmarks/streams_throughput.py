@@ -70,14 +70,11 @@ def run_workers(settings: Settings, workers: int, total: int, home: Path, engine
         with open(home / f"{app_id}-{index}.log", "wb") as log:  # kept for a failed run
             for line in stream:
                 log.write(line)
-                track(index, line)
-
-    def track(index: int, line: bytes) -> None:
-        found = PROGRESS.search(line)
-        if found:
-            with lock:
-                counts[index] = int(found.group(1))
-                marks.append((time.monotonic(), sum(counts)))
+                found = PROGRESS.search(line)
+                if found:
+                    with lock:
+                        counts[index] = int(found.group(1))
+                        marks.append((time.monotonic(), sum(counts)))
 
     procs = []
     for index in range(workers):

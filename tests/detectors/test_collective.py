@@ -18,6 +18,30 @@ def node_of(rank: int) -> str:
     return f"n{rank // 4}"  # 4 ranks per node, 4 nodes
 
 
+def _op(
+    rank: int,
+    seq: int,
+    ts: float,
+    arrive_ts: float,
+    end_ts: float | None,
+    peers: list[ConnectionStat] | None = None,
+) -> CollectiveTiming:
+    """One rank's report of the job's data-parallel allreduce number ``seq``."""
+    return CollectiveTiming(
+        ts=ts,
+        node=node_of(rank),
+        job="job",
+        rank=rank,
+        comm="dp",
+        op="allreduce",
+        seq=seq,
+        bytes=BYTES,
+        arrive_ts=arrive_ts,
+        end_ts=end_ts,
+        peers=peers,
+    )
+
+
 def run(
     late: Callable[[int, int], float] = lambda seq, rank: 0.0,
     link: Callable[[int, int, int], float] = lambda seq, a, b: 1.0,
@@ -48,21 +72,7 @@ def run(
             arrive = (
                 t0 + 1.0 + 0.005 * rng.gauss(0, 1) + late(seq, rank) + (skew or {}).get(rank, 0)
             )
-            found += det.learn_one(
-                CollectiveTiming(
-                    ts=end,
-                    node=node_of(rank),
-                    job="job",
-                    rank=rank,
-                    comm="dp",
-                    op="allreduce",
-                    seq=seq,
-                    bytes=BYTES,
-                    arrive_ts=arrive,
-                    end_ts=end,
-                    peers=peers,
-                )
-            )
+            found += det.learn_one(_op(rank, seq, end, arrive_ts=arrive, end_ts=end, peers=peers))
     return found + det.flush()
 
 
@@ -110,20 +120,7 @@ def _hang_detector() -> CollectiveHomogeneityDetector:
     for seq in range(10):
         t0 = T0 + 2.0 * seq
         for rank in range(8):
-            det.learn_one(
-                CollectiveTiming(
-                    ts=t0 + 1.5,
-                    node=node_of(rank),
-                    job="job",
-                    rank=rank,
-                    comm="dp",
-                    op="allreduce",
-                    seq=seq,
-                    bytes=BYTES,
-                    arrive_ts=t0 + 1.0,
-                    end_ts=t0 + 1.5,
-                )
-            )
+            det.learn_one(_op(rank, seq, t0 + 1.5, arrive_ts=t0 + 1.0, end_ts=t0 + 1.5))
     return det
 
 
@@ -132,20 +129,7 @@ def test_rank_that_never_arrives_is_a_non_communication_hang() -> None:
     t0 = T0 + 20.0
     for rank in range(8):
         if rank != 5:  # rank 5 never enters the op; the others wait inside it
-            det.learn_one(
-                CollectiveTiming(
-                    ts=t0 + 1.0,
-                    node=node_of(rank),
-                    job="job",
-                    rank=rank,
-                    comm="dp",
-                    op="allreduce",
-                    seq=10,
-                    bytes=BYTES,
-                    arrive_ts=t0 + 1.0,
-                    end_ts=None,
-                )
-            )
+            det.learn_one(_op(rank, 10, t0 + 1.0, arrive_ts=t0 + 1.0, end_ts=None))
     assert det.tick(t0 + 5.0) == []  # not yet past the hang limit
     found = det.tick(t0 + 15.0)
     assert [(f.category, f.severity, f.node) for f in found] == [("comm_hang", "critical", "n1")]
@@ -161,20 +145,7 @@ def test_a_completed_op_with_missing_telemetry_is_not_a_hang() -> None:
     t0 = T0 + 20.0
     for rank in range(8):
         if rank != 5:
-            det.learn_one(
-                CollectiveTiming(
-                    ts=t0 + 1.2,
-                    node=node_of(rank),
-                    job="job",
-                    rank=rank,
-                    comm="dp",
-                    op="allreduce",
-                    seq=10,
-                    bytes=BYTES,
-                    arrive_ts=t0 + 1.0,
-                    end_ts=t0 + 1.2,
-                )
-            )
+            det.learn_one(_op(rank, 10, t0 + 1.2, arrive_ts=t0 + 1.0, end_ts=t0 + 1.2))
     assert det.tick(t0 + 15.0) == []
     assert det.tick(t0 + 60.0) == []
 

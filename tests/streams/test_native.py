@@ -21,7 +21,7 @@ from guard.detectors.engine import DetectionEngine
 from guard.kafka import create_topics, make_producer, produce
 from guard.schemas import GuardMessage
 
-from .test_app import processed, read_flags, restored, streams_worker
+from .test_app import processed, read_flags, restored, streams_worker, wait_for
 
 
 def scenario() -> list[GuardMessage]:
@@ -63,13 +63,6 @@ def assigned(log: Path) -> set[int]:
     return {int(p) for p in lines[-1].split(",")}
 
 
-def wait_processed(log: Path, total: int, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while processed(log) < total and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert processed(log) >= total, log.read_text(errors="replace")[-2000:]
-
-
 @pytest.mark.slow
 def test_native_workers_match_backtest_one_or_two_and_resume(
     kafka_settings: Settings, tmp_path: Path
@@ -81,7 +74,9 @@ def test_native_workers_match_backtest_one_or_two_and_resume(
 
     # one worker
     with streams_worker(kafka_settings, tmp_path / "one.log", "native", "one") as worker:
-        wait_processed(tmp_path / "one.log", len(messages))
+        wait_for(
+            lambda: processed(tmp_path / "one.log") >= len(messages), tmp_path / "one.log", 180
+        )
         time.sleep(3)  # findings → fusion → flags
         one = read_flags(kafka_settings, want=10_000, timeout_s=8, worker=worker)
     got_one = {(f.node, f.category) for f in one if f.severity != "info" and f.node}
@@ -119,7 +114,4 @@ def test_native_workers_match_backtest_one_or_two_and_resume(
     more = [m.model_copy(update={"ts": m.ts - messages[0].ts + last + 1}) for m in messages[:2000]]
     with streams_worker(kafka_settings, tmp_path / "again.log", "native", "one"):
         publish(kafka_settings, more)
-        deadline = time.monotonic() + 60
-        while restored(tmp_path / "again.log") == 0 and time.monotonic() < deadline:
-            time.sleep(0.5)
-    assert restored(tmp_path / "again.log") > 0
+        wait_for(lambda: restored(tmp_path / "again.log") > 0, tmp_path / "again.log", 60)

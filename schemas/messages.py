@@ -18,6 +18,7 @@ __all__ = [
     "CATEGORIES",
     "NODE_STATES",
     "SEVERITIES",
+    "SEVERITY_RANK",
     "CollectiveTiming",
     "ConnectionStat",
     "Flag",
@@ -53,6 +54,8 @@ CATEGORIES = (
     "anomaly",
 )
 SEVERITIES = ("info", "warning", "critical")
+#: Severity order: a higher rank is a stronger claim.
+SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
 NODE_STATES = ("healthy", "suspect", "cordoned", "sweeping", "failed", "repair")
 
 Category = Literal[

@@ -13,7 +13,7 @@ Prints one table. Simulated scenario families (``guard.agents.simulator``; sever
 Each scenario's messages go, in one pass, to Guard's :class:`DetectionEngine`, to the static
 alert rules a dcgm-exporter user writes (temperature > 85 C, any Xid, DBE increase,
 ``link_downed`` increase, step time > 1.2x the job median) and to an NVRx-style relative
-score < 0.75; each set of flags is scored by :func:`guard.evaluate.evaluate` (node-level
+score < 0.75; each set of flags is scored by :func:`guard.evaluation.scoring.evaluate` (node-level
 matching; see ``guard eval``). Columns: recall and precision over all faults, F1, false
 warning/critical flags per 1,000 node-hours, time to detect (median and p95, s; median in
 steps), and recall on the *target* set (faults slowing the job by >= 5 %, plus every Xid,
@@ -154,7 +154,7 @@ def run_scenario(spec: tuple[str, int, float, int, float]) -> dict[str, Tally]:
     from guard.agents.simulator import ClusterSimulator, SimConfig
     from guard.detectors.baselines import NvrxBaseline, StaticRulesBaseline
     from guard.detectors.engine import DetectionEngine
-    from guard.evaluate import _effective_slowdown, evaluate
+    from guard.evaluation.scoring import _effective_slowdown, evaluate
 
     family, nodes, duration, seed, severity = spec
     options = dict(FAMILIES[family])
@@ -242,7 +242,7 @@ def _f(value: float | None, digits: int = 2) -> str:
 def pai_rows() -> list[tuple[str, str, str]]:
     from guard.detectors.baselines import NvrxBaseline, StaticRulesBaseline
     from guard.detectors.engine import DetectionEngine
-    from guard.evaluate import PAI_EPOCH, pai_step_timings
+    from guard.evaluation.scoring import PAI_EPOCH, pai_step_timings
 
     # job -> (worker -> (slow from, slow to) or None: never slow; workers absent: not scored)
     truth: dict[int, dict[int, tuple[float, float] | None]] = {
@@ -286,8 +286,8 @@ def pai_rows() -> list[tuple[str, str, str]]:
 
 
 def nab_rows() -> list[tuple[str, str, str]]:
-    from guard.detectors.temporal import SignalAnomalyDetector
-    from guard.evaluate import nab_score, nab_series, nab_windows
+    from guard.detectors.signal_anomaly import SignalAnomalyDetector
+    from guard.evaluation.scoring import nab_score, nab_series, nab_windows
 
     series = nab_series(DATA / "nab" / "machine_temperature_system_failure.csv")
     windows = nab_windows(
@@ -339,7 +339,7 @@ def smd_rows() -> list[tuple[str, str, str]]:
 
     import numpy as np
 
-    from guard.detectors.temporal import SignalAnomalyDetector
+    from guard.detectors.signal_anomaly import SignalAnomalyDetector
 
     rows = []
     totals = {"guard": [0, 0, 0, 0], "static >0.95": [0, 0, 0, 0]}  # hit, segs, in, out

@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 
 from guard.agents.simulator import ClusterSimulator, SimConfig
-from guard.backtest import BacktestStats, make_detector, read_messages, run_backtest
 from guard.detectors.engine import DetectionEngine
+from guard.evaluation.backtest import BacktestStats, make_detector, read_messages, run_backtest
 from guard.schemas import encode, parse_message
 
 

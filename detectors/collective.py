@@ -67,7 +67,7 @@ from typing import Any
 from guard.schemas import CollectiveTiming
 
 from .findings import Finding
-from .persistence import DeviationTracker, GroupNoise, PersistenceRule
+from .persistent_deviation import DeviationTracker, GroupNoise, PersistenceRule
 from .robust import median
 
 __all__ = ["CollectiveHomogeneityDetector"]

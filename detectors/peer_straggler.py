@@ -4,7 +4,7 @@ In synchronous training every rank's wall step time is the same (everyone waits 
 slowest), so a slow rank shows in ``compute_s``, the time it was busy before entering the
 step's synchronising collective. Per job, per pipeline stage and per step, each rank's
 residual is ``compute_s / median(peers) - 1``;
-:class:`~guard.detectors.persistence.DeviationTracker`
+:class:`~guard.detectors.persistent_deviation.DeviationTracker`
 turns the residuals into a claim only when the slowness persists. A whole-job slowdown
 (checkpoint, data stall) moves the median with it and cancels out; ranks of different
 pipeline stages are never compared; stage medians that differ by more than
@@ -20,7 +20,7 @@ Parameters
 job
     The job this detector watches (one instance per job).
 rule
-    Persistence thresholds (:class:`~guard.detectors.persistence.PersistenceRule`).
+    Persistence thresholds (:class:`~guard.detectors.persistent_deviation.PersistenceRule`).
 min_peers
     Smallest stage group that is compared.
 close_lag
@@ -58,7 +58,7 @@ from typing import Any
 from guard.schemas import StepTiming
 
 from .findings import Finding
-from .persistence import DeviationTracker, GroupNoise, PersistenceRule
+from .persistent_deviation import DeviationTracker, GroupNoise, PersistenceRule
 from .robust import median
 
 __all__ = ["PeerStragglerDetector"]

@@ -189,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("export", cmd_schema_export, "write one JSON Schema file per message kind", schema)
     p.add_argument("dir")
 
-    from guard.room_commands import register_all
+    from guard.commands import register_all
 
     register_all(sub, add)
     return parser

@@ -1,6 +1,6 @@
 """The native transport of ``guard streams``: librdkafka batches, no per-record framework cost.
 
-The same work as the faust app (:mod:`guard.streams.app`), through
+The same work as the faust app (:mod:`guard.streams.faust_app`), through
 :mod:`guard.streams.processing`, on confluent-kafka: one consumer in the group
 ``streams.app_id`` subscribes to the telemetry topics and the internal findings topic with
 the range assignor, so partition *p* of every topic (same partition count, same murmur2

@@ -12,15 +12,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# What each room may import from guard.* (besides itself).
+# The guard base: what every room may use; it imports nothing of ours but schemas.
+BASE_MODULES = {"config", "kafka", "store", "broker"}
+# The guard top ties rooms together; no room imports it.
+TOP_MODULES = {"cli", "commands", "demo"}
+# What each room may import from guard.* besides itself: the arrow
+# schemas <- detectors <- {agents, streams, sweeps, evaluation} <- guard top, over the base.
 ALLOWED = {
     "schemas": set(),
     "detectors": {"schemas"},
-    "agents": {"schemas", "config", "kafka", "broker"},
-    "streams": {"schemas", "detectors", "config", "kafka", "store", "broker"},
-    "sweeps": {"schemas", "config", "kafka"},
+    "agents": {"schemas"} | BASE_MODULES,
+    "streams": {"schemas", "detectors"} | BASE_MODULES,
+    "sweeps": {"schemas", "detectors"} | BASE_MODULES,
+    "evaluation": {"schemas", "detectors"},
 }
-CORE_MODULES = {"config", "kafka", "store", "broker"}  # the thin core rooms may use
 
 
 def _guard_imports(path: Path) -> set[str]:
@@ -41,15 +46,26 @@ def _guard_imports(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("room", sorted(ALLOWED))
 def test_rooms_import_in_one_direction(room: str) -> None:
-    for path in sorted((ROOT / room).glob("*.py")):
+    paths = sorted((ROOT / room).rglob("*.py"))
+    assert paths, room
+    for path in paths:
         bad = _guard_imports(path) - ALLOWED[room] - {room}
         assert not bad, f"{path.relative_to(ROOT)} imports guard.{sorted(bad)}"
 
 
-def test_core_modules_import_no_room_but_schemas() -> None:
-    for name in CORE_MODULES:
-        bad = _guard_imports(ROOT / "guard" / f"{name}.py") - CORE_MODULES - {"schemas"}
+def test_base_modules_import_no_room_but_schemas() -> None:
+    for name in BASE_MODULES:
+        bad = _guard_imports(ROOT / "guard" / f"{name}.py") - BASE_MODULES - {"schemas"}
         assert not bad, f"guard/{name}.py imports guard.{sorted(bad)}"
+
+
+def test_guard_holds_only_its_base_and_its_top() -> None:
+    entries = {
+        p.stem
+        for p in (ROOT / "guard").iterdir()
+        if p.suffix == ".py" or (p / "__init__.py").exists()
+    }
+    assert entries - {"__init__"} == BASE_MODULES | TOP_MODULES
 
 
 def test_rooms_install_under_the_guard_namespace() -> None:

@@ -26,7 +26,11 @@ SIMULATE = [
 
 def _guard(*args: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "guard.cli", *args], capture_output=True, text=True, timeout=240
+        [sys.executable, "-m", "guard.cli", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout

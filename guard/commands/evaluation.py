@@ -12,7 +12,7 @@ __all__ = ["register"]
 
 
 def cmd_backtest(args: argparse.Namespace, settings: Any) -> int:
-    from guard.backtest import BacktestStats, make_detector, read_messages, run_backtest
+    from guard.evaluation.backtest import BacktestStats, make_detector, read_messages, run_backtest
 
     paths = [Path(p) for p in args.inputs]
     for path in paths:
@@ -40,7 +40,7 @@ def cmd_backtest(args: argparse.Namespace, settings: Any) -> int:
 
 
 def cmd_eval(args: argparse.Namespace, settings: Any) -> int:
-    from guard.evaluate import evaluate, format_report, load_flags, load_truth
+    from guard.evaluation.scoring import evaluate, format_report, load_flags, load_truth
 
     for path in (args.truth, args.flags):
         if not Path(path).exists():

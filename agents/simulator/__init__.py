@@ -87,6 +87,7 @@ from typing import Any
 import numpy as np
 from pydantic import TypeAdapter
 
+from guard.agents.calibration import FAULT_MIX
 from guard.schemas import (
     CollectiveTiming,
     ConnectionStat,
@@ -95,8 +96,6 @@ from guard.schemas import (
     StepTiming,
     encode,
 )
-
-from .calibration import FAULT_MIX
 
 __all__ = [
     "CATEGORY_BY_KIND",

@@ -34,7 +34,7 @@ from confluent_kafka import TopicPartition
 from guard.agents.simulator import ClusterSimulator, FaultSpec, SimConfig
 from guard.broker import EmbeddedBroker
 from guard.config import Settings
-from guard.evaluate import evaluate
+from guard.evaluation.scoring import evaluate
 from guard.kafka import create_topics, make_consumer, make_producer, produce
 from guard.schemas import Flag, GuardMessage, NodeState, SweepResult, decode
 from guard.store import connect, migrate

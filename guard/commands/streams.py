@@ -22,7 +22,7 @@ def cmd_streams(args: argparse.Namespace, settings: Settings) -> int:
         return _run_native(settings)
     import faust
 
-    from guard.streams.app import create_app
+    from guard.streams.faust_app import create_app
 
     app = create_app(settings)
     counters = app.guard_counters  # type: ignore[attr-defined]

@@ -31,7 +31,7 @@ Benchmark" (2015). river ``anomaly.GaussianScorer``.
 
 Example
 -------
->>> from guard.detectors.temporal import SignalAnomalyDetector
+>>> from guard.detectors.signal_anomaly import SignalAnomalyDetector
 >>> det = SignalAnomalyDetector(window=50, grace=20, hold=2, refractory_s=100.0)
 >>> values = [60.0 + (i % 5) * 0.5 for i in range(60)] + [20.0] * 5 + [60.0] * 20
 >>> [i for i, v in enumerate(values) if det.learn_one(float(i), v, node="m1") is not None]

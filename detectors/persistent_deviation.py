@@ -68,7 +68,7 @@ performance scores. https://github.com/NVIDIA/nvidia-resiliency-ext
 
 Example
 -------
->>> from guard.detectors.persistence import DeviationTracker, PersistenceRule
+>>> from guard.detectors.persistent_deviation import DeviationTracker, PersistenceRule
 >>> rule = PersistenceRule(baseline_rounds=4)
 >>> t = DeviationTracker()
 >>> residuals = [0.01] * 6 + [0.07] * 8  # 1 % slower than the median is this GPU's normal

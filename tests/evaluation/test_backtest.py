@@ -13,7 +13,7 @@ from guard.cli import main
 from guard.detectors.engine import DetectionEngine
 from guard.detectors.findings import Finding
 from guard.detectors.fusion import NodeFusion
-from guard.evaluate import evaluate
+from guard.evaluation.scoring import evaluate
 from guard.schemas import encode, parse_message
 
 FAULTS = [

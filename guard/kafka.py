@@ -18,6 +18,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from guard.config import Settings
 from guard.schemas import GuardMessage, encode
 
+# The topic map lives in schemas/topics.py; re-exported for the transport code.
+from guard.schemas.topics import CONTROL_TOPICS, INTERNAL_TOPICS, TELEMETRY_TOPICS, TOPIC_BY_KIND
+
 __all__ = [
     "CONTROL_TOPICS",
     "DLQ_ERROR_HEADER",
@@ -37,21 +40,6 @@ __all__ = [
     "topic_specs",
     "wait_for_broker",
 ]
-
-#: Topic suffix (after the prefix, default ``guard.``) for each message kind.
-TOPIC_BY_KIND: dict[str, str] = {
-    "gpu": "gpu",
-    "nic": "nic",
-    "step": "steps",
-    "collective": "collectives",
-    "flag": "remediation",
-    "sweep": "sweeps",
-    "node_state": "node-state",
-}
-TELEMETRY_TOPICS = ("gpu", "nic", "steps", "collectives")
-# Streams-internal: findings repartitioned by node (co-partitioned with the telemetry).
-INTERNAL_TOPICS = ("findings",)
-CONTROL_TOPICS = ("remediation", "sweeps", "node-state", "dlq")
 
 DLQ_ERROR_HEADER = "guard-error"
 DLQ_SOURCE_HEADER = "guard-source"

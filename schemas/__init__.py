@@ -28,6 +28,7 @@ from .messages import (
     SweepResult,
     stable_id,
 )
+from .truth import Truth
 
 __all__ = [
     "CATEGORIES",
@@ -48,6 +49,7 @@ __all__ = [
     "StepTiming",
     "SweepCheck",
     "SweepResult",
+    "Truth",
     "decode",
     "encode",
     "from_dict",

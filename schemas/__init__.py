@@ -11,6 +11,7 @@ from .codec import (
     json_schemas,
     parse_message,
 )
+from .fast import fast_builder
 from .messages import (
     CATEGORIES,
     NODE_STATES,
@@ -52,6 +53,7 @@ __all__ = [
     "Truth",
     "decode",
     "encode",
+    "fast_builder",
     "from_dict",
     "json_schemas",
     "parse_message",

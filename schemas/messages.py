@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
@@ -40,24 +40,6 @@ Index = Annotated[int, Field(ge=0, le=1_000_000)]
 Seconds = Annotated[float, Field(ge=0.0)]
 EpochSeconds = Annotated[float, Field(ge=0.0, le=32503680000.0)]  # up to year 3000
 
-CATEGORIES = (
-    "straggler",
-    "thermal",
-    "power",
-    "clock",
-    "nic",
-    "link",
-    "comm_slow",
-    "comm_hang",
-    "gpu_error",
-    "imbalance",
-    "anomaly",
-)
-SEVERITIES = ("info", "warning", "critical")
-#: Severity order: a higher rank is a stronger claim.
-SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
-NODE_STATES = ("healthy", "suspect", "cordoned", "sweeping", "failed", "repair")
-
 Category = Literal[
     "straggler",
     "thermal",
@@ -73,6 +55,13 @@ Category = Literal[
 ]
 Severity = Literal["info", "warning", "critical"]
 NodeStateName = Literal["healthy", "suspect", "cordoned", "sweeping", "failed", "repair"]
+
+# The same vocabularies as tuples, for code that iterates them.
+CATEGORIES: tuple[str, ...] = get_args(Category)
+SEVERITIES: tuple[str, ...] = get_args(Severity)
+NODE_STATES: tuple[str, ...] = get_args(NodeStateName)
+#: Severity order: a higher rank is a stronger claim.
+SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
 
 
 class GuardMessage(BaseModel):

@@ -235,7 +235,6 @@ class Orchestrator:
                 )
             return "stale"
         if rec.state in OUT_OF_POOL:
-            rec.late_flags += 1
             return "evidence"
         self._add_claim(rec, flag)
         if rec.state == "healthy":

@@ -97,8 +97,6 @@ class NodeRecord:
     #: when the node last passed a sweep (the cooldown clock) and last went back to the pool
     passed_sweep_ts: float | None = None
     released_ts: float | None = None
-    #: evidence that arrived while the node was out of the pool (kept for `guard node show`)
-    late_flags: int = 0
 
     def reset_claims(self) -> None:
         self.claims.clear()

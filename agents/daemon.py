@@ -26,7 +26,6 @@ import contextlib
 import logging
 import os
 import queue
-import signal
 import socket
 import stat
 import sys
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from guard.config import Settings
+from guard.errors import GuardError
 from guard.schemas import (
     CollectiveTiming,
     GuardMessage,
@@ -45,6 +45,7 @@ from guard.schemas import (
     encode,
     parse_message,
 )
+from guard.shutdown import stop_on_signals
 
 __all__ = ["AgentDaemon", "ClientListener", "JobTracker", "run_agent"]
 
@@ -313,8 +314,10 @@ def _collectors(
 
 
 def run_agent(args: argparse.Namespace, settings: Settings) -> int:
+    level = getattr(args, "log_level", None) or "info"
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     agent = settings.agent
     node = getattr(args, "node", None) or agent.node or socket.gethostname()
@@ -328,19 +331,11 @@ def run_agent(args: argparse.Namespace, settings: Settings) -> int:
         try:
             publisher = Publisher(settings)
         except OSError as exc:
-            print(
-                f"guard agent: error: cannot use the spool directory ({exc}); set agent.spool_dir "
-                "(GUARD_AGENT_SPOOL_DIR) to a writable directory",
-                file=sys.stderr,
-            )
-            return 2
-    stop = threading.Event()
-
-    def _on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
+            raise GuardError(
+                f"agent: cannot use the spool directory ({exc}); set agent.spool_dir "
+                "(GUARD_AGENT_SPOOL_DIR) to a writable directory"
+            ) from None
+    with stop_on_signals() as stop, contextlib.closing(publisher):
         if getattr(args, "simulate", False):
             return run_simulated(args, settings, publisher, stop)
         jobs = JobTracker(getattr(args, "job", None) or agent.job)
@@ -369,10 +364,6 @@ def run_agent(args: argparse.Namespace, settings: Settings) -> int:
                 closer.close()
         log.info("agent stopping: %s", daemon.status())
         return 0
-    finally:
-        publisher.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def run_simulated(

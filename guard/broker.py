@@ -15,10 +15,12 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from guard.errors import GuardError
+
 __all__ = ["EmbeddedBroker", "EmbeddedBrokerError", "free_port", "tansu_binary"]
 
 
-class EmbeddedBrokerError(RuntimeError):
+class EmbeddedBrokerError(GuardError):
     """The embedded broker could not be found or did not start."""
 
 

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -21,9 +21,14 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from guard.errors import GuardError
 from guard.schemas import CATEGORIES
 
-__all__ = ["Settings", "load_settings"]
+__all__ = ["ConfigError", "Settings", "load_settings"]
+
+
+class ConfigError(GuardError):
+    """The configuration file is missing or a setting is invalid."""
 
 
 def _default_data_dir() -> Path:
@@ -271,15 +276,21 @@ def load_settings(config: str | Path | None = None, **overrides: Any) -> Setting
     if config is not None:
         path = Path(config)
         if not path.is_file():
-            raise FileNotFoundError(f"config file {path} does not exist")
+            raise ConfigError(f"config file {path} does not exist")
     elif os.environ.get("GUARD_CONFIG"):
         path = Path(os.environ["GUARD_CONFIG"])
         if not path.is_file():
-            raise FileNotFoundError(f"GUARD_CONFIG={path} does not exist")
+            raise ConfigError(f"GUARD_CONFIG={path} does not exist")
     elif Path("guard.toml").is_file():
         path = Path("guard.toml")
     _CONFIG_FILE["path"] = path
     try:
         return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(
+            f"invalid configuration: {exc}\n(read from the TOML file and "
+            "GUARD_<SECTION>_<FIELD> environment variables; `guard config show` prints "
+            "the fields)"
+        ) from None
     finally:
         _CONFIG_FILE["path"] = None

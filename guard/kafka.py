@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from guard.config import Settings
+from guard.errors import GuardError
 from guard.schemas import GuardMessage, encode
 
 # The topic map lives in schemas/topics.py; re-exported for the transport code.
@@ -45,7 +46,7 @@ DLQ_ERROR_HEADER = "guard-error"
 DLQ_SOURCE_HEADER = "guard-source"
 
 
-class BrokerUnreachable(RuntimeError):
+class BrokerUnreachable(GuardError):
     """No Kafka broker answered at the configured bootstrap address."""
 
 

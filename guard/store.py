@@ -15,13 +15,14 @@ from typing import Any
 import clickhouse_connect
 
 from guard.config import Settings
+from guard.errors import GuardError
 from guard.schemas import GuardMessage
 from guard.schemas.tables import TABLES, ddl_statements, rows_by_table
 
 __all__ = ["StoreUnavailable", "connect", "insert_messages", "migrate"]
 
 
-class StoreUnavailable(RuntimeError):
+class StoreUnavailable(GuardError):
     """ClickHouse could not be reached or opened."""
 
 

@@ -85,6 +85,10 @@ class NativeWorker:
             },
         )
 
+    def restored_keys(self) -> int:
+        """Keys resumed from checkpoints so far, over the three tables."""
+        return sum(s.restored for s in (self.node.state, self.job.state, self.fusion.state))
+
     # -- set-up ----------------------------------------------------------------------------
 
     def _back(self, state: KeyedState, table: str) -> None:

@@ -8,6 +8,7 @@ transports only move bytes in and out.
 
 from __future__ import annotations
 
+import json
 import pickle
 import time
 import zlib
@@ -31,6 +32,8 @@ __all__ = [
     "decode_finding",
     "encode_finding",
     "finding_key",
+    "parse_progress",
+    "progress_line",
 ]
 
 # (topic, partition, value) of one record
@@ -51,6 +54,33 @@ class StreamsCounters:
     findings: int = 0
     flags: int = 0
     dead_letters: int = 0
+
+
+def progress_line(worker: str, event: str = "progress", **counts: int) -> str:
+    """A worker's report as one JSON line (the demo, tests and benchmarks read it back).
+
+    >>> progress_line("streams", telemetry=3, flags=1)
+    '{"event": "progress", "worker": "streams", "telemetry": 3, "flags": 1}'
+    """
+    return json.dumps({"event": event, "worker": worker, **counts})
+
+
+def parse_progress(line: str | bytes) -> dict[str, Any] | None:
+    """The report in a line of a worker's output, or None for any other line.
+
+    >>> parse_progress('{"event": "progress", "worker": "streams", "telemetry": 3}')["telemetry"]
+    3
+    >>> parse_progress("partitions assigned: 0,1") is None
+    True
+    """
+    text = line.strip()
+    if not text.startswith(b"{" if isinstance(text, bytes) else "{"):
+        return None
+    try:
+        report = json.loads(text)
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) and report.get("event") == "progress" else None
 
 
 @dataclass

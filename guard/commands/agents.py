@@ -10,32 +10,37 @@ from pathlib import Path
 from typing import Any
 
 from guard.config import Settings
+from guard.errors import UsageError
+
+from .common import add_log_level, apply_options
 
 __all__ = ["register"]
 
 
 def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
     from guard.agents.simulator import write_jsonl
+    from guard.schemas.truth import Truth
 
     try:
         config = _sim_config(args)
     except ValueError as exc:
-        print(f"guard simulate: error: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(f"simulate: {exc}") from None
     started = time.monotonic()
     try:
         truth, counts = write_jsonl(config, args.out, workers=args.workers)
         Path(args.truth).write_text(json.dumps(truth, indent=1) + "\n")
     except OSError as exc:
-        print(f"guard simulate: error: cannot write the output: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(
+            f"simulate: cannot write the output: {exc}; choose a writable --out and --truth"
+        ) from None
+    model = truth if isinstance(truth, Truth) else Truth.model_validate(truth)
     summary = {
         "out": args.out,
         "truth": args.truth,
         "messages": sum(counts.values()),
         "by_kind": counts,
-        "faults": len(truth["faults"]),
-        "confounders": len(truth["confounders"]),
+        "faults": len(model.faults),
+        "confounders": len(model.confounders),
         "wall_s": round(time.monotonic() - started, 2),
     }
     if args.json:
@@ -108,6 +113,19 @@ def _parse_fault(text: str) -> Any:
 def cmd_agent(args: argparse.Namespace, settings: Settings) -> int:
     from guard.agents.daemon import run_agent
 
+    apply_options(
+        settings,
+        args,
+        {
+            "agent.node": "node",
+            "agent.job": "job",
+            "agent.interval_s": "interval",
+            "agent.socket_path": "socket",
+            "agent.gpu_source": "gpu_source",
+            "agent.dcgm_url": "dcgm_url",
+            "agent.sysfs_root": "sysfs",
+        },
+    )
     code: int = run_agent(args, settings)
     return code
 
@@ -166,3 +184,4 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--truth", help="with --simulate: write the ground truth here")
     p.add_argument("--once", action="store_true", help="one sampling cycle, then exit")
     p.add_argument("--dry-run", action="store_true", help="print messages instead of publishing")
+    add_log_level(p, "info")

@@ -1,4 +1,4 @@
-"""CLI subcommands of the detectors room: ``guard backtest`` and ``guard eval``."""
+"""CLI subcommands of the evaluation room: ``guard backtest`` and ``guard eval``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from guard.errors import GuardError
 
 __all__ = ["register"]
 
@@ -17,7 +19,7 @@ def cmd_backtest(args: argparse.Namespace, settings: Any) -> int:
     paths = [Path(p) for p in args.inputs]
     for path in paths:
         if not path.exists():
-            raise FileNotFoundError(f"input {path} does not exist")
+            raise GuardError(f"input {path} does not exist")
     stats = BacktestStats()
     detector = make_detector(args.detector)
     out_path = Path(args.out)
@@ -44,7 +46,7 @@ def cmd_eval(args: argparse.Namespace, settings: Any) -> int:
 
     for path in (args.truth, args.flags):
         if not Path(path).exists():
-            raise FileNotFoundError(f"{path} does not exist")
+            raise GuardError(f"{path} does not exist")
     ev = evaluate(load_truth(args.truth), load_flags(args.flags), grace_s=args.grace)
     if args.json:
         print(json.dumps(ev.as_dict(), indent=2))

@@ -1,4 +1,4 @@
-"""``guard orchestrator`` and ``guard node list | show | release | repair``.
+"""``guard node list | show | release | repair``.
 
 The node commands talk to Kafka only (the compacted ``guard.node-state`` topic): in embedded
 mode ClickHouse belongs to another process, and the orchestrator, not the command, changes
@@ -9,98 +9,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import signal
-import sys
-import threading
-import time
-from datetime import UTC, datetime
-from pathlib import Path
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from guard.config import Settings
+from guard.errors import GuardError
+
+from .orchestrator import when
 
 __all__ = ["register"]
 
 
-def _when(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _fail(message: str) -> int:
-    print(f"guard: error: {message}", file=sys.stderr)
-    return 2
-
-
-def cmd_orchestrator(args: argparse.Namespace, settings: Settings) -> int:
-    from guard.kafka import wait_for_broker
-    from guard.sweeps.executors import SimulatedSweepExecutor
-    from guard.sweeps.orchestrator import SimulatedClock
-    from guard.sweeps.service import KafkaOrchestrator
-
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    o = settings.orchestrator
-    if args.scheduler:
-        o.scheduler = args.scheduler
-    if args.nodes:
-        o.nodes = [n for n in args.nodes.split(",") if n]
-    executor = None
-    clock: Any = time.time
-    if args.truth:
-        truth = json.loads(Path(args.truth).read_text())
-        o.executor = "simulated"
-        executor = SimulatedSweepExecutor.from_truth(truth, duration_s=args.sweep_delay)
-        if not o.nodes:
-            o.nodes = list(truth.get("nodes", []))
-        if args.speed is not None:
-            clock = SimulatedClock(
-                args.sim_start if args.sim_start is not None else float(truth["start_ts"]),
-                args.speed,
-                args.wall_start,
-            )
-    elif o.executor == "simulated" and o.simulated_truth is None:
-        return _fail("the simulated executor needs --truth TRUTH.json")
-
-    def show(message: Any) -> None:
-        if message.kind == "node_state":
-            print(
-                f"{_when(message.ts)} {message.node} {message.prev} -> {message.state}: "
-                f"{message.reason}",
-                flush=True,
-            )
-        else:
-            verdict = "passed" if message.passed else "FAILED"
-            print(
-                f"{_when(message.ts)} {message.node} {message.sweep}-node sweep {verdict}",
-                flush=True,
-            )
-
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+@contextmanager
+def _one_line_errors() -> Iterator[None]:
+    """Kafka's failures (no broker, no answer in time) as the command's one-line error."""
     try:
-        orchestrator = KafkaOrchestrator(settings, executor=executor, clock=clock, listeners=[show])
-    except ValueError as exc:
-        return _fail(str(exc))
-    print(
-        f"orchestrator: scheduler {orchestrator.core.scheduler.name}, executor "
-        f"{type(orchestrator.core.executor).__name__}, flags from {settings.topic('remediation')}",
-        file=sys.stderr,
-        flush=True,
-    )
-    wait_for_broker(settings)
-    try:
-        orchestrator.run(stop)
+        yield
     except (RuntimeError, TimeoutError) as exc:
-        return _fail(str(exc))
-    return 0
+        if isinstance(exc, GuardError):
+            raise
+        raise GuardError(str(exc)) from exc
 
 
 def _views(settings: Settings, args: argparse.Namespace, history: bool = False) -> Any:
@@ -118,10 +47,8 @@ def _state_dict(state: Any) -> dict[str, Any] | None:
 
 
 def cmd_node_list(args: argparse.Namespace, settings: Settings) -> int:
-    try:
+    with _one_line_errors():
         views = _views(settings, args)
-    except (RuntimeError, TimeoutError) as exc:
-        return _fail(str(exc))
     rows = []
     for node in sorted(views):
         view = views[node]
@@ -146,7 +73,7 @@ def cmd_node_list(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     print(f"{'NODE':<20} {'STATE':<9} {'SINCE (UTC)':<19}  REASON")
     for node, state, view in rows:
-        since = _when(view.state.ts) if view.state else "-"
+        since = when(view.state.ts) if view.state else "-"
         reason = view.state.reason if view.state else ""
         if view.pending is not None:
             reason = f"[pending {view.pending.state} by {view.pending.actor}] {reason}"
@@ -157,11 +84,9 @@ def cmd_node_list(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_node_show(args: argparse.Namespace, settings: Settings) -> int:
     from guard.sweeps.service import read_sweeps
 
-    try:
+    with _one_line_errors():
         view = _views(settings, args, history=True).get(args.node)
         sweeps = read_sweeps(settings, args.node, timeout_s=args.timeout)
-    except (RuntimeError, TimeoutError) as exc:
-        return _fail(str(exc))
     if view is None and not sweeps:
         print(f"{args.node}: no recorded state (healthy, never acted on)")
         return 0
@@ -182,11 +107,11 @@ def cmd_node_show(args: argparse.Namespace, settings: Settings) -> int:
         print(f"  pending request: {view.pending.state} by {view.pending.actor}")
     print("history (retained on the compacted topic):")
     for s in view.history if view else []:
-        print(f"  {_when(s.ts)}  {s.prev or '-':>8} -> {s.state:<8} {s.actor:<16} {s.reason}")
+        print(f"  {when(s.ts)}  {s.prev or '-':>8} -> {s.state:<8} {s.actor:<16} {s.reason}")
     for sweep in sweeps:
         verdict = "passed" if sweep.passed else "FAILED"
         peers = f" with {', '.join(sweep.peers)}" if sweep.peers else ""
-        print(f"{sweep.sweep}-node sweep {_when(sweep.ts)}{peers}: {verdict}")
+        print(f"{sweep.sweep}-node sweep {when(sweep.ts)}{peers}: {verdict}")
         for c in sweep.checks:
             value = "-" if c.value is None else f"{c.value:g}"
             base = "" if c.baseline is None else f" (baseline {c.baseline:g})"
@@ -198,26 +123,22 @@ def cmd_node_show(args: argparse.Namespace, settings: Settings) -> int:
 def _request(args: argparse.Namespace, settings: Settings, state: str) -> int:
     from guard.sweeps.service import request_operator_action, wait_for_answer
 
-    try:
+    with _one_line_errors():
         current = _views(settings, args).get(args.node)
         prev = current.state.state if current and current.state else None
         request = request_operator_action(
             settings, args.node, state, args.reason or "", user=args.user, prev=prev
         )
-    except (RuntimeError, TimeoutError) as exc:
-        return _fail(str(exc))
     what = "release" if state == "healthy" else "repair"
     print(f"{what} of {args.node} requested (was {prev or 'healthy'})", flush=True)
     if args.wait <= 0:
         return 0
     answer = wait_for_answer(settings, request, args.wait)
     if answer is None:
-        print(
+        raise GuardError(
             f"no answer from the orchestrator within {args.wait:g} s; the request stays on "
-            f"{settings.topic('node-state')} and is applied when the orchestrator runs",
-            file=sys.stderr,
+            f"{settings.topic('node-state')} and is applied when the orchestrator runs"
         )
-        return 1
     print(f"{args.node}: {answer.prev} -> {answer.state} ({answer.reason})")
     return 0
 
@@ -231,22 +152,7 @@ def cmd_node_repair(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def register(sub: Any, add: Any) -> None:
-    """Add ``orchestrator`` and ``node`` to the ``guard`` parser."""
-    p = add("orchestrator", cmd_orchestrator, "run the sweep orchestrator (flags → sweeps)")
-    p.add_argument("--scheduler", choices=["dry-run", "slurm", "kubernetes"])
-    p.add_argument("--nodes", help="node inventory, comma-separated (default: settings)")
-    p.add_argument("--truth", help="simulator TRUTH.json: use the simulated sweep executor")
-    p.add_argument("--speed", type=float, help="with --truth: simulated time runs this fast")
-    p.add_argument("--sim-start", type=float, help="simulated time at --wall-start")
-    p.add_argument("--wall-start", type=float, help="wall time of --sim-start (default: now)")
-    p.add_argument("--sweep-delay", type=float, default=0.0, help="simulated sweep duration, s")
-    p.add_argument(
-        "--log-level",
-        default="warning",
-        choices=["debug", "info", "warning", "error"],
-        help="transitions are printed anyway; info adds scheduler actions",
-    )
-
+    """Add ``node`` to the ``guard`` parser."""
     node = sub.add_parser("node", help="node health").add_subparsers(dest="sub", required=True)
     p = add("list", cmd_node_list, "every node with a recorded state", node)
     p.add_argument("--state", action="append", help="only these states (repeatable)")

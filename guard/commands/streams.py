@@ -1,25 +1,47 @@
-"""`guard streams` and `guard sink`: the long-running stream processors."""
+"""`guard streams` and `guard sink`: the long-running stream processors.
+
+Both report progress on stderr as one JSON line per report (``progress_line``), which the
+demo, the tests and the benchmarks read back with ``parse_progress``.
+"""
 
 from __future__ import annotations
 
 import argparse
-import logging
-import signal
 import sys
 import threading
 from typing import Any
 
 from guard.config import Settings
 
+from .common import add_log_level, apply_options, configure_logging
+
+__all__ = ["register"]
+
+
+def _report(worker: str, event: str = "progress", **counts: int) -> None:
+    from guard.streams.processing import progress_line
+
+    print(progress_line(worker, event, **counts), file=sys.stderr, flush=True)
+
+
+def _report_streams(counters: Any, restored: int) -> None:
+    _report(
+        "streams",
+        telemetry=counters.telemetry,
+        findings=counters.findings,
+        flags=counters.flags,
+        dead_letters=counters.dead_letters,
+        restored=restored,
+    )
+
 
 def cmd_streams(args: argparse.Namespace, settings: Settings) -> int:
     from guard.kafka import create_topics
 
     create_topics(settings)  # the input topics must exist before the workers subscribe
-    if args.engine:
-        settings.streams.engine = args.engine
+    apply_options(settings, args, {"streams.engine": "engine"})
     if settings.streams.engine == "native":
-        return _run_native(settings)
+        return _run_native(settings, args.log_level or "info")
     import faust
 
     from guard.streams.faust_app import create_app
@@ -29,78 +51,66 @@ def cmd_streams(args: argparse.Namespace, settings: Settings) -> int:
 
     @app.timer(interval=settings.streams.progress_s)
     async def progress() -> None:
-        print(_progress_line(counters, app.guard_restored()), file=sys.stderr, flush=True)  # type: ignore[attr-defined]
+        _report_streams(counters, app.guard_restored())  # type: ignore[attr-defined]
 
-    worker = faust.Worker(app, loglevel=args.loglevel, quiet=True, redirect_stdouts=False)
+    loglevel = args.log_level or "warning"
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     worker.execute_from_commandline()
     return 0
 
 
-def _progress_line(counters: Any, restored: int) -> str:
-    return (
-        f"guard streams: {counters.telemetry} telemetry messages, {counters.findings} "
-        f"findings, {counters.flags} flags, {counters.dead_letters} dead letters, "
-        f"{restored} keys restored from checkpoints"
-    )
-
-
-def _run_native(settings: Settings) -> int:
+def _run_native(settings: Settings, log_level: str) -> int:
+    from guard.shutdown import stop_on_signals
     from guard.streams.native import NativeWorker
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    worker = NativeWorker(settings)
+    configure_logging(log_level)
+    with stop_on_signals() as stop:
+        worker = NativeWorker(settings)
 
-    def report(counters: Any) -> None:
-        restored = sum(
-            s.restored for s in (worker.node.state, worker.job.state, worker.fusion.state)
-        )
-        print(_progress_line(counters, restored), file=sys.stderr, flush=True)
+        def report(counters: Any) -> None:
+            _report_streams(counters, worker.restored_keys())
 
-    worker.run(stop, on_progress=report)
+        worker.run(stop, on_progress=report)
     return 0
 
 
 def cmd_sink(args: argparse.Namespace, settings: Settings) -> int:
     from guard.kafka import create_topics
+    from guard.shutdown import stop_on_signals
     from guard.store import connect, migrate
     from guard.streams.sink import ClickHouseSink
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    configure_logging(args.log_level)
     create_topics(settings)
     client = connect(settings)
     migrate(client, settings)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    sink = ClickHouseSink(settings, client, group_id=args.group)
-    ticker = threading.Thread(target=_report, args=(sink, stop, settings), daemon=True)
-    ticker.start()
-    stats = sink.run(stop)
+    with stop_on_signals() as stop:
+        sink = ClickHouseSink(settings, client, group_id=args.group)
+        ticker = threading.Thread(target=_report_sink, args=(sink, stop, settings), daemon=True)
+        ticker.start()
+        stats = sink.run(stop)
     client.close()
-    print(
-        f"guard sink: stopped; {stats.stored} rows stored, {stats.dead_letters} dead letters",
-        file=sys.stderr,
-    )
+    _report("sink", "stopped", stored=stats.stored, dead_letters=stats.dead_letters)
     return 0
 
 
-def _report(sink: Any, stop: threading.Event, settings: Settings) -> None:
+def _report_sink(sink: Any, stop: threading.Event, settings: Settings) -> None:
     while not stop.wait(settings.streams.progress_s):
         s = sink.stats
-        print(
-            f"guard sink: {s.consumed} consumed, {s.stored} stored in {s.batches} batches, "
-            f"{s.dead_letters} dead letters, {s.insert_failures} failed inserts",
-            file=sys.stderr,
-            flush=True,
+        _report(
+            "sink",
+            consumed=s.consumed,
+            stored=s.stored,
+            batches=s.batches,
+            dead_letters=s.dead_letters,
+            insert_failures=s.insert_failures,
         )
 
 
 def register(sub: Any, add: Any) -> None:
+    """Add ``streams`` and ``sink`` to the ``guard`` parser."""
     p = add("streams", cmd_streams, "run a streams worker (detectors over the telemetry topics)")
-    p.add_argument("--loglevel", default="warning")
+    add_log_level(p, None, "log level (default: info; faust: warning)", "--loglevel")
     p.add_argument(
         "--engine",
         choices=["faust", "native"],
@@ -109,3 +119,4 @@ def register(sub: Any, add: Any) -> None:
     )
     p = add("sink", cmd_sink, "store Guard's topics in ClickHouse")
     p.add_argument("--group", default="guard-sink", help="consumer group id")
+    add_log_level(p, "info")

@@ -48,10 +48,10 @@ def test_bad_config_is_a_clear_error(
 ) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[kafka]\ntelemetry_partitions = 0\n")
-    assert main(["--config", str(bad), "config", "show"]) == 2
+    assert main(["--config", str(bad), "config", "show"]) == 1
     err = capsys.readouterr().err
     assert "invalid configuration" in err and "telemetry_partitions" in err
-    assert main(["--config", str(tmp_path / "missing.toml"), "config", "show"]) == 2
+    assert main(["--config", str(tmp_path / "missing.toml"), "config", "show"]) == 1
     assert "does not exist" in capsys.readouterr().err
 
 
@@ -76,7 +76,7 @@ def test_unreachable_broker_is_a_one_line_error(
     settings: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("GUARD_KAFKA_BOOTSTRAP", "127.0.0.1:9")
-    assert main(["topics", "create", "--timeout", "2"]) == 2
+    assert main(["topics", "create", "--timeout", "2"]) == 1
     err = capsys.readouterr().err
     assert "no Kafka broker answered at 127.0.0.1:9" in err and "guard broker" in err
 

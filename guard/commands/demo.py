@@ -1,0 +1,55 @@
+"""``guard demo``: the whole pipeline on a simulated cluster."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from guard.config import Settings
+
+from .common import add_log_level, apply_options, configure_logging
+
+__all__ = ["register"]
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from guard.demo import DemoConfig, run_demo
+
+    configure_logging(args.log_level)
+    apply_options(settings, args, {"streams.engine": "engine"})
+    config = DemoConfig(
+        nodes=args.nodes,
+        duration_s=args.duration,
+        seed=args.seed,
+        speed=args.speed,
+        workers=args.workers,
+        engine=settings.streams.engine,
+        home=Path(args.home) if args.home else None,
+    )
+    run_demo(settings, config, as_json=args.json)
+    return 0
+
+
+def register(sub: Any, add: Any) -> None:
+    """Add ``demo`` to the ``guard`` parser."""
+    p = add("demo", cmd_demo, "run the whole pipeline on a simulated cluster (embedded)")
+    p.add_argument("--nodes", type=int, default=32, help="simulated nodes (8 GPUs each)")
+    p.add_argument("--duration", type=float, default=600, help="simulated seconds")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--speed",
+        type=float,
+        default=None,
+        help="simulated seconds per wall second (default: what the workers keep up with)",
+    )
+    p.add_argument("--workers", type=int, default=1, help="streams worker processes")
+    p.add_argument(
+        "--engine",
+        choices=["faust", "native"],
+        default=None,
+        help="streams transport (default from config: native)",
+    )
+    p.add_argument("--home", help="data directory (default: a new temporary one)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    add_log_level(p, "warning")

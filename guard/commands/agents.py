@@ -28,7 +28,7 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
     started = time.monotonic()
     try:
         truth, counts = write_jsonl(config, args.out, workers=args.workers)
-        Path(args.truth).write_text(json.dumps(truth, indent=1) + "\n")
+        Path(args.truth).write_text(truth.model_dump_json(indent=1) + "\n")
     except OSError as exc:
         raise UsageError(
             f"simulate: cannot write the output: {exc}; choose a writable --out and --truth"

@@ -50,7 +50,7 @@ def _all_kinds_config(**overrides: Any) -> SimConfig:
 def run() -> tuple[list[GuardMessage], dict[str, Any]]:
     sim = ClusterSimulator(_all_kinds_config())
     messages = list(sim.messages())
-    return messages, sim.truth()
+    return messages, sim.truth().model_dump()
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +120,7 @@ def test_same_seed_same_bytes_and_workers_do_not_change_them(tmp_path: Path) -> 
     for workers in (1, 2, 1):
         out = tmp_path / f"t{workers}.jsonl"
         truth, counts = write_jsonl(config, out, workers=workers)
-        digests.append((hashlib.sha256(out.read_bytes()).hexdigest(), json.dumps(truth)))
+        digests.append((hashlib.sha256(out.read_bytes()).hexdigest(), truth.model_dump_json()))
         assert sum(counts.values()) == len(out.read_bytes().splitlines())
     assert digests[0] == digests[1] == digests[2]
     # The writer's shortcuts (reused sample objects, whole-tick encoding) change no byte.
@@ -308,13 +308,13 @@ def test_remediation_moves_ranks_to_a_spare_and_restores_step_time() -> None:
         if (
             message.kind == "step"
             and message.ts > 100 + fixed.start_ts
-            and not fixed.truth()["remediations"]
+            and not fixed.truth().remediations
         ):
             fixed.remediate("node-002")
         if message.kind == "step" and message.node == "node-005":
             seen_spare = True
-    remediation = fixed.truth()["remediations"][0]
-    assert remediation["node"] == "node-002" and remediation["replaced_by"] == "node-005"
+    remediation = fixed.truth().remediations[0]
+    assert remediation.node == "node-002" and remediation.replaced_by == "node-005"
     assert seen_spare
     late = fixed.start_ts + 250
     slow = statistics.median(s for ts, s in plain.step_times("job-a") if ts > late)

@@ -33,7 +33,7 @@ def simulated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, lis
     root = tmp_path_factory.mktemp("sim")
     telemetry, truth = root / "t.jsonl", root / "truth.json"
     telemetry.write_bytes(b"\n".join(lines) + b"\n")
-    truth.write_text(json.dumps(sim.truth()))
+    truth.write_text(sim.truth().model_dump_json())
     return telemetry, truth, lines
 
 
@@ -42,7 +42,7 @@ def test_engine_finds_the_three_faults_and_nothing_else(
 ) -> None:
     _, truth_path, lines = simulated
     engine = DetectionEngine()
-    flags = [f for line in lines for f in engine.process(parse_message(line))] + engine.flush()
+    flags = [f for line in lines for f in engine.update(parse_message(line))] + engine.flush()
     ev = evaluate(json.loads(truth_path.read_text()), [f.model_dump() for f in flags])
     assert ev.rows["all"].recall == 1.0
     assert ev.false_claims == []
@@ -107,12 +107,12 @@ def test_snapshot_and_restore_midway_gives_the_same_flags(
     _, _, lines = simulated
     messages = [parse_message(line) for line in lines]
     whole = DetectionEngine()
-    expected = [f for m in messages for f in whole.process(m)] + whole.flush()
+    expected = [f for m in messages for f in whole.update(m)] + whole.flush()
     first = DetectionEngine()
     cut = len(messages) * 2 // 3
-    got = [f for m in messages[:cut] for f in first.process(m)]
+    got = [f for m in messages[:cut] for f in first.update(m)]
     resumed = DetectionEngine.restore(first.snapshot())
-    got += [f for m in messages[cut:] for f in resumed.process(m)] + resumed.flush()
+    got += [f for m in messages[cut:] for f in resumed.update(m)] + resumed.flush()
     assert [f.id for f in got] == [f.id for f in expected]
 
 
@@ -120,7 +120,7 @@ def test_state_per_gpu_is_under_10_kb(simulated: tuple[Path, Path, list[bytes]])
     _, truth, lines = simulated
     engine = DetectionEngine()
     for line in lines:
-        engine.process(parse_message(line))
+        engine.update(parse_message(line))
     sizes = engine.state_bytes()
     t = json.loads(truth.read_text())
     gpus = len(t["nodes"]) * t["gpus_per_node"]

@@ -1,0 +1,117 @@
+"""What shapes a simulated run: the fault, job and run specs, and the physical constants."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = [
+    "CATEGORY_BY_KIND",
+    "CONFOUNDER_KINDS",
+    "COUNTER_INDEX",
+    "NIC_COUNTERS",
+    "FaultSpec",
+    "JobSpec",
+    "SimConfig",
+]
+
+CATEGORY_BY_KIND = {
+    "thermal_throttle": "thermal",
+    "power_cap": "power",
+    "power_brake": "power",
+    "slow_gpu": "straggler",
+    "degraded_nic": "nic",
+    "nic_reduced_speed": "nic",
+    "link_flap": "link",
+    "xid": "gpu_error",
+    "ecc_dbe": "gpu_error",
+}
+CONFOUNDER_KINDS = (
+    "checkpoint",
+    "data_stall",
+    "hiccup",
+    "stage_imbalance",
+    "hot_rack",
+    "fabric_congestion",
+    "agent_restart",
+    "telemetry_gap",
+    "clock_skew",
+    "out_of_order",
+)
+NIC_COUNTERS = (
+    "port_xmit_data",
+    "port_rcv_data",
+    "symbol_error",
+    "link_downed",
+    "link_error_recovery",
+    "port_rcv_errors",
+    "port_xmit_discards",
+    "port_xmit_wait",
+    "out_of_sequence",
+    "packet_seq_err",
+    "local_ack_timeout_err",
+    "np_ecn_marked_roce_packets",
+    "rp_cnp_handled",
+)
+COUNTER_INDEX = {name: i for i, name in enumerate(NIC_COUNTERS)}
+
+# H100 SXM-class nominal values.
+POWER_LIMIT_W = 700.0
+SM_CLOCK_MAX_MHZ = 1980.0
+SM_CLOCK_IDLE_MHZ = 345.0
+MEM_CLOCK_MHZ = 2619.0
+THROTTLE_TEMP_C = 87.0
+LINK_GBPS = 400.0
+# Share of a step's compute that scales with the SM clock (the rest is memory-bound).
+CLOCK_BOUND = 0.9
+
+
+@dataclass
+class FaultSpec:
+    """One fault to inject. ``onset_s`` / ``end_s`` are seconds from the start of the run."""
+
+    kind: str
+    node: str | None = None  # None: a random busy node
+    gpu: int | None = None  # None: a random GPU (or NIC) of the node
+    onset_s: float | None = None  # None: random in SimConfig.onset_window
+    end_s: float | None = None  # None: lasts to the end
+    slowdown: float | None = None  # None: drawn from the kind's range x severity
+    pattern: str | None = None  # steady | intermittent | degrading (kind-dependent)
+
+
+@dataclass
+class JobSpec:
+    name: str
+    nodes: int
+    pp_stages: int = 1
+    step_s_nominal: float = 2.0
+
+
+@dataclass
+class SimConfig:
+    """Everything that shapes a simulated run; the same config and seed give the same bytes."""
+
+    nodes: int = 16
+    duration_s: float = 600.0
+    seed: int = 0
+    start_ts: float = 1767225600.0  # 2026-01-01T00:00:00Z
+    gpus_per_node: int = 8
+    sample_interval_s: float = 1.0
+    step_s_nominal: float = 2.0
+    idle_fraction: float = 0.08
+    jobs: list[JobSpec] | None = None  # None: one DP job, plus a 2-stage PP job from 16 nodes
+    faults: list[FaultSpec] = field(default_factory=list)
+    random_faults: int | None = None  # None: round(faults_per_node_hour x node-hours), >= 1
+    faults_per_node_hour: float = 0.125  # ~700x the InfiniteHBD rate, to see faults in an hour
+    fault_mix: dict[str, float] | None = None  # None: calibration.FAULT_MIX
+    severity: float = 1.0  # multiplies every drawn slowdown
+    onset_window: tuple[float, float] = (0.1, 0.6)  # fraction of the run where faults start
+    confounders: bool = True
+    clock_skew_max_s: float = 0.015
+    checkpoint_every_s: float = 900.0
+    restart_s: float = 60.0
+    excluded: frozenset[str] = frozenset()
+    gpu_speed_sigma: float = 0.01
+    rack_size: int = 8
+
+    def node_names(self) -> list[str]:
+        return [f"node-{i:03d}" for i in range(self.nodes)]

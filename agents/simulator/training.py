@@ -1,0 +1,336 @@
+"""Training: each job's synchronous steps, their gradient all-reduce, and remediation.
+
+A rank's compute is the stage's nominal compute x its GPU's speed x ``1 + slowdown`` x
+noise; the all-reduce starts when the last rank arrives and lasts as long as the slowest
+ring connection. Step and collective messages are built from per-rank templates.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from guard.schemas import CollectiveTiming, ConnectionStat, StepTiming
+from guard.schemas.fast import fast_builder
+
+from .config import SimConfig
+from .scenario import RunningJob
+
+__all__ = ["TrainingModel"]
+
+_GRADIENT_BYTES = 2 * 1024**3
+_step_model = fast_builder(StepTiming)
+_coll_model = fast_builder(CollectiveTiming)
+_conn_model = fast_builder(ConnectionStat)
+
+
+class TrainingModel:
+    """The training half of :class:`~guard.agents.simulator.ClusterSimulator` (a mixin: it
+    runs the planned jobs' steps from ``_step_noise``, applies pending remediations and
+    records them in ``_remediations``)."""
+
+    config: SimConfig
+    node_names: list[str]
+    end_ts: float
+    _lock: threading.Lock
+
+    def _apply_remediation(self, job: RunningJob) -> bool:
+        with self._lock:
+            pending = [p for p in self._pending_remediation]
+        changed = False
+        for name in pending:
+            node = self.node_names.index(name)
+            ranks = (job.rank_node == node) & job.active
+            if not ranks.any():
+                continue
+            with self._lock:
+                self._pending_remediation.remove(name)
+            busy = {int(x) for j in self._jobs for x in j.rank_node[j.active]}
+            spare = next((s for s in self._spares if s not in busy and s != node), None)
+            if spare is not None:
+                self._spares.remove(spare)
+                job.rank_node[ranks] = spare
+            else:
+                job.active[ranks] = False
+            self._remediations.append(
+                {
+                    "node": name,
+                    "job": job.name,
+                    "ts": round(job.next_start, 3),
+                    "replaced_by": None if spare is None else self.node_names[spare],
+                    "restart_s": self.config.restart_s,
+                }
+            )
+            changed = True
+            job.layout_version += 1
+            self._busy = None
+        return changed
+
+    def _run_steps(
+        self,
+        job: RunningJob,
+        tick_end: float,
+        s: dict[str, np.ndarray],
+        out: list[tuple[float, Any]],
+    ) -> None:
+        while job.next_start < tick_end and job.next_start < self.end_ts:
+            if self._pending_remediation and self._apply_remediation(job):
+                job.next_start += self.config.restart_s  # restart from the last checkpoint
+                job.seq = 0  # new communicators count from zero
+                continue
+            end = self._one_step(job, s, out)
+            job.next_start = end + 0.002
+
+    def _one_step(
+        self, job: RunningJob, s: dict[str, np.ndarray], out: list[tuple[float, Any]]
+    ) -> float:
+        start = job.next_start
+        conn_nominal = 0.25 * job.step_s_nominal
+        compute = self._rank_compute(job, s, start)
+        arrive = start + compute
+        hang, flapped_nodes = self._flap_hang(job, start, arrive, conn_nominal)
+        stage_end, next_peer, prev_peer, conn = self._allreduce(
+            job, s, arrive, self._comm_factor(start), conn_nominal, hang, flapped_nodes
+        )
+        end = float(stage_end.max())
+        step_s = end - start
+        # Checkpoint after this step: everyone waits for the save.
+        if job.checkpoints and job.checkpoints[0][0] <= end:
+            ck_s = job.checkpoints.pop(0)[1]
+            self._add_confounder("checkpoint", end, end + ck_s, job=job.name, step=job.step)
+            end += ck_s
+            step_s += ck_s
+        job.step_log.append((end, step_s))
+        if self._build_steps:
+            self._step_messages(
+                job, step_s, end, arrive, compute, conn, stage_end, next_peer, prev_peer, out
+            )
+        job.step += 1
+        job.seq += 1
+        return end
+
+    def _rank_compute(self, job: RunningJob, s: dict[str, np.ndarray], start: float) -> np.ndarray:
+        """Each rank's compute time this step: speed, faults, noise, hiccups, data stalls."""
+        rng = self._step_noise
+        ranks = len(job.rank_node)
+        nodes, gpus = job.rank_node, job.rank_gpu
+        compute_nominal = 0.72 * job.step_s_nominal
+        stage_factor = np.array(job.stage_factor)[job.rank_stage]
+        compute = (
+            compute_nominal
+            * stage_factor
+            * self._gpu_speed[nodes, gpus]
+            * (1.0 + s["slow"][nodes, gpus])
+            * np.exp(0.004 * rng.standard_normal(ranks))
+        )
+        # One-step hiccups on random ranks (GC pause, page fault storm, host jitter).
+        hiccup = rng.random(ranks) < 0.0003
+        extras = rng.uniform(0.15, 0.6, ranks)
+        if hiccup.any():
+            for r in np.flatnonzero(hiccup & job.active).tolist():
+                compute[r] *= 1.0 + extras[r]
+                self._add_confounder(
+                    "hiccup",
+                    start,
+                    start + float(compute[r]),
+                    node=int(nodes[r]),
+                    job=job.name,
+                    rank=int(r),
+                    step=job.step,
+                    extra=round(float(extras[r]), 3),
+                )
+        stall_noise = np.exp(0.1 * rng.standard_normal(ranks))
+        for st, en, extra in self._stalls:
+            if st <= start < en:
+                compute += compute_nominal * extra * stall_noise
+        return compute
+
+    def _flap_hang(
+        self, job: RunningJob, start: float, arrive: np.ndarray, conn_nominal: float
+    ) -> tuple[float, set[tuple[int, int]]]:
+        """A flap while this step runs hangs its all-reduce (each flap hits exactly one step):
+        the hang and the flapped ``(node, rail)`` links."""
+        hang = 0.0
+        flapped_nodes: set[tuple[int, int]] = set()
+        window = (max(start, job.flap_cursor), float(arrive.max()) + 2 * conn_nominal)
+        job.flap_cursor = window[1]
+        for f in self._faults:
+            if f.kind == "link_flap":
+                for ev in f.events:
+                    if window[0] <= ev < window[1] and (
+                        (job.rank_node[job.active] == f.node).any()
+                    ):
+                        hang = max(hang, f.detail["hang_s"])
+                        flapped_nodes.add((f.node, f.gpu))
+        return hang, flapped_nodes
+
+    def _allreduce(
+        self,
+        job: RunningJob,
+        s: dict[str, np.ndarray],
+        arrive: np.ndarray,
+        comm: float,
+        conn_nominal: float,
+        hang: float,
+        flapped_nodes: set[tuple[int, int]],
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per-stage rail rings (rank r's next peer is the same GPU on the next node): each
+        stage's end, every rank's next and previous peer and its connection's duration."""
+        ranks = len(job.rank_node)
+        nodes, gpus, stages = job.rank_node, job.rank_gpu, job.rank_stage
+        link_slow = s["link_slow"]
+        conn_noise = np.exp(0.01 * self._step_noise.standard_normal(ranks))
+        stage_end = np.zeros(job.pp_stages)
+        next_peer = np.full(ranks, -1, dtype=np.int64)
+        prev_peer = np.full(ranks, -1, dtype=np.int64)
+        conn = np.zeros(ranks)  # duration of the connection r -> next_peer[r]
+        for st in range(job.pp_stages):
+            members = np.flatnonzero((stages == st) & job.active)
+            if members.size == 0:
+                continue
+            last = float(arrive[members].max())
+            for rail in range(self.config.gpus_per_node):
+                ring = members[gpus[members] == rail]
+                if ring.size > 1:
+                    nxt = np.roll(ring, -1)
+                    next_peer[ring] = nxt
+                    prev_peer[nxt] = ring
+                    slow_link = np.maximum(
+                        link_slow[nodes[ring], rail], link_slow[nodes[nxt], rail]
+                    )
+                    conn[ring] = conn_nominal * (1.0 + slow_link) * comm * conn_noise[ring]
+                    for node, flap_gpu in flapped_nodes:
+                        if flap_gpu == rail:
+                            hit = (nodes[ring] == node) | (nodes[nxt] == node)
+                            conn[ring[hit]] += hang
+            duration = (
+                float(conn[members].max())
+                if (next_peer[members] >= 0).any()
+                else conn_nominal * 0.3
+            )
+            stage_end[st] = last + duration
+        return stage_end, next_peer, prev_peer, conn
+
+    def _step_messages(
+        self,
+        job: RunningJob,
+        step_s: float,
+        end: float,
+        arrive: np.ndarray,
+        compute: np.ndarray,
+        conn: np.ndarray,
+        stage_end: np.ndarray,
+        next_peer: np.ndarray,
+        prev_peer: np.ndarray,
+        out: list[tuple[float, Any]],
+    ) -> None:
+        peer_bytes = _GRADIENT_BYTES // max(1, self.config.gpus_per_node)
+        conn_l = conn.tolist()
+        stage_end_l = stage_end.tolist()
+        gaps = {
+            node
+            for node, start, stop, everything in self._gaps
+            if everything and start <= end < stop
+        }
+        ooo = {
+            node: self._delay(node, end)
+            for node, start, stop, _ in self._ooo
+            if start <= end < stop
+        }
+        skews = self._skew_l
+        step, seq = job.step, job.seq
+        step_templates, coll_templates = self._rank_templates(job)
+        rows = zip(
+            job.rank_node.tolist(),
+            job.rank_stage.tolist(),
+            job.active.tolist(),
+            arrive.tolist(),
+            compute.tolist(),
+            next_peer.tolist(),
+            prev_peer.tolist(),
+            strict=True,
+        )
+        for r, (node, stage, active, arrive_r, compute_r, nxt, prv) in enumerate(rows):
+            if not active or node in gaps:
+                continue
+            skew = skews[node]
+            delay = ooo.get(node, 0.0)
+            rank_end = end + skew + 0.0005 * (r % 7)
+            coll_end = stage_end_l[stage] + skew
+            c = coll_templates[r].copy()
+            c["ts"] = coll_end
+            c["seq"] = seq
+            c["arrive_ts"] = arrive_r + skew
+            c["end_ts"] = coll_end
+            c["peers"] = (
+                [
+                    _conn_model({"rank": nxt, "bytes": peer_bytes, "duration_s": conn_l[r]}),
+                    _conn_model({"rank": prv, "bytes": peer_bytes, "duration_s": conn_l[prv]}),
+                ]
+                if nxt >= 0
+                else []
+            )
+            out.append((coll_end + delay, _coll_model(c)))
+            d = step_templates[r].copy()
+            d["ts"] = rank_end
+            d["step"] = step
+            d["step_s"] = step_s
+            d["compute_s"] = compute_r
+            out.append((rank_end + delay, _step_model(d)))
+
+    def _rank_templates(self, job: RunningJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The fields of each rank's step and collective messages that stay the same."""
+        cached = self._rank_cache.get(job.name)
+        if cached is not None and cached[0] == job.layout_version:
+            return cached[1], cached[2]
+        pipelined = job.pp_stages > 1
+        steps, colls = [], []
+        rows = zip(
+            job.rank_node.tolist(),
+            job.rank_gpu.tolist(),
+            job.rank_stage.tolist(),
+            job.rank_dp.tolist(),
+            strict=True,
+        )
+        for r, (node, gpu, stage, dp) in enumerate(rows):
+            name = self.node_names[node]
+            steps.append(
+                {
+                    "kind": "step",
+                    "v": 1,
+                    "ts": 0.0,
+                    "node": name,
+                    "job": job.name,
+                    "rank": r,
+                    "gpu": gpu,
+                    "step": 0,
+                    "step_s": 0.0,
+                    "compute_s": None,
+                    "pp_stage": stage if pipelined else None,
+                    "dp_rank": dp,
+                    "tokens": 8192,
+                }
+            )
+            colls.append(
+                {
+                    "kind": "collective",
+                    "v": 1,
+                    "ts": 0.0,
+                    "node": name,
+                    "job": job.name,
+                    "rank": r,
+                    # A restart builds new communicators (NCCL ids are per launch).
+                    "comm": (f"{job.name}/dp{stage}" if pipelined else f"{job.name}/dp")
+                    + (f".g{job.layout_version}" if job.layout_version else ""),
+                    "op": "allreduce",
+                    "seq": 0,
+                    "bytes": _GRADIENT_BYTES,
+                    "arrive_ts": 0.0,
+                    "end_ts": None,
+                    "peers": None,
+                }
+            )
+        self._rank_cache[job.name] = (job.layout_version, steps, colls)
+        return steps, colls

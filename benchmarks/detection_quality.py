@@ -174,7 +174,7 @@ def run_scenario(spec: tuple[str, int, float, int, float]) -> dict[str, Tally]:
         "nvrx": NvrxBaseline(),
     }
     flags: dict[str, list[Any]] = {name: [] for name in detectors}
-    processes = [(flags[name], det.process) for name, det in detectors.items()]
+    processes = [(flags[name], det.update) for name, det in detectors.items()]
     for message in sim.messages():
         for sink, process in processes:
             found = process(message)
@@ -257,7 +257,7 @@ def pai_rows() -> list[tuple[str, str, str]]:
             ("static", StaticRulesBaseline()),
             ("nvrx", NvrxBaseline()),
         ):
-            flags = [f for m in messages for f in det.process(m)] + det.flush()
+            flags = [f for m in messages for f in det.update(m)] + det.flush()
             claims = [f for f in flags if f.severity != "info" and f.node]
             found, false, first = set(), 0, {}
             for f in claims:
@@ -295,7 +295,7 @@ def nab_rows() -> list[tuple[str, str, str]]:
         "realKnownCause/machine_temperature_system_failure.csv",
     )
     det = SignalAnomalyDetector()
-    guard_alarms = [ts for ts, v in series if det.learn_one(ts, v) is not None]
+    guard_alarms = [ts for ts, v in series if det.update(ts, v) is not None]
 
     def rule(above: float | None = None, below: float | None = None) -> list[float]:
         alarms: list[float] = []
@@ -362,7 +362,7 @@ def smd_rows() -> list[tuple[str, str, str]]:
             )
             last_static = -(10**9)
             for i, v in enumerate(data[:, j].tolist()):
-                if det.learn_one(60.0 * i, v) is not None and i >= first:
+                if det.update(60.0 * i, v) is not None and i >= first:
                     alarms["guard"].add(i - first)
                 if v > 0.95 and i >= first and i - last_static > 60:
                     alarms["static >0.95"].add(i - first)

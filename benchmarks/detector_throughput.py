@@ -42,7 +42,7 @@ def detectors_only(messages: list, runs: int) -> list[float]:
     rates = []
     for _ in range(runs):
         engine = DetectionEngine()
-        process = engine.process
+        process = engine.update
         started = time.process_time()  # CPU time of this process: the machine is shared
         for m in messages:
             process(m)
@@ -55,7 +55,7 @@ def state_per_gpu(nodes: int, duration: float, seed: int) -> dict[str, float]:
     sim = ClusterSimulator(SimConfig(nodes=nodes, duration_s=duration, seed=seed))
     engine = DetectionEngine()
     for m in sim.messages():
-        engine.process(m)
+        engine.update(m)
     truth = sim.truth()
     gpus = nodes * truth["gpus_per_node"]
     sizes = engine.state_bytes()

@@ -16,7 +16,7 @@ Example
 >>> from guard.schemas import GpuSample
 >>> from guard.detectors.baselines import StaticRulesBaseline
 >>> rules = StaticRulesBaseline()
->>> [f.evidence["rule"] for f in rules.process(GpuSample(ts=1.0, node="n", gpu=0, temp_c=88.0))]
+>>> [f.evidence["rule"] for f in rules.update(GpuSample(ts=1.0, node="n", gpu=0, temp_c=88.0))]
 ['temp_c > 85']
 
 """
@@ -53,7 +53,7 @@ def _flag(
 
 
 class _StepGroups:
-    """Steps of one job, closed two steps later: ``{step: [(rank, node, gpu, value, ts)]}``."""
+    """Steps of one job, closed two steps later: ``{step: [(message, value)]}``."""
 
     def __init__(self) -> None:
         self.pending: dict[int, list[tuple[StepTiming, float]]] = {}
@@ -64,11 +64,40 @@ class _StepGroups:
         return [self.pending.pop(s) for s in sorted(done)]
 
     def flush(self) -> list[list[tuple[StepTiming, float]]]:
-        done = [self.pending.pop(s) for s in sorted(self.pending)]
-        return done
+        return [self.pending.pop(s) for s in sorted(self.pending)]
 
 
-class StaticRulesBaseline:
+class _StepBaseline:
+    """What both baselines share: per-job step groups judged when closed, and no clock."""
+
+    name = "step_baseline"
+
+    def __init__(self, group_s: float) -> None:
+        self.group_s = group_s
+        self.steps: dict[str, _StepGroups] = {}
+
+    def tick(self, now: float) -> list[Flag]:
+        return []  # steps close on later steps' messages, not on time
+
+    def flush(self) -> list[Flag]:
+        out: list[Flag] = []
+        for groups in self.steps.values():
+            for rows in groups.flush():
+                out += self._judge(rows)
+        return out
+
+    def _add_step(self, msg: StepTiming, value: float) -> list[Flag]:
+        groups = self.steps.setdefault(msg.job, _StepGroups())
+        out: list[Flag] = []
+        for rows in groups.add(msg, value):
+            out += self._judge(rows)
+        return out
+
+    def _judge(self, rows: list[tuple[StepTiming, float]]) -> list[Flag]:
+        raise NotImplementedError
+
+
+class StaticRulesBaseline(_StepBaseline):
     """Threshold alert rules over dcgm-exporter style metrics and step times."""
 
     name = "static_rules"
@@ -76,14 +105,13 @@ class StaticRulesBaseline:
     def __init__(
         self, temp_c: float = 85.0, step_ratio: float = 1.2, group_s: float = 60.0
     ) -> None:
+        super().__init__(group_s)
         self.temp_c = temp_c
         self.step_ratio = step_ratio
-        self.group_s = group_s
         self.dbe: dict[tuple[str, int], int] = {}
         self.downed: dict[tuple[str, str, int], int] = {}
-        self.steps: dict[str, _StepGroups] = {}
 
-    def process(self, msg: GuardMessage) -> list[Flag]:
+    def update(self, msg: GuardMessage) -> list[Flag]:
         out: list[Flag] = []
         g = self.group_s
         if isinstance(msg, GpuSample):
@@ -146,19 +174,10 @@ class StaticRulesBaseline:
                         )
                     )
         elif isinstance(msg, StepTiming):
-            groups = self.steps.setdefault(msg.job, _StepGroups())
-            for rows in groups.add(msg, msg.step_s):
-                out += self._steps(rows)
+            out += self._add_step(msg, msg.step_s)
         return out
 
-    def flush(self) -> list[Flag]:
-        out: list[Flag] = []
-        for groups in self.steps.values():
-            for rows in groups.flush():
-                out += self._steps(rows)
-        return out
-
-    def _steps(self, rows: list[tuple[StepTiming, float]]) -> list[Flag]:
+    def _judge(self, rows: list[tuple[StepTiming, float]]) -> list[Flag]:
         center = median([v for _, v in rows])
         return [
             _flag(
@@ -175,34 +194,21 @@ class StaticRulesBaseline:
         ]
 
 
-class NvrxBaseline:
+class NvrxBaseline(_StepBaseline):
     """Relative performance score per rank and step; below ``threshold`` flags the node."""
 
     name = "nvrx_relative"
 
     def __init__(self, threshold: float = 0.75, group_s: float = 60.0) -> None:
+        super().__init__(group_s)
         self.threshold = threshold
-        self.group_s = group_s
-        self.steps: dict[str, _StepGroups] = {}
 
-    def process(self, msg: GuardMessage) -> list[Flag]:
+    def update(self, msg: GuardMessage) -> list[Flag]:
         if not isinstance(msg, StepTiming):
             return []
-        value = msg.compute_s if msg.compute_s is not None else msg.step_s
-        groups = self.steps.setdefault(msg.job, _StepGroups())
-        out: list[Flag] = []
-        for rows in groups.add(msg, value):
-            out += self._score(rows)
-        return out
+        return self._add_step(msg, msg.compute_s if msg.compute_s is not None else msg.step_s)
 
-    def flush(self) -> list[Flag]:
-        out: list[Flag] = []
-        for groups in self.steps.values():
-            for rows in groups.flush():
-                out += self._score(rows)
-        return out
-
-    def _score(self, rows: list[tuple[StepTiming, float]]) -> list[Flag]:
+    def _judge(self, rows: list[tuple[StepTiming, float]]) -> list[Flag]:
         center = median([v for _, v in rows])
         out: list[Flag] = []
         for m, v in rows:

@@ -3,9 +3,8 @@
 Per sampling round of a node, a GPU is suspect when it is under load (``util_pct >=
 min_util``), the idle reason bit (0x1) is clear, and its SM clock is more than ``low_ratio``
 below the node's median SM clock. Thermal and power throttling also lower clocks; fusion
-reports those
-under their cause, and this rule catches the rest (a stuck clock, an application clock
-set low, a hw slowdown 0x8 without a thermal reason).
+reports those under their cause, and this rule catches the rest (a stuck clock, an
+application clock set low, a hw slowdown 0x8 without a thermal reason).
 
 Parameters
 ----------
@@ -19,13 +18,14 @@ raise_after, within, clear_after
 Example
 -------
 >>> from guard.schemas import GpuSample
+>>> from guard.detectors.gpu_round import GpuRound
 >>> from guard.detectors.clocks import ClockDetector
 >>> det = ClockDetector()
 >>> found = []
 >>> for t in range(4):
 ...     samples = {g: GpuSample(ts=10.0 * t, node="n1", gpu=g, util_pct=97,
 ...                             sm_clock_mhz=1980 - (600 if g == 6 else 0)) for g in range(8)}
-...     found += det.evaluate("n1", None, samples, 10.0 * t)
+...     found += det.update(GpuRound.of("n1", None, samples))
 >>> [(f.gpu, f.category, f.evidence["below_peers_pct"]) for f in found]
 [(6, 'clock', 30.3)]
 
@@ -35,18 +35,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from guard.schemas import GpuSample
+from guard.schemas.nvml_codes import IDLE
 
 from .findings import Finding
-from .gpu_round import peer_median
-from .hold import Hold
+from .gpu_round import GpuRound, GpuRoundRule
 
-__all__ = ["IDLE_BIT", "ClockDetector"]
-
-IDLE_BIT = 0x1
+__all__ = ["ClockDetector"]
 
 
-class ClockDetector:
+class ClockDetector(GpuRoundRule):
     """Per-node SM clock rule over sibling GPUs."""
 
     name = "clocks"
@@ -59,34 +56,27 @@ class ClockDetector:
         within: int = 3,
         clear_after: int = 10,
     ) -> None:
+        super().__init__(raise_after, within, clear_after)
         self.low_ratio = low_ratio
         self.min_util = min_util
-        self.hold_args = (raise_after, within, clear_after)
-        self.holds: dict[int, Hold] = {}
 
-    def evaluate(
-        self, node: str, job: str | None, samples: dict[int, GpuSample], ts: float
-    ) -> list[Finding]:
-        clock_med = peer_median(samples, "sm_clock_mhz")
+    def update(self, message: GpuRound) -> list[Finding]:
+        """Findings of one sampling round (raises and clears of the GPUs' holds)."""
+        clock_med = message.peer_median("sm_clock_mhz")
         if clock_med is None or clock_med <= 0.0:
             return []
         found: list[Finding] = []
-        for gpu, s in samples.items():
+        for gpu, s in message.samples.items():
             clock = s.sm_clock_mhz
             below = 1.0 - clock / clock_med if clock is not None else 0.0
             condition = (
                 below >= self.low_ratio
                 and s.util_pct is not None
                 and s.util_pct >= self.min_util
-                and not ((s.clock_event_reasons or 0) & IDLE_BIT)
+                and not ((s.clock_event_reasons or 0) & IDLE)
             )
-            hold = self.holds.get(gpu)
-            if hold is None:
-                if not condition:
-                    continue
-                hold = self.holds[gpu] = Hold(*self.hold_args)
-            event = hold.update(condition, s.ts)
-            if event is None:
+            held = self.held(gpu, condition, s.ts)
+            if held is None:
                 continue
             evidence: dict[str, Any] = {
                 "metric": "sm_clock_mhz",
@@ -95,21 +85,7 @@ class ClockDetector:
                 "below_peers_pct": round(100.0 * below, 1),
                 "util_pct": s.util_pct,
                 "reasons": hex(s.clock_event_reasons or 0),
-                "since_ts": hold.since,
             }
-            found.append(
-                Finding(
-                    detector=self.name,
-                    category="clock",
-                    severity="warning",
-                    node=node,
-                    ts=ts,
-                    since=hold.since,
-                    score=round(below, 3),
-                    job=job,
-                    gpu=gpu,
-                    evidence=evidence,
-                    clear=event == "clear",
-                )
-            )
+            score = round(below, 3)
+            found.append(self.finding(message, gpu, held, "clock", "warning", score, evidence))
         return found

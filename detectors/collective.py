@@ -49,7 +49,7 @@ Example
 ...     t0 = 1000.0 + 2.0 * seq
 ...     for rank in range(8):
 ...         late = 0.2 if (rank == 2 and seq >= 2) else 0.002 * (rank % 3)
-...         found += det.learn_one(CollectiveTiming(ts=t0 + 0.6, node=f"n{rank}", job="job-a",
+...         found += det.update(CollectiveTiming(ts=t0 + 0.6, node=f"n{rank}", job="job-a",
 ...             rank=rank, comm="dp", op="allreduce", seq=seq, bytes=1 << 20,
 ...             arrive_ts=t0 + late, end_ts=t0 + 0.5))
 >>> [(f.node, f.category, f.evidence["metric"]) for f in found]
@@ -75,7 +75,9 @@ __all__ = ["CollectiveHomogeneityDetector"]
 _SMOOTHING = 0.1
 
 
-class _Round:
+class _PendingOp:
+    """One op (communicator, sequence number) while its ranks report."""
+
     __slots__ = ("arrive", "conns", "end", "ended", "first_arrive", "hung", "ts")
 
     def __init__(self) -> None:
@@ -110,7 +112,7 @@ class CollectiveHomogeneityDetector:
         self.hang_factor = hang_factor
         self.hang_min_s = hang_min_s
         self.min_peers = min_peers
-        self.rounds: dict[tuple[str, int], _Round] = {}
+        self.ops: dict[tuple[str, int], _PendingOp] = {}
         self.members: dict[str, set[int]] = {}
         self.closed_through: dict[str, int] = {}
         self.expected: dict[str, int] = {}
@@ -125,9 +127,10 @@ class CollectiveHomogeneityDetector:
 
     # --- input -----------------------------------------------------------------------------
 
-    def learn_one(self, msg: CollectiveTiming) -> list[Finding]:
-        comm, seq, rank = msg.comm, msg.seq, msg.rank
-        self.node_of[rank] = msg.node
+    def update(self, message: CollectiveTiming) -> list[Finding]:
+        """Add one rank's timing of one op; return findings of the ops it closed."""
+        comm, seq, rank = message.comm, message.seq, message.rank
+        self.node_of[rank] = message.node
         members = self.members.get(comm)
         if members is None:
             members = self.members[comm] = set()
@@ -135,26 +138,26 @@ class CollectiveHomogeneityDetector:
         if seq <= self.closed_through.get(comm, -1):
             return []
         key = (comm, seq)
-        rnd = self.rounds.get(key)
-        if rnd is None:
-            rnd = self.rounds[key] = _Round()
-        rnd.arrive[rank] = msg.arrive_ts
-        rnd.first_arrive = min(rnd.first_arrive, msg.arrive_ts)
-        if msg.end_ts is not None and rnd.end.get(rank) is None:
-            rnd.ended += 1
-        rnd.end[rank] = msg.end_ts
-        rnd.ts = max(rnd.ts, msg.ts)
-        if msg.peers and msg.end_ts is not None:
-            for peer in msg.peers:
+        op = self.ops.get(key)
+        if op is None:
+            op = self.ops[key] = _PendingOp()
+        op.arrive[rank] = message.arrive_ts
+        op.first_arrive = min(op.first_arrive, message.arrive_ts)
+        if message.end_ts is not None and op.end.get(rank) is None:
+            op.ended += 1
+        op.end[rank] = message.end_ts
+        op.ts = max(op.ts, message.ts)
+        if message.peers and message.end_ts is not None:
+            for peer in message.peers:
                 if peer.bytes > 0 and peer.duration_s > 0.0:
                     pair = (rank, peer.rank) if rank < peer.rank else (peer.rank, rank)
-                    rnd.conns[pair] = max(rnd.conns.get(pair, 0.0), peer.duration_s / peer.bytes)
+                    op.conns[pair] = max(op.conns.get(pair, 0.0), peer.duration_s / peer.bytes)
         found: list[Finding] = []
         expected = self.expected.get(comm, 0)
-        if expected and rnd.ended >= expected:
+        if expected and op.ended >= expected:
             found += self._close(comm, seq)
-        if len(self.rounds) > 1:
-            oldest = min((s for c, s in self.rounds if c == comm), default=seq)
+        if len(self.ops) > 1:
+            oldest = min((s for c, s in self.ops if c == comm), default=seq)
             if seq - oldest >= self.close_lag:
                 found += self._close(comm, seq - self.close_lag)
         return found
@@ -162,19 +165,20 @@ class CollectiveHomogeneityDetector:
     def tick(self, now: float) -> list[Finding]:
         """Look for hung ops at event time ``now``."""
         found: list[Finding] = []
-        for (comm, seq), rnd in self.rounds.items():
-            if rnd.hung:
+        for (comm, seq), op in self.ops.items():
+            if op.hung:
                 continue
             limit = max(self.hang_min_s, self.hang_factor * self.duration.get(comm, 0.0))
-            if now - rnd.first_arrive > limit:
-                rnd.hung = True
-                found += self._hang(comm, seq, rnd, now)
+            if now - op.first_arrive > limit:
+                op.hung = True
+                found += self._hang(comm, seq, op, now)
         return found
 
     def flush(self) -> list[Finding]:
+        """Close every pending op that is not hung (end of input)."""
         found: list[Finding] = []
-        for comm, seq in sorted(self.rounds):
-            if (comm, seq) in self.rounds and not self.rounds[(comm, seq)].hung:
+        for comm, seq in sorted(self.ops):
+            if (comm, seq) in self.ops and not self.ops[(comm, seq)].hung:
                 found += self._close(comm, seq)
         return found
 
@@ -182,19 +186,19 @@ class CollectiveHomogeneityDetector:
 
     def _close(self, comm: str, last: int) -> list[Finding]:
         found: list[Finding] = []
-        for key in sorted(k for k in self.rounds if k[0] == comm and k[1] <= last):
-            rnd = self.rounds.pop(key)
+        for key in sorted(k for k in self.ops if k[0] == comm and k[1] <= last):
+            op = self.ops.pop(key)
             self.closed_through[comm] = max(self.closed_through.get(comm, -1), key[1])
-            self.expected[comm] = max(self.expected.get(comm, 0), len(rnd.arrive))
-            if rnd.hung:
+            self.expected[comm] = max(self.expected.get(comm, 0), len(op.arrive))
+            if op.hung:
                 continue
-            found += self._arrivals(comm, key[1], rnd)
-            found += self._connections(comm, key[1], rnd)
+            found += self._arrivals(comm, key[1], op)
+            found += self._connections(comm, key[1], op)
         return found
 
-    def _arrivals(self, comm: str, seq: int, rnd: _Round) -> list[Finding]:
-        arrive = rnd.arrive
-        ends = [e for e in rnd.end.values() if e is not None]
+    def _arrivals(self, comm: str, seq: int, op: _PendingOp) -> list[Finding]:
+        arrive = op.arrive
+        ends = [e for e in op.end.values() if e is not None]
         center = median(list(arrive.values()))
         if ends:
             dur = max(ends) - center
@@ -233,7 +237,7 @@ class CollectiveHomogeneityDetector:
             return []  # everyone jittered at once: no evidence about anyone this op
         found: list[Finding] = []
         events = [
-            tracker.update(residual, sigma_rel, sigma_abs, self.rule, rnd.ts)
+            tracker.update(residual, sigma_rel, sigma_abs, self.rule, op.ts)
             for residual, tracker in zip(residuals, trackers, strict=True)
         ]
         shared = noise.shared(trackers, self.rule, sigma_rel)
@@ -259,7 +263,7 @@ class CollectiveHomogeneityDetector:
                     category="straggler",
                     severity="warning",
                     node=self.node_of.get(rank),
-                    ts=rnd.ts,
+                    ts=op.ts,
                     since=tracker.since_ts,
                     score=round(mean, 4),
                     job=self.job,
@@ -270,15 +274,15 @@ class CollectiveHomogeneityDetector:
             )
         return found
 
-    def _connections(self, comm: str, seq: int, rnd: _Round) -> list[Finding]:
-        if len(rnd.conns) < self.min_peers:
+    def _connections(self, comm: str, seq: int, op: _PendingOp) -> list[Finding]:
+        if len(op.conns) < self.min_peers:
             return []
-        center = median(list(rnd.conns.values()))
+        center = median(list(op.conns.values()))
         if center <= 0.0:
             return []
         node_of = self.node_of
         per_node: dict[str, list[float]] = {}
-        for (a, b), spb in rnd.conns.items():
+        for (a, b), spb in op.conns.items():
             na, nb = node_of.get(a), node_of.get(b)
             if na is None or nb is None or na == nb:
                 continue
@@ -305,7 +309,7 @@ class CollectiveHomogeneityDetector:
             return []
         found: list[Finding] = []
         events = [
-            tracker.update(residual, sigma_rel, sigma_abs, self.link_rule, rnd.ts)
+            tracker.update(residual, sigma_rel, sigma_abs, self.link_rule, op.ts)
             for residual, tracker in zip(residuals, trackers, strict=True)
         ]
         shared = self.link_noise.shared(trackers, self.link_rule, sigma_rel)
@@ -331,7 +335,7 @@ class CollectiveHomogeneityDetector:
                     category="comm_slow",
                     severity="warning",
                     node=node,
-                    ts=rnd.ts,
+                    ts=op.ts,
                     since=tracker.since_ts,
                     score=round(mean, 4),
                     job=self.job,
@@ -341,14 +345,14 @@ class CollectiveHomogeneityDetector:
             )
         return found
 
-    def _hang(self, comm: str, seq: int, rnd: _Round, now: float) -> list[Finding]:
+    def _hang(self, comm: str, seq: int, op: _PendingOp, now: float) -> list[Finding]:
         members = self.members.get(comm, set())
-        missing = sorted(members - set(rnd.arrive))
-        stuck = sorted(r for r, e in rnd.end.items() if e is None)
+        missing = sorted(members - set(op.arrive))
+        stuck = sorted(r for r, e in op.end.items() if e is None)
         base: dict[str, Any] = {
             "comm": comm,
             "seq": seq,
-            "waiting_s": round(now - rnd.first_arrive, 3),
+            "waiting_s": round(now - op.first_arrive, 3),
             "typical_duration_s": round(self.duration.get(comm, 0.0), 6),
         }
         if not stuck:
@@ -369,7 +373,7 @@ class CollectiveHomogeneityDetector:
                     severity="critical",
                     node=node,
                     ts=now,
-                    since=rnd.first_arrive,
+                    since=op.first_arrive,
                     score=1.0,
                     job=self.job,
                     rank=ranks[0],
@@ -384,7 +388,7 @@ class CollectiveHomogeneityDetector:
                 severity="critical",
                 node=None,
                 ts=now,
-                since=rnd.first_arrive,
+                since=op.first_arrive,
                 score=1.0,
                 job=self.job,
                 evidence={**base, "hang": "communication", "ranks_stuck_inside": stuck},

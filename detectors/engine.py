@@ -3,19 +3,22 @@
 State is partitioned the way Kafka partitions the telemetry (ARCHITECTURE.md):
 
 * :class:`NodeDetectors` — one per **node** (``gpu`` and ``nic`` messages, key ``node``):
-  GPU sampling rounds, thermal, power, clock, GPU-error and NIC rules;
+  GPU sampling rounds (:class:`~guard.detectors.gpu_round.GpuRound`), thermal, power, clock,
+  GPU-error and NIC rules;
 * :class:`JobDetectors` — one per **job** (``step`` and ``collective`` messages, key
   ``job``): peer straggler, C4D collective homogeneity, step-time regression;
 * :class:`~guard.detectors.fusion.NodeFusion` — one per **node**: turns findings into flags;
   :class:`~guard.detectors.fusion.JobFusion` one per job for job-level findings.
 
-Each partition is a small, picklable object; :class:`DetectionEngine` holds them in dicts
-and is what ``guard backtest`` runs. A streams worker that owns some keys keeps the same
-objects in its tables: for a message, ``part = engine.node(key)`` or ``engine.job(key)``,
-``findings = part.process(message)``, then ``engine.fuse(findings)`` gives the flags; call
-``engine.tick(now)`` every few seconds of event time (hang and lost-GPU checks) and
-``snapshot()`` / :meth:`DetectionEngine.restore` (or pickle a single partition) to
-checkpoint.
+Each partition is a small, picklable object with the detectors' three verbs
+(:class:`~guard.detectors.findings.Detector`): ``update(message)``, ``tick(now)`` and
+``flush()`` return findings. :class:`DetectionEngine` holds them in dicts, has the same
+verbs (returning flags) and is what ``guard backtest`` runs. A streams worker that owns some
+keys keeps the same objects in its tables: for a message, ``part = engine.node(key)`` or
+``engine.job(key)``, ``findings = part.update(message)``, then ``engine.fuse(findings)``
+gives the flags; call ``tick(now)`` every few seconds of event time (hang and lost-GPU
+checks) and ``snapshot()`` / :meth:`DetectionEngine.restore` (or pickle a single partition)
+to checkpoint.
 
 Parameters
 ----------
@@ -30,7 +33,7 @@ Example
 >>> flags = []
 >>> for t in range(6):
 ...     for g in range(8):
-...         flags += engine.process(GpuSample(ts=100.0 + 10 * t + 0.01 * g, node="n1", gpu=g,
+...         flags += engine.update(GpuSample(ts=100.0 + 10 * t + 0.01 * g, node="n1", gpu=g,
 ...                                           temp_c=60.0, xid=48 if (g == 3 and t == 2) else None))
 >>> [(f.node, f.gpu, f.category, f.severity) for f in flags]
 [('n1', 3, 'gpu_error', 'critical')]
@@ -44,12 +47,13 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass, field
+from typing import Any
 
 from guard.schemas import CollectiveTiming, Flag, GpuSample, GuardMessage, NicSample, StepTiming
 
 from .clocks import ClockDetector
 from .collective import CollectiveHomogeneityDetector
-from .findings import Finding
+from .findings import Detector, Finding
 from .fusion import JobFusion, NodeFusion
 from .gpu_errors import GpuErrorDetector
 from .gpu_round import GpuRound
@@ -77,53 +81,58 @@ class EngineConfig:
 class NodeDetectors:
     """Node-keyed state: everything computed from one node's ``gpu`` and ``nic`` samples."""
 
-    __slots__ = ("clocks", "errors", "job", "nic", "node", "power", "round", "thermal")
+    __slots__ = ("clocks", "errors", "job", "nic", "node", "open_round", "power", "thermal")
 
     def __init__(self, node: str, config: EngineConfig | None = None) -> None:
         args = (config or EngineConfig()).detector_args
         self.node = node
         self.job: str | None = None
-        self.round = GpuRound()
+        self.open_round: dict[int, GpuSample] = {}  # the latest sample of each GPU
         self.thermal = ThermalDetector(**args.get("thermal", {}))  # type: ignore[arg-type]
         self.power = PowerDetector(**args.get("power", {}))  # type: ignore[arg-type]
         self.clocks = ClockDetector(**args.get("clocks", {}))  # type: ignore[arg-type]
-        self.errors = GpuErrorDetector(**args.get("gpu_errors", {}))  # type: ignore[arg-type]
+        self.errors = GpuErrorDetector(node, **args.get("gpu_errors", {}))  # type: ignore[arg-type]
         self.nic = NicDetector(**args.get("nic", {}))  # type: ignore[arg-type]
 
-    def process(self, msg: GuardMessage) -> list[Finding]:
-        if msg.job is not None:
-            self.job = msg.job
-        kind = msg.kind
+    def update(self, message: GuardMessage) -> list[Finding]:
+        """A sample of this node; a GPU that reports again closes the open round."""
+        if message.job is not None:
+            self.job = self.errors.job = message.job
+        kind = message.kind
         if kind == "gpu":
-            assert isinstance(msg, GpuSample)
-            found = self.errors.learn_one(msg)
-            samples = self.round.samples  # GpuRound.add, inlined: this runs for every sample
-            if msg.gpu in samples:
-                self.round.samples = {msg.gpu: msg}
-                found += self._evaluate(samples)
+            assert isinstance(message, GpuSample)
+            found = self.errors.update(message)
+            samples = self.open_round  # this runs for every sample: no call in the common case
+            if message.gpu in samples:
+                self.open_round = {message.gpu: message}
+                found += self._round(samples)
             else:
-                samples[msg.gpu] = msg
+                samples[message.gpu] = message
             return found
         if kind == "nic":
-            assert isinstance(msg, NicSample)
-            return self.nic.learn_one(msg)
+            assert isinstance(message, NicSample)
+            return self.nic.update(message)
         return []
 
     def tick(self, now: float) -> list[Finding]:
-        return self.errors.check_lost(self.node, self.job, now)
+        found: list[Finding] = []
+        for det in self._detectors():
+            found += det.tick(now)
+        return found
 
     def flush(self) -> list[Finding]:
-        closed = self.round.flush()
-        return self._evaluate(closed) if closed else []
+        closed, self.open_round = self.open_round, {}
+        found = self._round(closed) if closed else []
+        for det in self._detectors():
+            found += det.flush()
+        return found
 
-    def _evaluate(self, samples: dict[int, GpuSample]) -> list[Finding]:
-        ts = max(s.ts for s in samples.values())
-        job = self.job
-        return (
-            self.thermal.evaluate(self.node, job, samples, ts)
-            + self.power.evaluate(self.node, job, samples, ts)
-            + self.clocks.evaluate(self.node, job, samples, ts)
-        )
+    def _detectors(self) -> tuple[Detector[Any], ...]:
+        return (self.errors, self.nic, self.thermal, self.power, self.clocks)
+
+    def _round(self, samples: dict[int, GpuSample]) -> list[Finding]:
+        rnd = GpuRound.of(self.node, self.job, samples)
+        return self.thermal.update(rnd) + self.power.update(rnd) + self.clocks.update(rnd)
 
 
 class JobDetectors:
@@ -151,27 +160,34 @@ class JobDetectors:
             else None
         )
 
-    def process(self, msg: GuardMessage) -> list[Finding]:
-        if isinstance(msg, StepTiming):
+    def update(self, message: GuardMessage) -> list[Finding]:
+        """A step or collective timing of this job, to the detectors that read it."""
+        if isinstance(message, StepTiming):
             found: list[Finding] = []
             if self.stragglers is not None:
-                found += self.stragglers.learn_one(msg)
+                found += self.stragglers.update(message)
             if self.regression is not None:
-                found += self.regression.learn_one(msg)
+                found += self.regression.update(message)
             return found
-        if isinstance(msg, CollectiveTiming) and self.collectives is not None:
-            return self.collectives.learn_one(msg)
+        if isinstance(message, CollectiveTiming) and self.collectives is not None:
+            return self.collectives.update(message)
         return []
 
     def tick(self, now: float) -> list[Finding]:
-        return self.collectives.tick(now) if self.collectives is not None else []
+        found: list[Finding] = []
+        for det in self._detectors():
+            found += det.tick(now)
+        return found
 
     def flush(self) -> list[Finding]:
         found: list[Finding] = []
-        for det in (self.stragglers, self.collectives, self.regression):
-            if det is not None:
-                found += det.flush()
+        for det in self._detectors():
+            found += det.flush()
         return found
+
+    def _detectors(self) -> list[Detector[Any]]:
+        dets = (self.stragglers, self.collectives, self.regression)
+        return [det for det in dets if det is not None]
 
 
 class DetectionEngine:
@@ -198,19 +214,19 @@ class DetectionEngine:
             part = self.jobs[job] = JobDetectors(job, self.config)
         return part
 
-    def process(self, msg: GuardMessage) -> list[Flag]:
+    def update(self, msg: GuardMessage) -> list[Flag]:
         """Feed one message (in event-time order, give or take a little); return new flags."""
         kind = msg.kind
         if kind in ("gpu", "nic"):
             node = self.nodes.get(msg.node)
             if node is None:
                 node = self.node(msg.node)
-            found = node.process(msg) if self.config.node_telemetry else []
+            found = node.update(msg) if self.config.node_telemetry else []
         elif kind in ("step", "collective") and msg.job is not None:
             job = self.jobs.get(msg.job)
             if job is None:
                 job = self.job(msg.job)
-            found = job.process(msg)
+            found = job.update(msg)
         else:
             found = []
         flags = self.fuse(found) if found else []

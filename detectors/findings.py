@@ -1,8 +1,14 @@
-"""A detector's raw finding, before fusion turns it into a wire :class:`Flag`.
+"""A detector's raw finding, before fusion turns it into a wire :class:`Flag`, and the
+one interface every detector has.
 
 Detectors are pure: they return :class:`Finding` objects (cheap slotted records), never
 print or publish. :class:`~guard.detectors.fusion.NodeFusion` keeps one current suspicion
 per node and decides which findings become flags.
+
+Every detector speaks the same three verbs (:class:`Detector`): ``update(message)`` feeds
+one message in event-time order, ``tick(now)`` runs the time-driven checks at event time
+``now`` (a hang, a lost GPU), ``flush()`` evaluates what is still pending at the end of the
+input; each returns the findings it made (``[]`` when there are none).
 
 Example
 -------
@@ -11,19 +17,17 @@ Example
 ...             ts=100.0, since=90.0, score=0.8, gpu=3, evidence={"metric": "temp_c"})
 >>> f.component
 'gpu3'
->>> f.rank_of_severity()
-1
 
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-__all__ = ["SEVERITY_RANK", "Finding"]
+__all__ = ["Detector", "Finding"]
 
-SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+_Message_contra = TypeVar("_Message_contra", contravariant=True)
 
 
 @dataclass(slots=True)
@@ -77,5 +81,20 @@ class Finding:
             return f"rank{self.rank}"
         return "node"
 
-    def rank_of_severity(self) -> int:
-        return SEVERITY_RANK[self.severity]
+
+class Detector(Protocol[_Message_contra]):
+    """What the engine asks of a detector: messages in, findings out, a clock, an end."""
+
+    name: str
+
+    def update(self, message: _Message_contra) -> list[Finding]:
+        """Learn from one message; return the findings it made."""
+        ...
+
+    def tick(self, now: float) -> list[Finding]:
+        """Time-driven checks at event time ``now``."""
+        ...
+
+    def flush(self) -> list[Finding]:
+        """End of input: evaluate what is still pending."""
+        ...

@@ -43,9 +43,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from guard.schemas import Flag, stable_id
+from guard.schemas import SEVERITY_RANK, Flag, stable_id
 
-from .findings import SEVERITY_RANK, Finding
+from .findings import Finding
 
 __all__ = ["PRIORITY", "JobFusion", "NodeFusion", "to_flag"]
 
@@ -120,14 +120,13 @@ def to_flag(f: Finding, also: list[dict[str, Any]] | None = None) -> Flag:
 class NodeFusion:
     """The current suspicion of one node (state: its active findings)."""
 
-    __slots__ = ("active", "last_flag_id", "level", "node", "top")
+    __slots__ = ("active", "level", "node", "top")
 
     def __init__(self, node: str) -> None:
         self.node = node
         self.active: dict[tuple[str, str, str], Finding] = {}
         self.level = -1  # severity rank of the suspicion flagged so far; -1: none
         self.top = -1  # priority of the most specific category flagged so far
-        self.last_flag_id: str | None = None
 
     def update(self, f: Finding) -> Flag | None:
         """Fold one finding into the node's suspicion; return a flag when it is news."""
@@ -165,9 +164,7 @@ class NodeFusion:
             for k, a in sorted(self.active.items())
             if a is not f
         ]
-        flag = to_flag(f, also)
-        self.last_flag_id = flag.id
-        return flag
+        return to_flag(f, also)
 
 
 class JobFusion:

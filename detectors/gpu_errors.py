@@ -7,10 +7,13 @@ These need no statistics and no persistence: one event is enough.
   reload, agent restart — and only re-baselines);
 * a lost GPU: Xid 79 ("fallen off the bus"), or a GPU that stops reporting for ``lost_after_s``
   while at least ``min_siblings`` other GPUs of the node keep reporting (a whole node that
-  goes quiet is an agent or telemetry gap, not a GPU fault).
+  goes quiet is an agent or telemetry gap, not a GPU fault). Silence is found by
+  :meth:`~GpuErrorDetector.tick`, at event time: a lost GPU sends nothing to react to.
 
 Parameters
 ----------
+node
+    The node this detector watches (one instance per node).
 lost_after_s
     Silence of one GPU, while its siblings report, that counts as lost.
 min_siblings
@@ -26,15 +29,17 @@ Example
 -------
 >>> from guard.schemas import GpuSample
 >>> from guard.detectors.gpu_errors import GpuErrorDetector
->>> det = GpuErrorDetector()
->>> det.learn_one(GpuSample(ts=1.0, node="n1", gpu=0, ecc_dbe_total=0))
+>>> det = GpuErrorDetector("n1")
+>>> det.update(GpuSample(ts=1.0, node="n1", gpu=0, ecc_dbe_total=0))
 []
->>> det.learn_one(GpuSample(ts=2.0, node="n1", gpu=0, ecc_dbe_total=0, xid=None))
+>>> det.update(GpuSample(ts=2.0, node="n1", gpu=0, ecc_dbe_total=0, xid=None))
 []
->>> [(f.severity, f.evidence["error"]) for f in det.learn_one(
+>>> [(f.severity, f.evidence["error"]) for f in det.update(
 ...     GpuSample(ts=3.0, node="n1", gpu=0, ecc_dbe_total=2, xid=48))]
 [('critical', 'xid'), ('critical', 'ecc_dbe')]
->>> det.learn_one(GpuSample(ts=4.0, node="n1", gpu=0, ecc_dbe_total=0))  # reset: no error
+>>> det.update(GpuSample(ts=4.0, node="n1", gpu=0, ecc_dbe_total=0))  # reset: no error
+[]
+>>> det.tick(100.0)  # silent, but no siblings report either: a telemetry gap
 []
 
 """
@@ -44,12 +49,11 @@ from __future__ import annotations
 from typing import Any
 
 from guard.schemas import GpuSample
+from guard.schemas.nvml_codes import XID_GPU_LOST
 
 from .findings import Finding
 
-__all__ = ["LOST_GPU_XID", "GpuErrorDetector"]
-
-LOST_GPU_XID = 79
+__all__ = ["GpuErrorDetector"]
 
 
 class _GpuErrorState:
@@ -69,16 +73,24 @@ class GpuErrorDetector:
 
     def __init__(
         self,
+        node: str,
         lost_after_s: float = 60.0,
         min_siblings: int = 3,
         ignore_xids: frozenset[int] = frozenset(),
     ) -> None:
+        self.node = node
+        #: The node's current job, for lost-GPU findings; the node's detectors keep it.
+        self.job: str | None = None
         self.lost_after_s = lost_after_s
         self.min_siblings = min_siblings
         self.ignore_xids = ignore_xids
         self.gpus: dict[int, _GpuErrorState] = {}
 
-    def learn_one(self, s: GpuSample) -> list[Finding]:
+    def update(self, message: GpuSample) -> list[Finding]:
+        """Errors reported by one sample (an Xid, a double-bit ECC increase)."""
+        s = message
+        if s.job is not None:
+            self.job = s.job
         st = self.gpus.get(s.gpu)
         if st is None:
             st = self.gpus[s.gpu] = _GpuErrorState()
@@ -87,7 +99,7 @@ class GpuErrorDetector:
         found: list[Finding] = []
         xid = s.xid
         if xid is not None and xid != st.xid and xid not in self.ignore_xids:
-            lost = xid == LOST_GPU_XID
+            lost = xid == XID_GPU_LOST
             found.append(self._finding(s, "xid", {"xid": xid, "lost_gpu": lost}, s.ts))
         st.xid = xid
         dbe = s.ecc_dbe_total
@@ -101,7 +113,7 @@ class GpuErrorDetector:
             st.dbe = dbe
         return found
 
-    def check_lost(self, node: str, job: str | None, now: float) -> list[Finding]:
+    def tick(self, now: float) -> list[Finding]:
         """GPUs silent for ``lost_after_s`` at event time ``now`` while siblings report."""
         silent = [g for g, st in self.gpus.items() if now - st.last_ts >= self.lost_after_s]
         if not silent or len(self.gpus) - len(silent) < self.min_siblings:
@@ -117,11 +129,11 @@ class GpuErrorDetector:
                     detector=self.name,
                     category="gpu_error",
                     severity="critical",
-                    node=node,
+                    node=self.node,
                     ts=now,
                     since=st.last_ts,
                     score=1.0,
-                    job=job,
+                    job=self.job,
                     gpu=gpu,
                     evidence={
                         "error": "lost_gpu",
@@ -131,6 +143,9 @@ class GpuErrorDetector:
                 )
             )
         return found
+
+    def flush(self) -> list[Finding]:
+        return []  # every error is found as it arrives or by tick
 
     def _finding(self, s: GpuSample, error: str, detail: dict[str, Any], since: float) -> Finding:
         return Finding(

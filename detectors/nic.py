@@ -36,11 +36,11 @@ Example
 >>> def nic(ts, downed, sym):
 ...     return NicSample(ts=ts, node="n1", device="mlx5_0", port=1, link_up=True, speed_gbps=400,
 ...                      counters={"link_downed": downed, "symbol_error": sym})
->>> det.learn_one(nic(0.0, 3, 0)) + det.learn_one(nic(10.0, 3, 0))
+>>> det.update(nic(0.0, 3, 0)) + det.update(nic(10.0, 3, 0))
 []
->>> [(f.category, f.evidence["signal"]) for f in det.learn_one(nic(20.0, 4, 0))]
+>>> [(f.category, f.evidence["signal"]) for f in det.update(nic(20.0, 4, 0))]
 [('link', 'link_downed')]
->>> det.learn_one(nic(30.0, 0, 0))  # counters reset: not an error
+>>> det.update(nic(30.0, 0, 0))  # counters reset: not an error
 []
 
 """
@@ -144,7 +144,10 @@ class NicDetector:
         self.first_port: tuple[str, int] | None = None
         self.congestion = Hold(raise_after, within, clear_after)  # the node's, over its ports
 
-    def learn_one(self, s: NicSample) -> list[Finding]:
+    def update(self, message: NicSample) -> list[Finding]:
+        """Rates since the port's previous sample; findings of the port (and the node's
+        congestion verdict, once per round)."""
+        s = message
         key = (s.device, s.port)
         st = self.ports.get(key)
         if st is None:
@@ -248,6 +251,12 @@ class NicDetector:
                     )
                 )
         return found
+
+    def tick(self, now: float) -> list[Finding]:
+        return []  # every rule runs on a port's own samples
+
+    def flush(self) -> list[Finding]:
+        return []
 
     def _finding(
         self,

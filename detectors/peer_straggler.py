@@ -44,7 +44,7 @@ Example
 >>> for step in range(12):
 ...     for rank in range(8):
 ...         slow = 1.10 if (rank == 5 and step >= 3) else 1.0
-...         found += det.learn_one(StepTiming(ts=1000.0 + 2 * step, node=f"n{rank}", job="job-a",
+...         found += det.update(StepTiming(ts=1000.0 + 2 * step, node=f"n{rank}", job="job-a",
 ...             rank=rank, step=step, step_s=2.2, compute_s=1.5 * slow * (1 + 0.003 * (rank % 3))))
 >>> [(f.node, f.category, f.severity, f.evidence["slowdown_pct"]) for f in found]
 [('n5', 'straggler', 'warning', 10.3)]
@@ -93,22 +93,22 @@ class PeerStragglerDetector:
         self.closed_through = -1
         self.imbalanced = False
 
-    def learn_one(self, msg: StepTiming) -> list[Finding]:
+    def update(self, message: StepTiming) -> list[Finding]:
         """Add one rank's step timing; return findings made by the steps it closed."""
-        step = msg.step
-        stage = msg.pp_stage or 0
-        info = self.ranks.get(msg.rank)
-        if info is None or info[0] != msg.node or info[2] != stage:
-            self.ranks[msg.rank] = (msg.node, msg.gpu, stage)
-            self.trackers.pop(msg.rank, None)  # a rank that moved starts a fresh history
-        if msg.compute_s is None or step <= self.closed_through:
+        step = message.step
+        stage = message.pp_stage or 0
+        info = self.ranks.get(message.rank)
+        if info is None or info[0] != message.node or info[2] != stage:
+            self.ranks[message.rank] = (message.node, message.gpu, stage)
+            self.trackers.pop(message.rank, None)  # a rank that moved starts a fresh history
+        if message.compute_s is None or step <= self.closed_through:
             return []
         row = self.pending.get(step)
         if row is None:
             row = self.pending[step] = {}
-        row[msg.rank] = msg.compute_s
-        if msg.ts > self.pending_ts.get(step, -1.0):
-            self.pending_ts[step] = msg.ts
+        row[message.rank] = message.compute_s
+        if message.ts > self.pending_ts.get(step, -1.0):
+            self.pending_ts[step] = message.ts
         found: list[Finding] = []
         if self.expected and len(row) >= self.expected:
             found += self._close_through(step)
@@ -117,6 +117,9 @@ class PeerStragglerDetector:
             if step - oldest >= self.close_lag:
                 found += self._close_through(step - self.close_lag)
         return found
+
+    def tick(self, now: float) -> list[Finding]:
+        return []  # steps close on later steps' messages, not on time
 
     def flush(self) -> list[Finding]:
         """Close every pending step (end of input)."""

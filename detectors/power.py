@@ -26,6 +26,7 @@ raise_after, within, clear_after
 Example
 -------
 >>> from guard.schemas import GpuSample
+>>> from guard.detectors.gpu_round import GpuRound
 >>> from guard.detectors.power import PowerDetector
 >>> det = PowerDetector()
 >>> found = []
@@ -33,7 +34,7 @@ Example
 ...     samples = {g: GpuSample(ts=10.0 * t, node="n1", gpu=g, util_pct=98, sm_clock_mhz=1980,
 ...                             power_w=690 - (250 if g == 2 else 0), power_limit_w=700,
 ...                             clock_event_reasons=0x4 if g == 2 else 0) for g in range(8)}
-...     found += det.evaluate("n1", "job", samples, 10.0 * t)
+...     found += det.update(GpuRound.of("n1", "job", samples))
 >>> [(f.gpu, f.category, f.evidence["below_peers_pct"]) for f in found]
 [(2, 'power', 36.2)]
 
@@ -43,19 +44,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from guard.schemas import GpuSample
+from guard.schemas.nvml_codes import HW_POWER_BRAKE, SW_POWER_CAP
 
 from .findings import Finding
-from .gpu_round import peer_median
-from .hold import Hold
+from .gpu_round import GpuRound, GpuRoundRule
 
-__all__ = ["BRAKE_BIT", "POWER_CAP_BIT", "PowerDetector"]
-
-POWER_CAP_BIT = 0x4
-BRAKE_BIT = 0x80
+__all__ = ["PowerDetector"]
 
 
-class PowerDetector:
+class PowerDetector(GpuRoundRule):
     """Per-node power rule over sibling GPUs."""
 
     name = "power"
@@ -70,24 +67,22 @@ class PowerDetector:
         within: int = 3,
         clear_after: int = 10,
     ) -> None:
+        super().__init__(raise_after, within, clear_after)
         self.low_ratio = low_ratio
         self.limit_ratio = limit_ratio
         self.min_util = min_util
         self.util_band = util_band
-        self.hold_args = (raise_after, within, clear_after)
-        self.holds: dict[int, Hold] = {}
 
-    def evaluate(
-        self, node: str, job: str | None, samples: dict[int, GpuSample], ts: float
-    ) -> list[Finding]:
-        power_med = peer_median(samples, "power_w")
-        limit_med = peer_median(samples, "power_limit_w")
-        util_med = peer_median(samples, "util_pct")
-        clock_med = peer_median(samples, "sm_clock_mhz")
+    def update(self, message: GpuRound) -> list[Finding]:
+        """Findings of one sampling round (raises and clears of the GPUs' holds)."""
+        power_med = message.peer_median("power_w")
+        limit_med = message.peer_median("power_limit_w")
+        util_med = message.peer_median("util_pct")
+        clock_med = message.peer_median("sm_clock_mhz")
         found: list[Finding] = []
-        for gpu, s in samples.items():
+        for gpu, s in message.samples.items():
             bits = s.clock_event_reasons or 0
-            brake = bool(bits & BRAKE_BIT)
+            brake = bool(bits & HW_POWER_BRAKE)
             capped = (
                 s.power_limit_w is not None
                 and limit_med is not None
@@ -99,7 +94,7 @@ class PowerDetector:
             low = (
                 below >= self.low_ratio
                 and (
-                    bool(bits & POWER_CAP_BIT)  # held back: capped, or clocked below siblings
+                    bool(bits & SW_POWER_CAP)  # held back: capped, or clocked below siblings
                     or (
                         s.sm_clock_mhz is not None
                         and clock_med is not None
@@ -111,14 +106,8 @@ class PowerDetector:
                 and s.util_pct >= self.min_util
                 and abs(s.util_pct - util_med) <= self.util_band
             )
-            condition = brake or capped or low
-            hold = self.holds.get(gpu)
-            if hold is None:
-                if not condition:
-                    continue
-                hold = self.holds[gpu] = Hold(*self.hold_args)
-            event = hold.update(condition, s.ts)
-            if event is None:
+            held = self.held(gpu, brake or capped or low, s.ts)
+            if held is None:
                 continue
             evidence: dict[str, Any] = {
                 "metric": "power_w",
@@ -129,21 +118,7 @@ class PowerDetector:
                 "peer_median_limit_w": limit_med,
                 "util_pct": s.util_pct,
                 "reasons": hex(bits),
-                "since_ts": hold.since,
             }
-            found.append(
-                Finding(
-                    detector=self.name,
-                    category="power",
-                    severity="warning",
-                    node=node,
-                    ts=ts,
-                    since=hold.since,
-                    score=round(max(below, 1.0 if brake else 0.0, 0.5 if capped else 0.0), 3),
-                    job=job,
-                    gpu=gpu,
-                    evidence=evidence,
-                    clear=event == "clear",
-                )
-            )
+            score = round(max(below, 1.0 if brake else 0.0, 0.5 if capped else 0.0), 3)
+            found.append(self.finding(message, gpu, held, "power", "warning", score, evidence))
         return found

@@ -34,7 +34,7 @@ Example
 >>> from guard.detectors.signal_anomaly import SignalAnomalyDetector
 >>> det = SignalAnomalyDetector(window=50, grace=20, hold=2, refractory_s=100.0)
 >>> values = [60.0 + (i % 5) * 0.5 for i in range(60)] + [20.0] * 5 + [60.0] * 20
->>> [i for i, v in enumerate(values) if det.learn_one(float(i), v, node="m1") is not None]
+>>> [i for i, v in enumerate(values) if det.update(float(i), v, node="m1") is not None]
 [61]
 
 """
@@ -71,7 +71,7 @@ class SignalAnomalyDetector:
         self.run_since = 0.0
         self.last_alarm: float | None = None
 
-    def learn_one(
+    def update(
         self, ts: float, value: float, node: str | None = None, metric: str = "value"
     ) -> Finding | None:
         """Score and learn one value; return an ``anomaly`` finding when an alarm is raised."""

@@ -34,7 +34,7 @@ Example
 >>> for step in range(200):
 ...     slow = 1.3 if step >= 120 else 1.0
 ...     for rank in range(4):
-...         found += det.learn_one(StepTiming(ts=2.0 * step, node=f"n{rank}", job="job-a",
+...         found += det.update(StepTiming(ts=2.0 * step, node=f"n{rank}", job="job-a",
 ...             rank=rank, step=step, step_s=2.0 * slow * (1 + 0.01 * ((step * 7) % 3))))
 >>> [(f.category, f.severity, f.evidence["step"] >= 120) for f in found]
 [('anomaly', 'info', True)]
@@ -74,18 +74,23 @@ class StepRegressionDetector:
         self.closed_through = -1
         self.steps = 0
 
-    def learn_one(self, msg: StepTiming) -> list[Finding]:
-        if msg.step <= self.closed_through:
+    def update(self, message: StepTiming) -> list[Finding]:
+        """Add one rank's step time; return the drift found by the steps it closed."""
+        if message.step <= self.closed_through:
             return []
-        self.pending.setdefault(msg.step, []).append(msg.step_s)
-        if msg.ts > self.pending_ts.get(msg.step, -1.0):
-            self.pending_ts[msg.step] = msg.ts
+        self.pending.setdefault(message.step, []).append(message.step_s)
+        if message.ts > self.pending_ts.get(message.step, -1.0):
+            self.pending_ts[message.step] = message.ts
         found: list[Finding] = []
-        for step in [s for s in self.pending if s <= msg.step - 2]:
+        for step in [s for s in self.pending if s <= message.step - 2]:
             found += self._close(step)
         return found
 
+    def tick(self, now: float) -> list[Finding]:
+        return []  # steps close on later steps' messages, not on time
+
     def flush(self) -> list[Finding]:
+        """Close every pending step (end of input)."""
         found: list[Finding] = []
         for step in sorted(self.pending):
             found += self._close(step)

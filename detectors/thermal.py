@@ -1,6 +1,6 @@
 """Thermal detector: a GPU hotter than its siblings, over an absolute limit, or throttling.
 
-Per sampling round of a node (:mod:`~guard.detectors.gpu_round`), a GPU is suspect when
+Per sampling round of a node (:class:`~guard.detectors.gpu_round.GpuRound`), a GPU is suspect when
 
 * its temperature exceeds the median of the node's GPUs by ``peer_delta_c`` — a whole node
   or rack that runs warm (hot aisle, warm inlet) moves the median and is not a GPU fault;
@@ -29,6 +29,7 @@ NVIDIA NVML ``nvmlDeviceGetCurrentClocksEventReasons``: clocks-event reason bits
 Example
 -------
 >>> from guard.schemas import GpuSample
+>>> from guard.detectors.gpu_round import GpuRound
 >>> from guard.detectors.thermal import ThermalDetector
 >>> det = ThermalDetector()
 >>> found = []
@@ -36,7 +37,7 @@ Example
 ...     temps = {g: 62.0 + g % 2 + (20.0 if g == 4 else 0.0) for g in range(8)}
 ...     samples = {g: GpuSample(ts=10.0 * t, node="n1", gpu=g, temp_c=temps[g],
 ...                             clock_event_reasons=0x40 if g == 4 else 0) for g in range(8)}
-...     found += det.evaluate("n1", None, samples, 10.0 * t)
+...     found += det.update(GpuRound.of("n1", None, samples))
 >>> [(f.gpu, f.category, f.evidence["above_peers_c"]) for f in found]
 [(4, 'thermal', 19.0)]
 
@@ -46,19 +47,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from guard.schemas import GpuSample
+from guard.schemas.nvml_codes import THERMAL_REASONS
 
 from .findings import Finding
-from .gpu_round import peer_median
-from .hold import Hold
+from .gpu_round import GpuRound, GpuRoundRule
 
-__all__ = ["THERMAL_BITS", "ThermalDetector"]
-
-#: NVML clocks-event reasons: sw thermal slowdown (0x20) and hw thermal slowdown (0x40).
-THERMAL_BITS = 0x20 | 0x40
+__all__ = ["ThermalDetector"]
 
 
-class ThermalDetector:
+class ThermalDetector(GpuRoundRule):
     """Per-node thermal rule over sibling GPUs and absolute limits."""
 
     name = "thermal"
@@ -72,29 +69,22 @@ class ThermalDetector:
         within: int = 3,
         clear_after: int = 10,
     ) -> None:
+        super().__init__(raise_after, within, clear_after)
         self.peer_delta_c = peer_delta_c
         self.limit_c = limit_c
         self.critical_c = critical_c
-        self.hold_args = (raise_after, within, clear_after)
-        self.holds: dict[int, Hold] = {}
 
-    def evaluate(
-        self, node: str, job: str | None, samples: dict[int, GpuSample], ts: float
-    ) -> list[Finding]:
-        center = peer_median(samples, "temp_c")
+    def update(self, message: GpuRound) -> list[Finding]:
+        """Findings of one sampling round (raises and clears of the GPUs' holds)."""
+        center = message.peer_median("temp_c")
         found: list[Finding] = []
-        for gpu, s in samples.items():
+        for gpu, s in message.samples.items():
             temp = s.temp_c
-            bits = (s.clock_event_reasons or 0) & THERMAL_BITS
+            bits = (s.clock_event_reasons or 0) & THERMAL_REASONS
             above = temp - center if (temp is not None and center is not None) else 0.0
             hot = above >= self.peer_delta_c or (temp is not None and temp >= self.limit_c)
-            hold = self.holds.get(gpu)
-            if hold is None:
-                if not (hot or bits):
-                    continue
-                hold = self.holds[gpu] = Hold(*self.hold_args)
-            event = hold.update(hot or bool(bits), s.ts)
-            if event is None:
+            held = self.held(gpu, hot or bool(bits), s.ts)
+            if held is None:
                 continue
             evidence: dict[str, Any] = {
                 "metric": "temp_c",
@@ -103,22 +93,9 @@ class ThermalDetector:
                 "above_peers_c": round(above, 1),
                 "limit_c": self.limit_c,
                 "thermal_bits": hex(bits),
-                "since_ts": hold.since,
             }
             critical = temp is not None and temp >= self.critical_c
-            found.append(
-                Finding(
-                    detector=self.name,
-                    category="thermal",
-                    severity="critical" if critical else "warning",
-                    node=node,
-                    ts=ts,
-                    since=hold.since,
-                    score=round(max(above / self.peer_delta_c, 1.0 if bits else 0.0), 3),
-                    job=job,
-                    gpu=gpu,
-                    evidence=evidence,
-                    clear=event == "clear",
-                )
-            )
+            score = round(max(above / self.peer_delta_c, 1.0 if bits else 0.0), 3)
+            severity = "critical" if critical else "warning"
+            found.append(self.finding(message, gpu, held, "thermal", severity, score, evidence))
         return found

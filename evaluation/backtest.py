@@ -27,7 +27,7 @@ DETECTORS = ("guard", "static", "nvrx")
 
 
 class FlagSource(Protocol):
-    def process(self, msg: GuardMessage) -> list[Flag]: ...
+    def update(self, msg: GuardMessage) -> list[Flag]: ...
 
     def flush(self) -> list[Flag]: ...
 
@@ -100,7 +100,7 @@ def run_backtest(
     stats = stats or BacktestStats()
     started = time.perf_counter()
     next_report = started + progress_every_s
-    process = detector.process
+    process = detector.update
     count = 0
 
     def write(flags: list[Flag]) -> None:

@@ -266,7 +266,7 @@ class TelemetryProcessor:
             key = self.key_of(message)
             if key is None:
                 continue
-            found += self.state.get(key, partition).process(message)
+            found += self.state.get(key, partition).update(message)
             if message.ts > latest.get(key, 0.0):
                 latest[key] = message.ts
         self.counters.telemetry += n

@@ -72,7 +72,7 @@ def run(
             arrive = (
                 t0 + 1.0 + 0.005 * rng.gauss(0, 1) + late(seq, rank) + (skew or {}).get(rank, 0)
             )
-            found += det.learn_one(_op(rank, seq, end, arrive_ts=arrive, end_ts=end, peers=peers))
+            found += det.update(_op(rank, seq, end, arrive_ts=arrive, end_ts=end, peers=peers))
     return found + det.flush()
 
 
@@ -120,7 +120,7 @@ def _hang_detector() -> CollectiveHomogeneityDetector:
     for seq in range(10):
         t0 = T0 + 2.0 * seq
         for rank in range(8):
-            det.learn_one(_op(rank, seq, t0 + 1.5, arrive_ts=t0 + 1.0, end_ts=t0 + 1.5))
+            det.update(_op(rank, seq, t0 + 1.5, arrive_ts=t0 + 1.0, end_ts=t0 + 1.5))
     return det
 
 
@@ -129,7 +129,7 @@ def test_rank_that_never_arrives_is_a_non_communication_hang() -> None:
     t0 = T0 + 20.0
     for rank in range(8):
         if rank != 5:  # rank 5 never enters the op; the others wait inside it
-            det.learn_one(_op(rank, 10, t0 + 1.0, arrive_ts=t0 + 1.0, end_ts=None))
+            det.update(_op(rank, 10, t0 + 1.0, arrive_ts=t0 + 1.0, end_ts=None))
     assert det.tick(t0 + 5.0) == []  # not yet past the hang limit
     found = det.tick(t0 + 15.0)
     assert [(f.category, f.severity, f.node) for f in found] == [("comm_hang", "critical", "n1")]
@@ -145,7 +145,7 @@ def test_a_completed_op_with_missing_telemetry_is_not_a_hang() -> None:
     t0 = T0 + 20.0
     for rank in range(8):
         if rank != 5:
-            det.learn_one(_op(rank, 10, t0 + 1.2, arrive_ts=t0 + 1.0, end_ts=t0 + 1.2))
+            det.update(_op(rank, 10, t0 + 1.2, arrive_ts=t0 + 1.0, end_ts=t0 + 1.2))
     assert det.tick(t0 + 15.0) == []
     assert det.tick(t0 + 60.0) == []
 
@@ -154,7 +154,7 @@ def test_all_arrived_but_stuck_inside_is_a_communication_hang_of_the_job() -> No
     det = _hang_detector()
     t0 = T0 + 20.0
     for rank in range(8):
-        det.learn_one(
+        det.update(
             CollectiveTiming(
                 ts=t0 + 1.0,
                 node=node_of(rank),

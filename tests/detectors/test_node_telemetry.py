@@ -33,7 +33,7 @@ def gpu_run(change: Callable[[int, int], dict[str, Any]], seconds: int = 60) -> 
     for t in range(seconds):
         for g in range(8):
             values = {**HEALTHY, "temp_c": 60.0 + g % 4, **change(t, g)}
-            found += node.process(
+            found += node.update(
                 GpuSample(ts=T0 + t + 0.01 * g, node="n1", job="j", gpu=g, **values)
             )
         found += node.tick(T0 + t + 0.5)
@@ -131,14 +131,14 @@ def test_dbe_counter_reset_is_not_an_error() -> None:
 
 
 def test_gpu_that_goes_silent_while_siblings_report_is_lost() -> None:
-    det = GpuErrorDetector(lost_after_s=10.0)
+    det = GpuErrorDetector("n1", lost_after_s=10.0)
     found: list[Finding] = []
     for t in range(40):
         for g in range(8):
             if g == 7 and t >= 15:
                 continue
-            found += det.learn_one(GpuSample(ts=T0 + t, node="n1", gpu=g))
-        found += det.check_lost("n1", None, T0 + t + 0.5)
+            found += det.update(GpuSample(ts=T0 + t, node="n1", gpu=g))
+        found += det.tick(T0 + t + 0.5)
     assert [(f.gpu, f.evidence["error"]) for f in found] == [(7, "lost_gpu")]
 
 
@@ -147,7 +147,7 @@ def test_whole_node_telemetry_gap_is_not_a_lost_gpu() -> None:
     node = NodeDetectors("n1")
     for t in list(range(10)) + list(range(130, 140)):  # two minutes without any sample
         for g in range(8):
-            found += node.process(GpuSample(ts=T0 + t, node="n1", gpu=g, **HEALTHY))
+            found += node.update(GpuSample(ts=T0 + t, node="n1", gpu=g, **HEALTHY))
         found += node.tick(T0 + t + 0.5)
     for t in range(10, 130):
         found += node.tick(T0 + t)
@@ -167,7 +167,7 @@ def nic_run(
     for t in range(seconds):
         for d in range(4):
             fields = {"link_up": True, "speed_gbps": 400.0, **extra(t, d)}
-            found += det.learn_one(
+            found += det.update(
                 NicSample(
                     ts=T0 + t,
                     node="n1",
@@ -259,7 +259,7 @@ def test_duplicate_and_out_of_order_samples_are_ignored() -> None:
         NicSample(ts=T0 + t, node="n1", device="mlx5_0", port=1, counters=base(t))
         for t in (0, 1, 2, 2, 1, 3, 4)
     ]
-    assert [f for m in msgs for f in det.learn_one(m)] == []
+    assert [f for m in msgs for f in det.update(m)] == []
 
 
 # --- counter arithmetic, property-based ----------------------------------------------------
@@ -291,7 +291,7 @@ def test_resets_and_traffic_without_errors_never_give_a_claim(
             "out_of_sequence": errors,
             "link_downed": errors,
         }
-        found += det.learn_one(
+        found += det.update(
             NicSample(
                 ts=T0 + t,
                 node="n1",
@@ -320,7 +320,7 @@ def test_only_an_increase_of_the_counter_reads_as_errors(bursts: list[int], rese
             total = 0  # a reset: the counter starts again from zero
         total += burst
         observed.append(total)
-        found = det.learn_one(
+        found = det.update(
             NicSample(
                 ts=T0 + t, node="n1", device="mlx5_0", port=1, counters={"symbol_error": total}
             )

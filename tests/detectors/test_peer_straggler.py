@@ -48,7 +48,7 @@ def run(
                 )
             )
         for msg in order(batch) if order else batch:
-            found += det.learn_one(msg)
+            found += det.update(msg)
     return found + det.flush()
 
 

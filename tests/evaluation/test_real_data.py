@@ -15,7 +15,7 @@ def pai_claims(job: int) -> list[tuple[str, float]]:
     engine = DetectionEngine()
     flags = []
     for msg in pai_step_timings(DATA / "alibaba-pai" / f"job_{job}_norm.csv", f"pai-{job}"):
-        flags += engine.process(msg)
+        flags += engine.update(msg)
     flags += engine.flush()
     return [(str(f.node), f.ts - PAI_EPOCH) for f in flags if f.severity != "info"]
 
@@ -40,7 +40,7 @@ def test_nab_machine_temperature_alarms_fall_in_the_labelled_windows() -> None:
         "realKnownCause/machine_temperature_system_failure.csv",
     )
     det = SignalAnomalyDetector()
-    alarms = [ts for ts, value in series if det.learn_one(ts, value, metric="temp") is not None]
+    alarms = [ts for ts, value in series if det.update(ts, value, metric="temp") is not None]
     score = nab_score(alarms, windows)
     assert score["windows_hit"] == 4
     assert score["inside"] >= 4

@@ -44,7 +44,7 @@ def scenario() -> list[GuardMessage]:
 
 def backtest_claims(messages: list[GuardMessage]) -> set[tuple[str, str]]:
     engine = DetectionEngine()
-    flags = [f for m in messages for f in engine.process(m)]
+    flags = [f for m in messages for f in engine.update(m)]
     return {(f.node, f.category) for f in flags if f.severity != "info" and f.node}
 
 

@@ -32,13 +32,11 @@ from collections.abc import Callable
 from typing import Any
 
 from guard.schemas import GpuSample
+from guard.schemas.nvml_codes import XID_GPU_LOST
 
-__all__ = ["XID_GPU_LOST", "NvmlCollector", "XidWatcher"]
+__all__ = ["NvmlCollector", "XidWatcher"]
 
 log = logging.getLogger(__name__)
-
-#: Xid 79: "GPU has fallen off the bus" — what a lost GPU reports.
-XID_GPU_LOST = 79
 
 
 def _address(handle: Any) -> int:

@@ -27,13 +27,11 @@ import math
 from dataclasses import dataclass
 
 from guard.config import OrchestratorSettings
-from guard.schemas import Flag
+from guard.schemas import SEVERITY_RANK, Flag
 
 from .states import NodeRecord
 
-__all__ = ["SEVERITY_RANK", "SweepPolicy"]
-
-SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+__all__ = ["SweepPolicy"]
 
 
 @dataclass(frozen=True, slots=True)

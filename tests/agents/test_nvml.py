@@ -8,8 +8,9 @@ from collections.abc import Iterator
 import pynvml
 import pytest
 
-from guard.agents.nvml import XID_GPU_LOST, NvmlCollector
+from guard.agents.nvml import NvmlCollector
 from guard.schemas import GpuSample, encode, parse_message
+from guard.schemas.nvml_codes import XID_GPU_LOST
 
 from .nvml_standin import NvmlStandIn
 

@@ -154,7 +154,7 @@ def run_scenario(spec: tuple[str, int, float, int, float]) -> dict[str, Tally]:
     from guard.agents.simulator import ClusterSimulator, SimConfig
     from guard.detectors.baselines import NvrxBaseline, StaticRulesBaseline
     from guard.detectors.engine import DetectionEngine
-    from guard.evaluation.scoring import _effective_slowdown, evaluate
+    from guard.evaluation.scoring import evaluate
 
     family, nodes, duration, seed, severity = spec
     options = dict(FAMILIES[family])
@@ -216,9 +216,7 @@ def run_scenario(spec: tuple[str, int, float, int, float]) -> dict[str, Tally]:
         for f in ev.false_claims:
             key = f"{f['detector']}/{f['category']}"
             tally.false_by[key] = tally.false_by.get(key, 0) + 1
-        slowdowns = [
-            s for f in truth["faults"] if (s := _effective_slowdown(f, truth["end_ts"])) > 0
-        ]
+        slowdowns = [s for f in truth.faults if (s := f.reached(truth.end_ts)) > 0]
         if slowdowns:
             tally.min_slowdown, tally.max_slowdown = min(slowdowns), max(slowdowns)
         result[name] = tally
@@ -242,7 +240,7 @@ def _f(value: float | None, digits: int = 2) -> str:
 def pai_rows() -> list[tuple[str, str, str]]:
     from guard.detectors.baselines import NvrxBaseline, StaticRulesBaseline
     from guard.detectors.engine import DetectionEngine
-    from guard.evaluation.scoring import PAI_EPOCH, pai_step_timings
+    from guard.evaluation.public_data import PAI_EPOCH, pai_step_timings
 
     # job -> (worker -> (slow from, slow to) or None: never slow; workers absent: not scored)
     truth: dict[int, dict[int, tuple[float, float] | None]] = {
@@ -287,7 +285,7 @@ def pai_rows() -> list[tuple[str, str, str]]:
 
 def nab_rows() -> list[tuple[str, str, str]]:
     from guard.detectors.signal_anomaly import SignalAnomalyDetector
-    from guard.evaluation.scoring import nab_score, nab_series, nab_windows
+    from guard.evaluation.public_data import nab_score, nab_series, nab_windows
 
     series = nab_series(DATA / "nab" / "machine_temperature_system_failure.csv")
     windows = nab_windows(

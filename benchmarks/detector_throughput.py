@@ -57,13 +57,11 @@ def state_per_gpu(nodes: int, duration: float, seed: int) -> dict[str, float]:
     for m in sim.messages():
         engine.update(m)
     truth = sim.truth()
-    gpus = nodes * truth["gpus_per_node"]
+    gpus = nodes * truth.gpus_per_node
     sizes = engine.state_bytes()
-    node_max = max(len(pickle.dumps(p)) for p in engine.nodes.values()) / truth["gpus_per_node"]
+    node_max = max(len(pickle.dumps(p)) for p in engine.nodes.values()) / truth.gpus_per_node
     job_max = max(
-        len(pickle.dumps(engine.jobs[j["job"]])) / j["ranks"]
-        for j in truth["jobs"]
-        if j["job"] in engine.jobs
+        len(pickle.dumps(engine.jobs[j.job])) / j.ranks for j in truth.jobs if j.job in engine.jobs
     )
     return {
         "total_per_gpu": sum(sizes.values()) / gpus,

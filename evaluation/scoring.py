@@ -23,20 +23,24 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
+
+from guard.schemas.truth import Fault, Truth
 
 __all__ = ["Evaluation", "evaluate", "format_report", "load_flags", "load_truth"]
 
 MUST_CATCH_KINDS = frozenset({"xid", "ecc_dbe", "link_flap", "degraded_nic"})
 
 
-def load_truth(path: str | Path) -> dict[str, Any]:
-    truth: dict[str, Any] = json.loads(Path(path).read_text())
-    if not isinstance(truth, dict) or "faults" not in truth or "nodes" not in truth:
-        raise ValueError(f"{path}: not a simulator truth file (needs 'nodes' and 'faults')")
-    return truth
+def load_truth(path: str | Path) -> Truth:
+    """Read a simulator truth file (``guard simulate --truth``)."""
+    try:
+        return Truth.load(path)
+    except ValidationError as exc:
+        raise ValueError(f"{path}: not a simulator truth file: {exc}") from None
 
 
 def load_flags(path: str | Path) -> list[dict[str, Any]]:
@@ -147,28 +151,74 @@ class Evaluation:
 
 
 def evaluate(
-    truth: Mapping[str, Any],
+    truth: Truth | Mapping[str, Any],
     flags: Iterable[Mapping[str, Any]],
     early_s: float = 5.0,
     grace_s: float = 120.0,
     target_slowdown: float = 0.05,
 ) -> Evaluation:
-    """Score ``flags`` (dicts or models' dumps) against ``truth``."""
-    start, end = float(truth["start_ts"]), float(truth["end_ts"])
-    step_of_node: dict[str, float] = {}
-    for job in truth.get("jobs", []):
-        for node in job.get("nodes", []):
-            step_of_node[node] = float(job.get("step_s_nominal") or 0.0)
-    faults_by_node: dict[str, list[dict[str, Any]]] = {}
-    for fault in truth["faults"]:
-        faults_by_node.setdefault(fault["node"], []).append(fault)
-    first_hit: dict[str, float] = {}
-    claims = true_claims = 0
-    false_claims: list[dict[str, Any]] = []
-    flagged: set[str] = set()
-    true_flagged: set[str] = set()
-    seen_ids: set[str] = set()
+    """Score ``flags`` (dicts or models' dumps) against ``truth`` (the model or its dict)."""
+    if not isinstance(truth, Truth):
+        truth = Truth.model_validate(truth)
     rows: dict[str, Row] = {}
+    claims = _score_claims(truth, flags, rows, early_s, grace_s)
+    missed = _score_faults(truth, claims.first_hit, rows, target_slowdown)
+    everything = rows.setdefault("all", Row("all"))
+    everything.true_claims, everything.false_claims = claims.true, len(claims.false)
+    node_hours = len(truth.nodes) * (truth.end_ts - truth.start_ts) / 3600.0
+    return Evaluation(
+        rows,
+        claims.count,
+        claims.true,
+        claims.false,
+        node_hours,
+        len(claims.flagged),
+        len(claims.true_flagged),
+        missed,
+        claims.first_hit,
+    )
+
+
+@dataclass
+class _Claims:
+    """What the warning/critical flags claimed, and which of them matched a fault."""
+
+    count: int = 0
+    true: int = 0
+    false: list[dict[str, Any]] = field(default_factory=list)
+    flagged: set[str] = field(default_factory=set)
+    true_flagged: set[str] = field(default_factory=set)
+    #: fault id → event time of the first claim that detected it
+    first_hit: dict[str, float] = field(default_factory=dict)
+
+
+_FALSE_CLAIM_FIELDS = (
+    "ts",
+    "node",
+    "gpu",
+    "device",
+    "rank",
+    "detector",
+    "category",
+    "severity",
+    "score",
+)
+
+
+def _score_claims(
+    truth: Truth,
+    flags: Iterable[Mapping[str, Any]],
+    rows: dict[str, Row],
+    early_s: float,
+    grace_s: float,
+) -> _Claims:
+    """Match every warning/critical flag to the faults of its node (duplicates once)."""
+    faults_by_node: dict[str, list[Fault]] = {}
+    for fault in truth.faults:
+        faults_by_node.setdefault(fault.node, []).append(fault)
+    claims = _Claims()
+    first_hit = claims.first_hit
+    seen_ids: set[str] = set()
     for flag in flags:
         if flag.get("severity") == "info" or not flag.get("node"):
             continue
@@ -176,53 +226,43 @@ def evaluate(
         if fid in seen_ids:
             continue  # a duplicate delivery of the same flag
         seen_ids.add(fid)
-        claims += 1
+        claims.count += 1
         node, ts = flag["node"], float(flag["ts"])
-        flagged.add(node)
+        claims.flagged.add(node)
         matched: set[str] = set()
         for fault in faults_by_node.get(node, []):
-            f_end = end if fault.get("end") is None else float(fault["end"])
-            if float(fault["onset"]) - early_s <= ts <= f_end + grace_s:
-                matched.add(fault["category"])
-                if fault["id"] not in first_hit or ts < first_hit[fault["id"]]:
-                    first_hit[fault["id"]] = ts
+            f_end = truth.end_ts if fault.end is None else fault.end
+            if fault.onset - early_s <= ts <= f_end + grace_s:
+                matched.add(fault.category)
+                if fault.id not in first_hit or ts < first_hit[fault.id]:
+                    first_hit[fault.id] = ts
         if matched:
-            true_claims += 1
-            true_flagged.add(node)
+            claims.true += 1
+            claims.true_flagged.add(node)
             for name in matched:
                 rows.setdefault(name, Row(name)).true_claims += 1
         else:
             category = str(flag.get("category"))
             rows.setdefault(category, Row(category)).false_claims += 1
-            false_claims.append(
-                {
-                    k: flag.get(k)
-                    for k in (
-                        "ts",
-                        "node",
-                        "gpu",
-                        "device",
-                        "rank",
-                        "detector",
-                        "category",
-                        "severity",
-                        "score",
-                    )
-                }
-            )
+            claims.false.append({k: flag.get(k) for k in _FALSE_CLAIM_FIELDS})
+    return claims
+
+
+def _score_faults(
+    truth: Truth, first_hit: dict[str, float], rows: dict[str, Row], target_slowdown: float
+) -> list[dict[str, Any]]:
+    """Count every fault in its category, ``all`` and (if it must be caught) ``target``,
+    with its time to detect; return the faults no claim detected."""
+    step_of_node: dict[str, float] = {}
+    for job in truth.jobs:
+        for node in job.nodes:
+            step_of_node[node] = float(job.step_s_nominal or 0.0)
     missed: list[dict[str, Any]] = []
-    for fault in truth["faults"]:
-        target = (
-            _effective_slowdown(fault, end) >= target_slowdown
-            or fault.get("kind") in MUST_CATCH_KINDS
-        )
-        groups = [fault["category"], "all"] + (["target"] if target else [])
-        hit = first_hit.get(fault["id"])
-        onset = float(fault["onset"])
-        ramp = (fault.get("detail") or {}).get("ramp_s")
-        slowdown = float(fault.get("slowdown") or 0.0)
-        if fault.get("pattern") == "degrading" and ramp and slowdown > 0:
-            onset += float(ramp) * min(1.0, target_slowdown / slowdown)
+    for fault in truth.faults:
+        target = fault.reached(truth.end_ts) >= target_slowdown or fault.kind in MUST_CATCH_KINDS
+        groups = [fault.category, "all"] + (["target"] if target else [])
+        hit = first_hit.get(fault.id)
+        onset = fault.reaches_at(target_slowdown)
         for name in groups:
             row = rows.setdefault(name, Row(name))
             row.faults += 1
@@ -230,39 +270,12 @@ def evaluate(
                 row.detected += 1
                 ttd = max(0.0, hit - onset)
                 row.ttd_s.append(ttd)
-                step_s = step_of_node.get(fault["node"], 0.0)
+                step_s = step_of_node.get(fault.node, 0.0)
                 if step_s > 0:
                     row.ttd_steps.append(ttd / step_s)
         if hit is None:
-            missed.append({k: fault.get(k) for k in ("id", "node", "kind", "slowdown", "pattern")})
-    everything = rows.setdefault("all", Row("all"))
-    everything.true_claims, everything.false_claims = true_claims, len(false_claims)
-    node_hours = len(truth["nodes"]) * (end - start) / 3600.0
-    return Evaluation(
-        rows,
-        claims,
-        true_claims,
-        false_claims,
-        node_hours,
-        len(flagged),
-        len(true_flagged),
-        missed,
-        first_hit,
-    )
-
-
-def _effective_slowdown(fault: Mapping[str, Any], run_end: float) -> float:
-    """The largest slowdown a fault reached before it (or the run) ended.
-
-    A degrading fault's ``slowdown`` is the level at the end of its ramp, which a short run
-    may never reach.
-    """
-    slowdown = float(fault.get("slowdown") or 0.0)
-    ramp = (fault.get("detail") or {}).get("ramp_s")
-    if fault.get("pattern") != "degrading" or not ramp:
-        return slowdown
-    until = run_end if fault.get("end") is None else min(run_end, float(fault["end"]))
-    return slowdown * max(0.0, min(1.0, (until - float(fault["onset"])) / float(ramp)))
+            missed.append(fault.model_dump(include={"id", "node", "kind", "slowdown", "pattern"}))
+    return missed
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
@@ -311,104 +324,3 @@ def format_report(ev: Evaluation) -> str:
             "false claims by detector: " + ", ".join(f"{k} {v}" for k, v in sorted(by_kind.items()))
         )
     return "\n".join(lines)
-
-
-# --- real data (../shared/data; copies in tests/data) ---------------------------------------
-
-PAI_EPOCH = 1_600_000_000.0  # PAI times are seconds since the job started; any epoch will do
-
-
-def pai_step_timings(path: str | Path, job: str) -> list[Any]:
-    """Alibaba PAI mini-batch times as ``StepTiming`` messages, in time order.
-
-    Each ``time`` is one step; worker *w* is rank *w* on node ``worker-w``; the normalised
-    mini-batch time (0-1000), in thousandths, is both the rank's ``compute_s`` and its
-    ``step_s`` (the trace gives each worker's own mini-batch time, not a synchronised wall
-    time, so a step-time alert rule sees the same differences the peer detector sees).
-    """
-    import csv
-
-    from guard.schemas import StepTiming
-
-    by_time: dict[int, dict[int, float]] = {}
-    with Path(path).open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            by_time.setdefault(int(row["time"]), {})[int(row["worker"])] = float(
-                row["batch_time_norm"]
-            )
-    messages = []
-    for step, t in enumerate(sorted(by_time)):
-        for worker, value in sorted(by_time[t].items()):
-            messages.append(
-                StepTiming(
-                    ts=PAI_EPOCH + t,
-                    node=f"worker-{worker}",
-                    job=job,
-                    rank=worker,
-                    gpu=0,
-                    step=step,
-                    step_s=value / 1000.0,
-                    compute_s=value / 1000.0,
-                )
-            )
-    return messages
-
-
-def nab_series(path: str | Path) -> list[tuple[float, float]]:
-    """A NAB CSV as ``(epoch seconds, value)`` pairs (NAB timestamps are naive; read as UTC)."""
-    import csv
-    from datetime import datetime
-
-    out = []
-    with Path(path).open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            when = datetime.fromisoformat(row["timestamp"]).replace(tzinfo=UTC)
-            out.append((when.timestamp(), float(row["value"])))
-    return out
-
-
-def nab_windows(path: str | Path, key: str) -> list[tuple[float, float]]:
-    """Labelled anomaly windows of one NAB series from ``combined_windows.json``."""
-    from datetime import datetime
-
-    def epoch(text: str) -> float:
-        return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
-
-    raw = json.loads(Path(path).read_text())[key]
-    return [(epoch(a), epoch(b)) for a, b in raw]
-
-
-def nab_score(alarms: list[float], windows: list[tuple[float, float]]) -> dict[str, Any]:
-    """NAB-style scoring (standard profile: TP 1, FP -0.11, FN -1) of alarm times.
-
-    The first alarm in a window earns ``2 / (1 + exp(5 y)) - 1`` where ``y`` is its position
-    relative to the window's end (-1 at the start, 0 at the end): early is better; later alarms
-    in the same window neither earn nor cost. An alarm outside every window costs 0.11. A
-    window without an alarm costs 1. The normalised score is 100 for perfect detection and 0
-    for a detector that never alarms.
-    """
-    raw = 0.0
-    inside = 0
-    hit = [False] * len(windows)
-    for ts in sorted(alarms):
-        for i, (a, b) in enumerate(windows):
-            if a <= ts <= b:
-                inside += 1
-                if not hit[i]:
-                    hit[i] = True
-                    y = (ts - b) / (b - a) if b > a else 0.0
-                    raw += 2.0 / (1.0 + math.exp(5.0 * y)) - 1.0
-                break
-        else:
-            raw -= 0.11
-    raw -= sum(1 for h in hit if not h)
-    perfect = len(windows) * (2.0 / (1.0 + math.exp(-5.0)) - 1.0)
-    null = -float(len(windows))
-    return {
-        "alarms": len(alarms),
-        "inside": inside,
-        "outside": len(alarms) - inside,
-        "windows_hit": sum(hit),
-        "windows": len(windows),
-        "nab_score": round(100.0 * (raw - null) / (perfect - null), 1) if windows else None,
-    }

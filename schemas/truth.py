@@ -13,6 +13,8 @@ Example
 (0.0, 0.1, 0.2)
 >>> fault.reached(truth.end_ts)  # the level it reached before the run ended
 0.2
+>>> fault.reaches_at(0.05)  # when it first slows its rank by 5 %
+900.0
 >>> Truth.model_validate_json(truth.model_dump_json()) == truth
 True
 """
@@ -59,14 +61,26 @@ class Fault(BaseModel):
     def active(self, ts: float) -> bool:
         return self.onset <= ts and (self.end is None or ts < self.end)
 
+    @property
+    def ramp_s(self) -> float | None:
+        """How long a ``degrading`` fault takes to reach its full slowdown (else None)."""
+        ramp = self.detail.get("ramp_s") if self.pattern == "degrading" else None
+        return float(ramp) if ramp else None
+
     def slowdown_at(self, ts: float) -> float:
         """The slowdown at ``ts`` (a degrading fault ramps up over ``detail["ramp_s"]``)."""
-        ramp = self.detail.get("ramp_s")
-        return ramped_slowdown(self.slowdown, self.onset, float(ramp) if ramp else None, ts)
+        return ramped_slowdown(self.slowdown, self.onset, self.ramp_s, ts)
 
     def reached(self, run_end: float) -> float:
         """The largest slowdown the fault reached before it (or the run) ended."""
         return self.slowdown_at(run_end if self.end is None else min(self.end, run_end))
+
+    def reaches_at(self, level: float) -> float:
+        """When the slowdown first reaches ``level``: the onset, or later on a ramp."""
+        ramp = self.ramp_s
+        if ramp is None or self.slowdown <= 0:
+            return self.onset
+        return self.onset + ramp * min(1.0, level / self.slowdown)
 
 
 class Confounder(BaseModel):

@@ -6,7 +6,13 @@ from pathlib import Path
 
 from guard.detectors.engine import DetectionEngine
 from guard.detectors.signal_anomaly import SignalAnomalyDetector
-from guard.evaluation.scoring import PAI_EPOCH, nab_score, nab_series, nab_windows, pai_step_timings
+from guard.evaluation.public_data import (
+    PAI_EPOCH,
+    nab_score,
+    nab_series,
+    nab_windows,
+    pai_step_timings,
+)
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 

@@ -34,7 +34,7 @@ Example
 >>> for t in range(6):
 ...     for g in range(8):
 ...         flags += engine.update(GpuSample(ts=100.0 + 10 * t + 0.01 * g, node="n1", gpu=g,
-...                                           temp_c=60.0, xid=48 if (g == 3 and t == 2) else None))
+...                                          temp_c=60.0, xid=48 if (g == 3 and t == 2) else None))
 >>> [(f.node, f.gpu, f.category, f.severity) for f in flags]
 [('n1', 3, 'gpu_error', 'critical')]
 >>> restored = DetectionEngine.restore(engine.snapshot())

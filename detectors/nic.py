@@ -165,6 +165,22 @@ class NicDetector:
             return []
         dt = s.ts - prev_ts
         phys_n, retrans_n, marks, flaps, wait = _increases(counters, prev)
+        found = self._link(s, st, flaps, dt)
+        degraded = self._degraded(s, st, phys_n / dt, retrans_n / dt)
+        if degraded is not None:
+            found.append(degraded)
+        congestion = marks / dt
+        st.congested = congestion >= self.congestion_per_s and phys_n == 0 and retrans_n == 0
+        if self.first_port is None or key < self.first_port:
+            self.first_port = key
+        if key == self.first_port:  # one node-level verdict per sampling round
+            congested = self._congestion(s, congestion, wait / dt)
+            if congested is not None:
+                found.append(congested)
+        return found
+
+    def _link(self, s: NicSample, st: _PortState, flaps: int, dt: float) -> list[Finding]:
+        """A flap (``link_downed`` rose) at once; a port held down through its hold."""
         found: list[Finding] = []
         if flaps:
             found.append(
@@ -193,8 +209,12 @@ class NicDetector:
                     clear=event == "clear",
                 )
             )
-        phys = phys_n / dt
-        retrans = retrans_n / dt
+        return found
+
+    def _degraded(
+        self, s: NicSample, st: _PortState, phys: float, retrans: float
+    ) -> Finding | None:
+        """Error or retransmit rates (per second) too high, or the link slower than nominal."""
         slow = (
             st.speed is not None
             and self.nominal_gbps > 0.0
@@ -207,50 +227,45 @@ class NicDetector:
             if (errors or slow or degraded.bits or degraded.active)
             else None
         )
-        if event is not None:
-            found.append(
-                self._finding(
-                    s,
-                    "nic",
-                    "warning",
-                    st.degraded.since,
-                    {
-                        "signal": "errors" if errors else "speed",
-                        "physical_errors_per_s": round(phys, 3),
-                        "retransmits_per_s": round(retrans, 3),
-                        "speed_gbps": st.speed,
-                        "nominal_gbps": self.nominal_gbps,
-                    },
-                    clear=event == "clear",
-                )
-            )
-        congestion = marks / dt
-        st.congested = congestion >= self.congestion_per_s and phys_n == 0 and retrans_n == 0
-        if self.first_port is None or key < self.first_port:
-            self.first_port = key
-        if key == self.first_port:  # one node-level verdict per sampling round
-            ports = self.ports.values()
-            share = sum(1 for p in ports if p.congested) / len(ports)
-            event = self.congestion.update(share >= 0.5, s.ts)
-            if event is not None:
-                found.append(
-                    self._finding(
-                        s,
-                        "nic",
-                        "info",
-                        self.congestion.since,
-                        {
-                            "signal": "congestion",
-                            "observation": "congestion",
-                            "ports_congested_pct": round(100.0 * share),
-                            "ecn_cnp_per_s": round(congestion, 1),
-                            "xmit_wait_per_s": round(wait / dt, 1),
-                        },
-                        clear=event == "clear",
-                        device=None,
-                    )
-                )
-        return found
+        if event is None:
+            return None
+        return self._finding(
+            s,
+            "nic",
+            "warning",
+            st.degraded.since,
+            {
+                "signal": "errors" if errors else "speed",
+                "physical_errors_per_s": round(phys, 3),
+                "retransmits_per_s": round(retrans, 3),
+                "speed_gbps": st.speed,
+                "nominal_gbps": self.nominal_gbps,
+            },
+            clear=event == "clear",
+        )
+
+    def _congestion(self, s: NicSample, marks_per_s: float, wait_per_s: float) -> Finding | None:
+        """The node's verdict: half its ports congested (marks without errors) is an info."""
+        ports = self.ports.values()
+        share = sum(1 for p in ports if p.congested) / len(ports)
+        event = self.congestion.update(share >= 0.5, s.ts)
+        if event is None:
+            return None
+        return self._finding(
+            s,
+            "nic",
+            "info",
+            self.congestion.since,
+            {
+                "signal": "congestion",
+                "observation": "congestion",
+                "ports_congested_pct": round(100.0 * share),
+                "ecn_cnp_per_s": round(marks_per_s, 1),
+                "xmit_wait_per_s": round(wait_per_s, 1),
+            },
+            clear=event == "clear",
+            device=None,
+        )
 
     def tick(self, now: float) -> list[Finding]:
         return []  # every rule runs on a port's own samples

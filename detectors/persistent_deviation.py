@@ -124,7 +124,6 @@ class DeviationTracker:
         "active",
         "baseline",
         "calm",
-        "rel_slow",
         "residuals",
         "rounds",
         "scores",
@@ -139,7 +138,6 @@ class DeviationTracker:
         self.slow: deque[float] = deque()  # round timestamps of slow rounds, -1.0 for normal
         self.slow_residuals: deque[float] = deque()
         self.residuals: deque[float] = deque()
-        self.rel_slow = False  # this round: worse than its own baseline
         self.windows = 0  # bit history of window verdicts, newest in bit 0
         self.active = False
         self.calm = 0
@@ -180,10 +178,8 @@ class DeviationTracker:
         if not ready:
             self.baseline += (residual - self.baseline) / self.rounds
         score = residual / max(rule.abs_residual, rule.z * sigma_abs)
-        self.rel_slow = False
         if ready:
             rel = (residual - self.baseline) / max(rule.min_residual, rule.z * sigma_rel)
-            self.rel_slow = rel >= 1.0
             score = max(score, rel)
         slow_round = score >= 1.0
         if ready and not slow_round and not self.active and score < 0.5:

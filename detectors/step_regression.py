@@ -64,7 +64,6 @@ class StepRegressionDetector:
         self, job: str, threshold: float = 2.0, min_instances: int = 30, delta: float = 0.02
     ) -> None:
         self.job = job
-        self.args = (threshold, min_instances, delta)
         self.test = drift.PageHinkley(
             min_instances=min_instances, delta=delta, threshold=threshold, mode="up"
         )

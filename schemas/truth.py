@@ -63,8 +63,9 @@ class Fault(BaseModel):
 
     @property
     def ramp_s(self) -> float | None:
-        """How long a ``degrading`` fault takes to reach its full slowdown (else None)."""
-        ramp = self.detail.get("ramp_s") if self.pattern == "degrading" else None
+        """How long the fault takes to reach its full slowdown: ``detail["ramp_s"]``, which
+        the simulator sets on ``degrading`` faults (None: full slowdown from the onset)."""
+        ramp = self.detail.get("ramp_s")
         return float(ramp) if ramp else None
 
     def slowdown_at(self, ts: float) -> float:

@@ -28,7 +28,6 @@ True
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import shlex
@@ -44,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from guard.config import Settings
 from guard.schemas import SweepCheck, stable_id
+from guard.schemas.truth import Fault, Truth, ramped_slowdown
 
 __all__ = [
     "DEFAULT_LOCAL_CHECKS",
@@ -84,23 +84,21 @@ class SimulatedFault:
 
     def slowdown_at(self, now: float) -> float:
         """The slowdown at ``now``: a ``degrading`` fault ramps up over ``detail.ramp_s``."""
-        ramp = float(self.detail.get("ramp_s", 0) or 0)
-        if ramp <= 0:
-            return self.slowdown
-        return self.slowdown * min(1.0, max(0.0, now - self.onset) / ramp)
+        ramp = self.detail.get("ramp_s")
+        return ramped_slowdown(self.slowdown, self.onset, float(ramp) if ramp else None, now)
 
     @classmethod
-    def from_truth(cls, fault: dict[str, Any]) -> SimulatedFault:
+    def from_truth(cls, fault: Fault) -> SimulatedFault:
         return cls(
-            node=fault["node"],
-            kind=fault["kind"],
-            onset=float(fault["onset"]),
-            end=None if fault.get("end") is None else float(fault["end"]),
-            slowdown=float(fault.get("slowdown") or 0.0),
-            gpu=fault.get("gpu"),
-            device=fault.get("device"),
-            id=str(fault.get("id", "")),
-            detail=dict(fault.get("detail") or {}),
+            node=fault.node,
+            kind=fault.kind,
+            onset=fault.onset,
+            end=fault.end,
+            slowdown=fault.slowdown,
+            gpu=fault.gpu,
+            device=fault.device,
+            id=fault.id,
+            detail=dict(fault.detail),
         )
 
 
@@ -146,14 +144,15 @@ class SimulatedSweepExecutor:
 
     @classmethod
     def from_truth(
-        cls, truth: dict[str, Any] | str | Path, duration_s: float = 0.0
+        cls, truth: Truth | str | Path, duration_s: float = 0.0
     ) -> SimulatedSweepExecutor:
-        """From the simulator's truth (a dict, or the path of TRUTH.json)."""
-        data = truth if isinstance(truth, dict) else json.loads(Path(truth).read_text())
+        """From the simulator's truth (the model, or the path of TRUTH.json)."""
+        if not isinstance(truth, Truth):
+            truth = Truth.load(truth)
         return cls(
-            [SimulatedFault.from_truth(f) for f in data.get("faults", [])],
-            gpus_per_node=int(data.get("gpus_per_node", 8)),
-            seed=int(data.get("seed", 0)),
+            [SimulatedFault.from_truth(f) for f in truth.faults],
+            gpus_per_node=truth.gpus_per_node,
+            seed=truth.seed,
             duration_s=duration_s,
         )
 

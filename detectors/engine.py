@@ -46,6 +46,7 @@ True
 from __future__ import annotations
 
 import pickle
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,7 +79,28 @@ class EngineConfig:
     detector_args: dict[str, dict[str, object]] = field(default_factory=dict)
 
 
-class NodeDetectors:
+class _DetectorSet:
+    """A partition's detectors, ticked and flushed together in a fixed order."""
+
+    __slots__ = ()
+
+    def _detectors(self) -> Sequence[Detector[Any]]:
+        raise NotImplementedError
+
+    def tick(self, now: float) -> list[Finding]:
+        found: list[Finding] = []
+        for det in self._detectors():
+            found += det.tick(now)
+        return found
+
+    def flush(self) -> list[Finding]:
+        found: list[Finding] = []
+        for det in self._detectors():
+            found += det.flush()
+        return found
+
+
+class NodeDetectors(_DetectorSet):
     """Node-keyed state: everything computed from one node's ``gpu`` and ``nic`` samples."""
 
     __slots__ = ("clocks", "errors", "job", "nic", "node", "open_round", "power", "thermal")
@@ -114,18 +136,10 @@ class NodeDetectors:
             return self.nic.update(message)
         return []
 
-    def tick(self, now: float) -> list[Finding]:
-        found: list[Finding] = []
-        for det in self._detectors():
-            found += det.tick(now)
-        return found
-
     def flush(self) -> list[Finding]:
+        """Close the open round, then flush the detectors."""
         closed, self.open_round = self.open_round, {}
-        found = self._round(closed) if closed else []
-        for det in self._detectors():
-            found += det.flush()
-        return found
+        return (self._round(closed) if closed else []) + super().flush()
 
     def _detectors(self) -> tuple[Detector[Any], ...]:
         return (self.errors, self.nic, self.thermal, self.power, self.clocks)
@@ -135,7 +149,7 @@ class NodeDetectors:
         return self.thermal.update(rnd) + self.power.update(rnd) + self.clocks.update(rnd)
 
 
-class JobDetectors:
+class JobDetectors(_DetectorSet):
     """Job-keyed state: everything computed from one job's ``step`` and ``collective`` messages."""
 
     __slots__ = ("collectives", "job", "regression", "stragglers")
@@ -172,18 +186,6 @@ class JobDetectors:
         if isinstance(message, CollectiveTiming) and self.collectives is not None:
             return self.collectives.update(message)
         return []
-
-    def tick(self, now: float) -> list[Finding]:
-        found: list[Finding] = []
-        for det in self._detectors():
-            found += det.tick(now)
-        return found
-
-    def flush(self) -> list[Finding]:
-        found: list[Finding] = []
-        for det in self._detectors():
-            found += det.flush()
-        return found
 
     def _detectors(self) -> list[Detector[Any]]:
         dets = (self.stragglers, self.collectives, self.regression)

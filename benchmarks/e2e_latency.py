@@ -23,7 +23,7 @@ from pathlib import Path
 from guard.agents.simulator import ClusterSimulator, FaultSpec, SimConfig
 from guard.broker import EmbeddedBroker
 from guard.config import load_settings
-from guard.demo import FlagReader, StreamsWorkers
+from guard.demo.pipeline import FlagReader, StreamsWorkers
 from guard.kafka import create_topics, make_producer, produce_raw, to_record
 
 
@@ -70,7 +70,8 @@ def main() -> None:
     print(f"generated {len(records):,} messages in {time.monotonic() - t0:.0f} s", flush=True)
     workers = StreamsWorkers(settings, args.workers, home)
     workers.start()
-    reader = FlagReader(settings)
+    arrivals: list[float] = []  # wall time (epoch) each flag was read
+    reader = FlagReader(settings, on_flag=lambda flag: arrivals.append(time.time()))
     reader.start()
     producer = make_producer(settings, **{"linger.ms": 5})
     try:
@@ -92,11 +93,12 @@ def main() -> None:
         time.sleep(3)
         latencies = sorted(
             arrival - (wall0 + (flag.ts - start) / args.speed)
-            for flag, arrival in zip(reader.flags, reader.arrivals, strict=True)
+            for flag, arrival in zip(reader.flags, arrivals, strict=True)
             if flag.category == "gpu_error"
         )
     finally:
         reader.stop_event.set()
+        reader.join(10)  # its consumer closed before the broker stops
         workers.stop()
         if broker is not None:
             broker.stop()

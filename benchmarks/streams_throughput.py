@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -28,8 +27,7 @@ from guard.agents.simulator import ClusterSimulator, SimConfig
 from guard.config import Settings, load_settings
 from guard.demo import worker_env
 from guard.kafka import create_topics, make_producer, produce
-
-PROGRESS = re.compile(rb"guard streams: (\d+) telemetry")
+from guard.streams.processing import parse_progress
 
 
 def preload(settings: Settings, nodes: int, duration: float) -> int:
@@ -70,10 +68,10 @@ def run_workers(settings: Settings, workers: int, total: int, home: Path, engine
         with open(home / f"{app_id}-{index}.log", "wb") as log:  # kept for a failed run
             for line in stream:
                 log.write(line)
-                found = PROGRESS.search(line)
-                if found:
+                report = parse_progress(line)
+                if report is not None:
                     with lock:
-                        counts[index] = int(found.group(1))
+                        counts[index] = int(report["telemetry"])
                         marks.append((time.monotonic(), sum(counts)))
 
     procs = []

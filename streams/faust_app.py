@@ -56,15 +56,15 @@ def _backed_by(state: KeyedState, table: Any) -> None:
     state.save = save
 
 
-def create_app(settings: Settings, engine_config: EngineConfig | None = None) -> faust.App:
-    """The streams app for ``settings`` (broker, topics, partitions, app id)."""
-    cfg = engine_config or EngineConfig()
+RAW = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
+
+
+def _faust_app(settings: Settings) -> faust.App:
     k = settings.kafka
-    streams = settings.streams
-    datadir = settings.home / "faust" / streams.app_id
+    datadir = settings.home / "faust" / settings.streams.app_id
     datadir.parent.mkdir(parents=True, exist_ok=True)
-    app = faust.App(
-        streams.app_id,
+    return faust.App(
+        settings.streams.app_id,
         broker=[f"kafka://{b.strip()}" for b in k.bootstrap.split(",")],
         store="memory://",
         topic_partitions=k.telemetry_partitions,
@@ -82,36 +82,39 @@ def create_app(settings: Settings, engine_config: EngineConfig | None = None) ->
         consumer_max_fetch_size=16 * 1024 * 1024,
         logging_config=None,
     )
-    raw = {
-        "key_type": bytes,
-        "value_type": bytes,
-        "key_serializer": "raw",
-        "value_serializer": "raw",
-    }
-    findings_topic = app.topic(
-        settings.topic("findings"), partitions=k.telemetry_partitions, internal=True, **raw
-    )
-    remediation = app.topic(settings.topic("remediation"), **raw)
-    dlq = app.topic(settings.topic("dlq"), **raw)
-    table_args = {
-        "default": None,
-        "key_type": bytes,
-        "value_type": bytes,
-        "partitions": k.telemetry_partitions,
-    }
-    counters = StreamsCounters()
-    app.guard_counters = counters  # type: ignore[attr-defined]
-    processors: list[TelemetryProcessor] = []
 
-    async def send_findings(findings: list[Finding]) -> None:
+
+class _Wiring:
+    """The app's topics, tables and processors, and the agents that join them."""
+
+    def __init__(self, app: faust.App, settings: Settings) -> None:
+        partitions = settings.kafka.telemetry_partitions
+        self.app = app
+        self.settings = settings
+        self.findings = app.topic(
+            settings.topic("findings"), partitions=partitions, internal=True, **RAW
+        )
+        self.remediation = app.topic(settings.topic("remediation"), **RAW)
+        self.dlq = app.topic(settings.topic("dlq"), **RAW)
+        self.table_args = {
+            "default": None,
+            "key_type": bytes,
+            "value_type": bytes,
+            "partitions": partitions,
+        }
+        self.counters = StreamsCounters()
+        self.processors: list[TelemetryProcessor] = []
+        self.fusion = FusionProcessor(settings.streams.checkpoint_s, self.counters)
+
+    async def send_findings(self, findings: list[Finding]) -> None:
         for f in findings:
-            await findings_topic.send(
+            await self.findings.send(
                 key=finding_key(f).encode(), value=encode_finding(f), timestamp=f.ts
             )
 
-    async def dead_letter(event: Any, error: SchemaError) -> None:
+    async def dead_letter(self, event: Any, error: SchemaError) -> None:
         msg = event.message
-        await dlq.send(
+        await self.dlq.send(
             key=event.key,
             value=event.value,
             headers=[
@@ -120,55 +123,70 @@ def create_app(settings: Settings, engine_config: EngineConfig | None = None) ->
             ],
         )
 
-    def telemetry_agent(level: str, topics: dict[str, str], table: str) -> None:
-        processor = TelemetryProcessor(level, topics, cfg, streams.checkpoint_s, counters)
-        _backed_by(processor.state, app.Table(table, **table_args))
-        processors.append(processor)
+    def telemetry_agent(
+        self, level: str, topics: dict[str, str], table: str, cfg: EngineConfig
+    ) -> None:
+        st = self.settings.streams
+        processor = TelemetryProcessor(level, topics, cfg, st.checkpoint_s, self.counters)
+        _backed_by(processor.state, self.app.Table(table, **self.table_args))
+        self.processors.append(processor)
 
         async def agent(stream: Any) -> None:
-            async for events in stream.take_events(streams.batch_max, streams.batch_within_s):
+            async for events in stream.take_events(st.batch_max, st.batch_within_s):
                 found, bad = processor.process(
                     (e.message.topic, e.message.partition, e.value) for e in events
                 )
                 for index, error in bad:
-                    await dead_letter(events[index], error)
-                await send_findings(found)
+                    await self.dead_letter(events[index], error)
+                await self.send_findings(found)
 
-        name = f"{level}_telemetry"
-        app.agent(app.topic(*topics, **raw), name=name)(agent)
+        self.app.agent(self.app.topic(*topics, **RAW), name=f"{level}_telemetry")(agent)
 
-    telemetry_agent(
-        "node", {settings.topic("gpu"): "gpu", settings.topic("nic"): "nic"}, "node-detectors"
-    )
-    telemetry_agent(
-        "job",
-        {settings.topic("steps"): "step", settings.topic("collectives"): "collective"},
-        "job-detectors",
-    )
-    fusion_processor = FusionProcessor(streams.checkpoint_s, counters)
-    _backed_by(fusion_processor.state, app.Table("fusion", **table_args))
+    def fusion_agent(self) -> None:
+        st = self.settings.streams
+        _backed_by(self.fusion.state, self.app.Table("fusion", **self.table_args))
 
-    @app.agent(findings_topic, name="fusion")
-    async def fusion(stream: Any) -> None:
-        async for events in stream.take_events(streams.batch_max, streams.batch_within_s):
-            flags = fusion_processor.process((e.key, e.message.partition, e.value) for e in events)
-            for flag in flags:
-                await remediation.send(key=flag.kafka_key(), value=encode(flag), timestamp=flag.ts)
+        async def fusion(stream: Any) -> None:
+            async for events in stream.take_events(st.batch_max, st.batch_within_s):
+                flags = self.fusion.process((e.key, e.message.partition, e.value) for e in events)
+                for flag in flags:
+                    await self.remediation.send(
+                        key=flag.kafka_key(), value=encode(flag), timestamp=flag.ts
+                    )
 
-    @app.timer(interval=1.0)
-    async def idle_clock() -> None:
-        for processor in processors:
-            await send_findings(processor.clock.idle())
+        self.app.agent(self.findings, name="fusion")(fusion)
 
-    @app.on_partitions_revoked.connect
-    async def on_revoked(app: Any, revoked: set[Any], **kwargs: Any) -> None:
-        parts = {tp.partition for tp in revoked}
-        for processor in processors:
-            processor.forget(parts)
-        fusion_processor.state.forget(parts)
+    def housekeeping(self) -> None:
+        """The idle clock (findings of quiet streams) and forgetting revoked partitions."""
 
-    def restored() -> int:
-        return sum(p.state.restored for p in processors) + fusion_processor.state.restored
+        @self.app.timer(interval=1.0)
+        async def idle_clock() -> None:
+            for processor in self.processors:
+                await self.send_findings(processor.clock.idle())
 
-    app.guard_restored = restored  # type: ignore[attr-defined]
+        @self.app.on_partitions_revoked.connect
+        async def on_revoked(app: Any, revoked: set[Any], **kwargs: Any) -> None:
+            parts = {tp.partition for tp in revoked}
+            for processor in self.processors:
+                processor.forget(parts)
+            self.fusion.state.forget(parts)
+
+    def restored(self) -> int:
+        return sum(p.state.restored for p in self.processors) + self.fusion.state.restored
+
+
+def create_app(settings: Settings, engine_config: EngineConfig | None = None) -> faust.App:
+    """The streams app for ``settings`` (broker, topics, partitions, app id)."""
+    cfg = engine_config or EngineConfig()
+    s = settings
+    app = _faust_app(settings)
+    wiring = _Wiring(app, settings)
+    node_topics = {s.topic("gpu"): "gpu", s.topic("nic"): "nic"}
+    job_topics = {s.topic("steps"): "step", s.topic("collectives"): "collective"}
+    wiring.telemetry_agent("node", node_topics, "node-detectors", cfg)
+    wiring.telemetry_agent("job", job_topics, "job-detectors", cfg)
+    wiring.fusion_agent()
+    wiring.housekeeping()
+    app.guard_counters = wiring.counters  # type: ignore[attr-defined]
+    app.guard_restored = wiring.restored  # type: ignore[attr-defined]
     return app

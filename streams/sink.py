@@ -144,6 +144,7 @@ class ClickHouseSink:
 
     def close(self) -> None:
         self.producer.flush(10)
+        self.producer.close()
         self.consumer.close()
 
     # -- internals --------------------------------------------------------------------------

@@ -21,11 +21,11 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     config = DemoConfig(
         nodes=args.nodes,
         duration_s=args.duration,
+        home=Path(args.home) if args.home else None,
         seed=args.seed,
         speed=args.speed,
         workers=args.workers,
         engine=settings.streams.engine,
-        home=Path(args.home) if args.home else None,
     )
     run_demo(settings, config, as_json=args.json)
     return 0

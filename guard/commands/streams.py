@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
+from dataclasses import asdict
 from typing import Any
 
 from guard.config import Settings
@@ -25,14 +26,8 @@ def _report(worker: str, event: str = "progress", **counts: int) -> None:
 
 
 def _report_streams(counters: Any, restored: int) -> None:
-    _report(
-        "streams",
-        telemetry=counters.telemetry,
-        findings=counters.findings,
-        flags=counters.flags,
-        dead_letters=counters.dead_letters,
-        restored=restored,
-    )
+    # telemetry, findings, flags, dead_letters; and the keys resumed from checkpoints
+    _report("streams", **asdict(counters), restored=restored)
 
 
 def cmd_streams(args: argparse.Namespace, settings: Settings) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from guard.config import Settings
 from guard.demo import worker_env
 from guard.kafka import make_consumer, make_producer, produce
 from guard.schemas import Flag, GpuSample, GuardMessage, StepTiming, decode
+from guard.streams.processing import parse_progress
 
 
 @contextmanager
@@ -49,16 +49,20 @@ def streams_worker(
                 proc.wait()
 
 
+def _latest_progress(log: Path) -> dict[str, int]:
+    lines = log.read_text(errors="replace").splitlines()
+    reports = [r for r in map(parse_progress, lines) if r is not None]
+    return reports[-1] if reports else {}
+
+
 def processed(log: Path) -> int:
     """Telemetry messages the worker has handled, from its latest progress line."""
-    counts = re.findall(r"guard streams: (\d+) telemetry", log.read_text(errors="replace"))
-    return int(counts[-1]) if counts else 0
+    return int(_latest_progress(log).get("telemetry", 0))
 
 
 def restored(log: Path) -> int:
     """Keys the worker resumed from checkpoints, from its latest progress line."""
-    found = re.findall(r"(\d+) keys restored", log.read_text(errors="replace"))
-    return int(found[-1]) if found else 0
+    return int(_latest_progress(log).get("restored", 0))
 
 
 def wait_for(check: Callable[[], bool], log: Path, timeout_s: float = 120) -> None:

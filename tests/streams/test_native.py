@@ -21,7 +21,7 @@ from guard.detectors.engine import DetectionEngine
 from guard.kafka import create_topics, make_producer, produce
 from guard.schemas import GuardMessage
 
-from .test_app import processed, read_flags, restored, streams_worker, wait_for
+from .test_faust_app import processed, read_flags, restored, streams_worker, wait_for
 
 
 def scenario() -> list[GuardMessage]:

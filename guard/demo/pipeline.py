@@ -1,0 +1,416 @@
+"""The demo's pipeline: broker, topics, store, streams workers, sink and orchestrator.
+
+:class:`Pipeline` runs them around a simulator and replays its telemetry at a speed-up
+(also used by the end-to-end test); :mod:`guard.demo.run` adds progress and the summary.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from guard.agents.simulator import ClusterSimulator, FaultSpec, SimConfig
+from guard.broker import EmbeddedBroker
+from guard.config import Settings
+from guard.kafka import create_topics, make_consumer, make_producer, produce
+from guard.schemas import Flag, GuardMessage, NodeState, SweepResult, decode
+from guard.schemas.truth import Truth
+from guard.store import connect, migrate
+from guard.streams.processing import parse_progress
+from guard.streams.sink import ClickHouseSink
+from guard.sweeps import DryRunScheduler, KafkaOrchestrator, SimulatedClock, SimulatedSweepExecutor
+
+__all__ = [
+    "DEFAULT_FAULTS",
+    "DemoConfig",
+    "FlagReader",
+    "Pipeline",
+    "StreamsWorkers",
+    "truth_of",
+    "worker_env",
+]
+
+#: The demo's scenario: four faults of different kinds in the big job, onsets spread out.
+DEFAULT_FAULTS = (
+    ("thermal_throttle", 0.15, 0.15, "steady"),
+    ("slow_gpu", 0.25, 0.10, "steady"),
+    ("degraded_nic", 0.35, 0.30, None),
+    ("xid", 0.45, 0.0, None),
+)
+
+
+def truth_of(sim: ClusterSimulator) -> Truth:
+    """The simulator's ground truth as the :class:`~guard.schemas.truth.Truth` model."""
+    truth = sim.truth()
+    return truth if isinstance(truth, Truth) else Truth.model_validate(truth)
+
+
+@dataclass
+class DemoConfig:
+    nodes: int = 32
+    duration_s: float = 600.0
+    seed: int = 1
+    speed: float | None = None  # None: what one streams worker keeps up with here
+    sample_interval_s: float = 2.0
+    workers: int = 1
+    engine: str = "native"  # streams transport: native or faust
+    faults: list[FaultSpec] | None = None  # None: DEFAULT_FAULTS on random busy nodes
+    random_faults: int = 0
+    home: Path | None = None
+    bootstrap: str | None = None  # None: GUARD_KAFKA_BOOTSTRAP, else an embedded Tansu
+    worker_rate: float = 1200.0  # messages/s one worker sustains on a small, busy machine
+    # A job restart after a cordon (checkpoint reload, spare swap-in), in simulated seconds:
+    # shorter than a real one because the demo compresses a long job into minutes.
+    restart_s: float = 20.0
+
+    def sim_config(self, start_ts: float) -> SimConfig:
+        faults = self.faults
+        if faults is None:
+            faults = [
+                FaultSpec(
+                    kind, onset_s=frac * self.duration_s, slowdown=slow or None, pattern=pattern
+                )
+                for kind, frac, slow, pattern in DEFAULT_FAULTS
+            ]
+        return SimConfig(
+            nodes=self.nodes,
+            duration_s=self.duration_s,
+            seed=self.seed,
+            start_ts=start_ts,
+            sample_interval_s=self.sample_interval_s,
+            faults=list(faults),
+            random_faults=self.random_faults,
+            restart_s=self.restart_s,
+        )
+
+    def pick_speed(self, sim: ClusterSimulator) -> float:
+        if self.speed:
+            return self.speed
+        truth = truth_of(sim)
+        ranks = sum(j.ranks for j in truth.jobs)
+        step_s = min((j.step_s_nominal for j in truth.jobs), default=2.0)
+        gpus = len(truth.nodes) * truth.gpus_per_node
+        per_sim_second = 2 * gpus / self.sample_interval_s + 2 * ranks / step_s
+        rate = self.worker_rate * (10 if self.engine == "native" else 1)
+        return max(1.0, min(20.0, self.workers * rate / per_sim_second))
+
+
+def worker_env(settings: Settings, **overrides: str) -> dict[str, str]:
+    """Environment of a ``guard streams`` subprocess that shares ``settings``."""
+    s = settings
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("GUARD_")},
+        "GUARD_KAFKA_BOOTSTRAP": s.kafka.bootstrap,
+        "GUARD_KAFKA_TOPIC_PREFIX": s.kafka.topic_prefix,
+        "GUARD_KAFKA_TELEMETRY_PARTITIONS": str(s.kafka.telemetry_partitions),
+        "GUARD_KAFKA_CONTROL_PARTITIONS": str(s.kafka.control_partitions),
+        "GUARD_HOME": str(s.home),
+        "GUARD_STREAMS_APP_ID": s.streams.app_id,
+        "GUARD_STREAMS_PROGRESS_S": str(s.streams.progress_s),
+        "GUARD_STREAMS_CHECKPOINT_S": str(s.streams.checkpoint_s),
+        "GUARD_STREAMS_ENGINE": s.streams.engine,
+        **overrides,
+    }
+
+
+class StreamsWorkers:
+    """``guard streams`` subprocesses, with their progress lines parsed."""
+
+    def __init__(self, settings: Settings, count: int, log_dir: Path) -> None:
+        self.settings = settings
+        self.count = count
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[str]] = []
+        self.progress: dict[int, dict[str, Any]] = {}  # each worker's latest report
+
+    def start(self) -> None:
+        for i in range(self.count):
+            self._start_one(i)
+
+    def _start_one(self, i: int) -> None:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "guard.cli", "streams"],
+            env=worker_env(self.settings, GUARD_STREAMS_PROGRESS_S="1"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+        )
+        if i < len(self.procs):
+            self.procs[i] = proc
+        else:
+            self.procs.append(proc)
+        threading.Thread(target=self._read, args=(i, proc), daemon=True).start()
+
+    def _read(self, i: int, proc: subprocess.Popen[str]) -> None:
+        with open(self.log_dir / f"streams-{i}.log", "a") as log:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                log.write(line)
+                report = parse_progress(line)
+                if report is not None:
+                    self.progress[i] = report
+
+    @property
+    def telemetry(self) -> int:
+        return sum(int(p["telemetry"]) for p in self.progress.values())
+
+    def check_alive(self) -> None:
+        for i, proc in enumerate(self.procs):
+            if proc.poll() is not None:
+                tail = (self.log_dir / f"streams-{i}.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"streams worker {i} exited with {proc.returncode}:\n{tail}")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+class FlagReader(threading.Thread):
+    """Collects every flag on the remediation topic (no consumer group: assign + offsets)."""
+
+    def __init__(self, settings: Settings, on_flag: Callable[[Flag], None] | None = None):
+        super().__init__(name="guard-demo-flags", daemon=True)
+        self.settings = settings
+        self.flags: list[Flag] = []
+        self.on_flag = on_flag
+        self.last_flag_at = time.monotonic()
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        topic = self.settings.topic("remediation")
+        consumer = make_consumer(self.settings, "guard-demo-flags")
+        try:
+            parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+            while not self.stop_event.is_set():
+                record = consumer.poll(0.2)
+                if record is None or record.error():
+                    continue
+                flag = decode(record.value(), "flag")
+                assert isinstance(flag, Flag)
+                self.flags.append(flag)
+                self.last_flag_at = time.monotonic()
+                if self.on_flag is not None:
+                    self.on_flag(flag)
+        finally:
+            consumer.close()
+
+
+@dataclass
+class Pipeline:
+    """Broker, topics, store, streams workers, sink and orchestrator around a simulator."""
+
+    settings: Settings
+    config: DemoConfig
+    events: list[str] = field(default_factory=list)
+    states: dict[str, str] = field(default_factory=dict)
+    sweeps: list[SweepResult] = field(default_factory=list)
+    published: int = 0
+
+    def __post_init__(self) -> None:
+        self.broker: EmbeddedBroker | None = None
+        self.client: Any = None
+        self.client_override: Any = None  # a caller's open chDB client (one engine per process)
+        self.workers: StreamsWorkers | None = None
+        self.sink: ClickHouseSink | None = None
+        self.orchestrator: KafkaOrchestrator | None = None
+        self.flag_reader: FlagReader | None = None
+        self._stop = threading.Event()
+        self._sink_stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.sim: ClusterSimulator | None = None
+        self.speed = 1.0
+        self.wall_start = 0.0
+        self.start_ts = 0.0
+        self.error: BaseException | None = None
+        self._messages: Iterator[GuardMessage] = iter(())
+        self._producer: Any = None  # the publisher's, made on the first publish()
+        self._pending: GuardMessage | None = None
+
+    # -- set-up ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        cfg = self.config
+        s = self.settings
+        s.home.mkdir(parents=True, exist_ok=True)
+        s.streams.engine = cfg.engine  # type: ignore[assignment]
+        bootstrap = cfg.bootstrap or os.environ.get("GUARD_KAFKA_BOOTSTRAP")
+        if not bootstrap:
+            self.broker = EmbeddedBroker(log_path=s.home / "tansu.log").start()
+            bootstrap = self.broker.bootstrap
+        s.kafka.bootstrap = bootstrap
+        create_topics(s)
+        self.client = self.client_override or connect(s)
+        migrate(self.client, s)
+        self.start_ts = float(int(time.time()))
+        self.sim = ClusterSimulator(cfg.sim_config(self.start_ts))
+        self.speed = cfg.pick_speed(self.sim)
+        nodes = list(truth_of(self.sim).nodes)
+        self.workers = StreamsWorkers(s, cfg.workers, s.home)
+        self.workers.start()
+        self.sink = ClickHouseSink(s, self.client, group_id="guard-demo-sink")
+        self.flag_reader = FlagReader(s, on_flag=self._on_flag)
+        self.flag_reader.start()
+        self.wall_start = time.monotonic() + 1.0
+        self.orchestrator = self._new_orchestrator(nodes)
+        self._spawn(self._run_sink, "guard-demo-sink")
+
+    def _new_orchestrator(self, nodes: list[str]) -> KafkaOrchestrator:
+        assert self.sim is not None
+        truth = self.sim.truth()
+        clock = SimulatedClock(self.start_ts, self.speed, wall_start=self._wall_epoch())
+        orch = KafkaOrchestrator(
+            self.settings,
+            scheduler=DryRunScheduler(nodes),
+            executor=SimulatedSweepExecutor.from_truth(truth, duration_s=0.0),
+            clock=clock,
+            nodes=nodes,
+            listeners=[self._on_orchestrator_message],
+        ).start()
+        if not orch.ready.wait(60) or orch.error is not None:
+            raise RuntimeError(f"the orchestrator did not start: {orch.error}")
+        return orch
+
+    def restart_orchestrator(self) -> None:
+        """Stop the orchestrator and start a new one that recovers from the topic."""
+        assert self.orchestrator is not None and self.sim is not None
+        self.orchestrator.stop()
+        self.orchestrator = self._new_orchestrator(list(truth_of(self.sim).nodes))
+        self.events.append("orchestrator restarted; state recovered from the node-state topic")
+
+    def _wall_epoch(self) -> float:
+        # SimulatedClock takes an epoch wall time; our pacing uses the monotonic clock.
+        return time.time() + (self.wall_start - time.monotonic())
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        def guarded() -> None:
+            try:
+                target()
+            except BaseException as exc:
+                self.error = exc
+                self._stop.set()
+                self._sink_stop.set()
+
+        thread = threading.Thread(target=guarded, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    # -- running ---------------------------------------------------------------------------
+
+    def publish(self, until_sim_s: float | None = None) -> None:
+        """Replay the simulator into Kafka at ``speed``, up to ``until_sim_s`` (or the end)."""
+        assert self.sim is not None
+        if self._producer is None:
+            self._messages = self.sim.messages()
+            self._producer = make_producer(self.settings)
+        producer = self._producer
+        limit = None if until_sim_s is None else self.start_ts + until_sim_s
+        while not self._stop.is_set():
+            message = self._pending or next(self._messages, None)
+            self._pending = None
+            if message is None:
+                break
+            if limit is not None and message.ts > limit:
+                self._pending = message
+                break
+            wait = self.wall_start + (message.ts - self.start_ts) / self.speed - time.monotonic()
+            if wait > 0.005:
+                producer.poll(0)
+                time.sleep(min(wait, 0.5))
+            produce(producer, self.settings, message)
+            self.published += 1
+        producer.flush(60)
+        if self.error is not None:
+            raise RuntimeError(f"a pipeline part failed: {self.error}") from self.error
+
+    def sim_now(self) -> float:
+        return (time.monotonic() - self.wall_start) * self.speed
+
+    def drain(self, timeout_s: float = 120.0, quiet_s: float = 4.0) -> bool:
+        """Wait until the workers have read everything published and flags stopped coming."""
+        assert self.workers is not None and self.flag_reader is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.workers.check_alive()
+            caught_up = self.workers.telemetry >= self.published
+            if caught_up and time.monotonic() - self.flag_reader.last_flag_at >= quiet_s:
+                return True
+            time.sleep(0.5)
+        return False
+
+    def _run_sink(self) -> None:
+        assert self.sink is not None
+        self.sink.run(self._sink_stop)
+
+    def finish_sink(self, timeout_s: float = 30.0) -> None:
+        """Stop the sink after it stored what it holds (its own thread drains and closes)."""
+        self._sink_stop.set()
+        for thread in self._threads:
+            if thread.name == "guard-demo-sink":
+                thread.join(timeout_s)
+
+    def _on_flag(self, flag: Flag) -> None:
+        if flag.severity != "info":
+            where = flag.node + (f" gpu{flag.gpu}" if flag.gpu is not None else "")
+            where += f" {flag.device}" if flag.device else ""
+            self.events.append(
+                f"t+{flag.ts - self.start_ts:5.0f}s flag {flag.severity} {flag.category}: {where}"
+            )
+
+    def _on_orchestrator_message(self, message: GuardMessage) -> None:
+        if isinstance(message, NodeState):
+            self.states[message.node] = message.state
+            self.events.append(
+                f"t+{self.sim_now():5.0f}s {message.node}: {message.prev} → {message.state}"
+            )
+            if message.state == "cordoned" and self.sim is not None:
+                self.sim.remediate(message.node)  # a spare takes over the node's ranks
+        elif isinstance(message, SweepResult):
+            self.sweeps.append(message)
+
+    # -- tear-down -------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop every part, Kafka clients before the broker: none is left to log its loss."""
+        self._stop.set()
+        self._sink_stop.set()
+        if self.flag_reader is not None:
+            self.flag_reader.stop_event.set()
+            self.flag_reader.join(10)
+        if self.orchestrator is not None:
+            self.orchestrator.stop()
+        for thread in self._threads:
+            thread.join(30)
+        if self.workers is not None:
+            self.workers.stop()
+        if self._producer is not None:
+            self._producer.flush(10)
+            self._producer.close()
+            self._producer = None
+        if self.client is not None and self.client is not self.client_override:
+            self.client.close()
+        # The orchestrator's producer goes when its object does; the object sits in a cycle
+        # (core -> publish -> orchestrator), so collect it now, before the broker goes.
+        self.orchestrator = None
+        gc.collect()
+        if self.broker is not None:
+            self.broker.stop()

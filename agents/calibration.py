@@ -30,19 +30,14 @@ the rate (``SimConfig.faults_per_node_hour``). Rare kinds get a floor weight
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
 __all__ = [
     "FAULT_KINDS",
     "FAULT_MIX",
     "MIN_WEIGHT",
-    "TRACE_FAULTS_PER_NODE_HOUR",
     "TRACE_TO_KIND",
-    "fault_mix_from_statistics",
-    "fault_mix_from_trace",
+    "fault_weights",
 ]
 
 FAULT_KINDS = (
@@ -85,10 +80,7 @@ TRACE_TO_KIND: dict[tuple[str, str], str] = {
 #: Floor weight of every kind, so that rare kinds (power cap: 1 in the trace) still occur.
 MIN_WEIGHT = 0.03
 
-#: Fault starts per node-hour in the trace: 584 / (400 nodes x 348 days x 24 h).
-TRACE_FAULTS_PER_NODE_HOUR = 584 / (400 * 348 * 24)
-
-# Mapped counts from the trace's fault_statistics.json (checked by tests/agents).
+# Mapped counts from the trace's fault_statistics.json (tests/agents derives them again).
 _TRACE_COUNTS: dict[str, int] = {
     "ecc_dbe": 60,
     "xid": 66,
@@ -102,40 +94,13 @@ _TRACE_COUNTS: dict[str, int] = {
 }
 
 
-def _weights(counts: Mapping[str, int]) -> dict[str, float]:
+def fault_weights(counts: Mapping[str, int]) -> dict[str, float]:
+    """Sampling weights from mapped trace counts: relative counts, floored at MIN_WEIGHT."""
     total = sum(counts.values()) or 1
     raw = {kind: max(MIN_WEIGHT, counts.get(kind, 0) / total) for kind in FAULT_KINDS}
     norm = sum(raw.values())
     return {kind: round(value / norm, 4) for kind, value in raw.items()}
 
 
-def fault_mix_from_statistics(stats: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, float]]:
-    """Mapped counts and weights from the trace's ``fault_statistics.json`` (a parsed dict)."""
-    counts = dict.fromkeys(FAULT_KINDS, 0)
-    for level in stats.values():
-        for class_name, descs in level.items():
-            if not isinstance(descs, dict):
-                continue
-            for desc, count in descs.items():
-                kind = TRACE_TO_KIND.get((class_name, desc))
-                if kind is not None and desc != "ClassTotal":
-                    counts[kind] += int(count)
-    return counts, _weights(counts)
-
-
-def fault_mix_from_trace(path: str | Path) -> tuple[dict[str, int], dict[str, float]]:
-    """Mapped counts and weights from the trace's ``fault_trace.json`` (its fault starts)."""
-    events = json.loads(Path(path).read_text())
-    counts = dict.fromkeys(FAULT_KINDS, 0)
-    for event in events:
-        if event.get("event_type") != "fault_start":
-            continue
-        fault = event.get("fault_type") or {}
-        kind = TRACE_TO_KIND.get((fault.get("Class", ""), fault.get("Desc", "")))
-        if kind is not None:
-            counts[kind] += 1
-    return counts, _weights(counts)
-
-
 #: Sampling weights of the simulator's fault kinds (sum 1).
-FAULT_MIX: dict[str, float] = _weights(_TRACE_COUNTS)
+FAULT_MIX: dict[str, float] = fault_weights(_TRACE_COUNTS)

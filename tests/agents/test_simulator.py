@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from guard.agents.calibration import FAULT_MIX, fault_mix_from_statistics
+from guard.agents.calibration import FAULT_KINDS, FAULT_MIX, TRACE_TO_KIND, fault_weights
 from guard.agents.simulator import (
     CATEGORY_BY_KIND,
     CONFOUNDER_KINDS,
@@ -329,6 +329,20 @@ def test_bad_configs_are_refused_with_a_reason() -> None:
         ClusterSimulator(SimConfig(faults=[FaultSpec("xid", node="nope")]))
     with pytest.raises(ValueError, match="at least one node"):
         ClusterSimulator(SimConfig(nodes=0))
+
+
+def fault_mix_from_statistics(stats: dict[str, Any]) -> tuple[dict[str, int], dict[str, float]]:
+    """Mapped counts and weights from the trace's ``fault_statistics.json`` (a parsed dict)."""
+    counts = dict.fromkeys(FAULT_KINDS, 0)
+    for level in stats.values():
+        for class_name, descs in level.items():
+            if not isinstance(descs, dict):
+                continue
+            for desc, count in descs.items():
+                kind = TRACE_TO_KIND.get((class_name, desc))
+                if kind is not None and desc != "ClassTotal":
+                    counts[kind] += int(count)
+    return counts, fault_weights(counts)
 
 
 def test_fault_mix_is_the_one_derived_from_the_infinitehbd_trace() -> None:

@@ -220,33 +220,17 @@ class CollectiveHomogeneityDetector:
         ranks = list(arrive)
         residuals = [(arrive[r] - center) / interval for r in ranks]
         trackers = []
-        excesses = []
-        for rank, residual in zip(ranks, residuals, strict=True):
+        for rank in ranks:
             tracker = self.late.get((comm, rank))
             if tracker is None:
                 tracker = self.late[(comm, rank)] = DeviationTracker()
             trackers.append(tracker)
-            excess = tracker.excess(residual, self.rule)
-            if excess is not None:
-                excesses.append(excess)
         noise = self.noise.get(comm)
         if noise is None:
             noise = self.noise[comm] = GroupNoise()
-        sigma_rel, sigma_abs = noise.measure(residuals, excesses)
-        if noise.disturbed:
-            return []  # everyone jittered at once: no evidence about anyone this op
         found: list[Finding] = []
-        events = [
-            tracker.update(residual, sigma_rel, sigma_abs, self.rule, op.ts)
-            for residual, tracker in zip(residuals, trackers, strict=True)
-        ]
-        shared = noise.shared(trackers, self.rule, sigma_rel)
-        for rank, tracker, event in zip(ranks, trackers, events, strict=True):
-            if event is None:
-                continue
-            if event == "raise" and shared:
-                tracker.veto()
-                continue
+        for i, event in noise.judge(trackers, residuals, self.rule, op.ts):
+            rank, tracker = ranks[i], trackers[i]
             mean = tracker.slow_mean()
             evidence: dict[str, Any] = {
                 "metric": "arrival_lateness",
@@ -295,30 +279,14 @@ class CollectiveHomogeneityDetector:
         # min: a node at fault slows all its connections; its neighbours have fast ones too
         residuals = [min(per_node[n]) for n in nodes]
         trackers = []
-        excesses = []
-        for node, residual in zip(nodes, residuals, strict=True):
+        for node in nodes:
             tracker = self.slow_nodes.get(node)
             if tracker is None:
                 tracker = self.slow_nodes[node] = DeviationTracker()
             trackers.append(tracker)
-            excess = tracker.excess(residual, self.link_rule)
-            if excess is not None:
-                excesses.append(excess)
-        sigma_rel, sigma_abs = self.link_noise.measure(residuals, excesses)
-        if self.link_noise.disturbed:
-            return []
         found: list[Finding] = []
-        events = [
-            tracker.update(residual, sigma_rel, sigma_abs, self.link_rule, op.ts)
-            for residual, tracker in zip(residuals, trackers, strict=True)
-        ]
-        shared = self.link_noise.shared(trackers, self.link_rule, sigma_rel)
-        for node, tracker, event in zip(nodes, trackers, events, strict=True):
-            if event is None:
-                continue
-            if event == "raise" and shared:
-                tracker.veto()
-                continue
+        for i, event in self.link_noise.judge(trackers, residuals, self.link_rule, op.ts):
+            node, tracker = nodes[i], trackers[i]
             mean = tracker.slow_mean()
             evidence: dict[str, Any] = {
                 "metric": "connection_s_per_byte",

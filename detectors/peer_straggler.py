@@ -155,31 +155,17 @@ class PeerStragglerDetector:
             stage_medians[stage] = center
             residuals = [v / center - 1.0 for v in values]
             trackers = []
-            excesses = []
-            for rank, residual in zip(members, residuals, strict=True):
+            for rank in members:
                 tracker = self.trackers.get(rank)
                 if tracker is None:
                     tracker = self.trackers[rank] = DeviationTracker()
                 trackers.append(tracker)
-                excess = tracker.excess(residual, rule)
-                if excess is not None:
-                    excesses.append(excess)
             noise = self.noise.get(stage)
             if noise is None:
                 noise = self.noise[stage] = GroupNoise()
-            sigma_rel, sigma_abs = noise.measure(residuals, excesses)
-            if noise.disturbed:
-                continue  # everyone jittered at once: no evidence about anyone this step
-            events = [
-                tracker.update(residual, sigma_rel, sigma_abs, rule, ts)
-                for residual, tracker in zip(residuals, trackers, strict=True)
-            ]
-            shared = noise.shared(trackers, rule, sigma_rel)
-            for rank, tracker, event in zip(members, trackers, events, strict=True):
-                if event == "raise" and shared:
-                    tracker.veto()  # many ranks slowed at once: a shared cause, not this node
-                elif event is not None:
-                    found.append(self._finding(event, rank, step, ts, tracker, center, row[rank]))
+            for i, event in noise.judge(trackers, residuals, rule, ts):
+                rank = members[i]
+                found.append(self._finding(event, rank, step, ts, trackers[i], center, row[rank]))
         found += self._imbalance(step, ts, stage_medians)
         return found
 

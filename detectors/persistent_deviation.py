@@ -30,6 +30,10 @@ after ``clear_after`` windows in a row that were not. A rank that is slow only p
 time (every other step) still fills half its window; a gradual slowdown is caught once it
 clears the thresholds.
 
+A detector keeps one :class:`DeviationTracker` per member and one :class:`GroupNoise` per
+group, and hands each round to :meth:`GroupNoise.judge`, which returns the members' raises
+and clears.
+
 Parameters
 ----------
 window
@@ -285,6 +289,39 @@ class GroupNoise:
         elif self.crowd > 0:
             self.crowd -= 1
         return self.crowd > 0
+
+    def judge(
+        self,
+        trackers: list[DeviationTracker],
+        residuals: list[float],
+        rule: PersistenceRule,
+        round_ts: float,
+    ) -> list[tuple[int, str]]:
+        """One round of the group: ``(member index, "raise" or "clear")`` for each event.
+
+        Nothing when the round is disturbed; a raise in a round the group moved together
+        (:meth:`shared`) is vetoed instead of returned.
+        """
+        excesses = [
+            e
+            for t, r in zip(trackers, residuals, strict=True)
+            if (e := t.excess(r, rule)) is not None
+        ]
+        sigma_rel, sigma_abs = self.measure(residuals, excesses)
+        if self.disturbed:
+            return []  # everyone jittered at once: no evidence about anyone this round
+        events = [
+            tracker.update(residual, sigma_rel, sigma_abs, rule, round_ts)
+            for residual, tracker in zip(residuals, trackers, strict=True)
+        ]
+        shared = self.shared(trackers, rule, sigma_rel)
+        judged: list[tuple[int, str]] = []
+        for i, (tracker, event) in enumerate(zip(trackers, events, strict=True)):
+            if event == "raise" and shared:
+                tracker.veto()  # many members slowed at once: a shared cause, not this one
+            elif event is not None:
+                judged.append((i, event))
+        return judged
 
     def measure(
         self, residuals: list[float], excesses: list[float], disturbed_factor: float = 2.0

@@ -154,7 +154,7 @@ def run_scenario(spec: tuple[str, int, float, int, float]) -> dict[str, Tally]:
     from guard.agents.simulator import ClusterSimulator, SimConfig
     from guard.detectors.baselines import NvrxBaseline, StaticRulesBaseline
     from guard.detectors.engine import DetectionEngine
-    from guard.evaluation.scoring import evaluate
+    from guard.evaluation.scoring import FLAG_FIELDS, evaluate
 
     family, nodes, duration, seed, severity = spec
     options = dict(FAMILIES[family])
@@ -186,23 +186,7 @@ def run_scenario(spec: tuple[str, int, float, int, float]) -> dict[str, Tally]:
         flags[name] += det.flush()
         ev = evaluate(
             truth,
-            [
-                f.model_dump(
-                    include={
-                        "id",
-                        "ts",
-                        "node",
-                        "gpu",
-                        "device",
-                        "rank",
-                        "detector",
-                        "category",
-                        "severity",
-                        "score",
-                    }
-                )
-                for f in flags[name]
-            ],
+            [f.model_dump(include=set(FLAG_FIELDS)) for f in flags[name]],
         )
         tally = Tally(runs=1)
         all_row, target = ev.rows["all"], ev.rows.get("target")

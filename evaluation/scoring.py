@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from guard.schemas.truth import Fault, Truth
 
-__all__ = ["Evaluation", "evaluate", "format_report", "load_flags", "load_truth"]
+__all__ = ["FLAG_FIELDS", "Evaluation", "evaluate", "format_report", "load_flags", "load_truth"]
 
 MUST_CATCH_KINDS = frozenset({"xid", "ecc_dbe", "link_flap", "degraded_nic"})
 
@@ -203,6 +203,8 @@ _FALSE_CLAIM_FIELDS = (
     "severity",
     "score",
 )
+#: The fields of a flag that :func:`evaluate` reads (``id``: to count a redelivery once).
+FLAG_FIELDS = ("id", *_FALSE_CLAIM_FIELDS)
 
 
 def _score_claims(

@@ -89,18 +89,10 @@ class SimulatedFault:
 
     @classmethod
     def from_truth(cls, fault: Fault) -> SimulatedFault:
-        return cls(
-            node=fault.node,
-            kind=fault.kind,
-            onset=fault.onset,
-            end=fault.end,
-            slowdown=fault.slowdown,
-            gpu=fault.gpu,
-            device=fault.device,
-            id=fault.id,
-            detail=dict(fault.detail),
-        )
+        return cls(**fault.model_dump(include=_SIMULATED_FIELDS))
 
+
+_SIMULATED_FIELDS = {"node", "kind", "onset", "end", "slowdown", "gpu", "device", "id", "detail"}
 
 GPU_FAULTS = frozenset({"thermal_throttle", "power_cap", "power_brake", "slow_gpu"})
 NIC_FAULTS = frozenset({"degraded_nic", "nic_reduced_speed", "link_flap"})

@@ -6,7 +6,7 @@ the committed file and the models drift apart, so the document cannot go stale.
 >>> text = render_markdown()
 >>> text.startswith("# Wire contract v1")
 True
->>> "| `compute_s` | number | optional |" in text
+>>> "| `compute_s` | number or null | optional |" in text
 True
 """
 

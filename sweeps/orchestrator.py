@@ -50,10 +50,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from guard.config import OrchestratorSettings
-from guard.schemas import Flag, GuardMessage, NodeState, SweepCheck, SweepResult, stable_id
+from guard.schemas import (
+    SEVERITY_RANK,
+    Flag,
+    GuardMessage,
+    NodeState,
+    SweepCheck,
+    SweepResult,
+    stable_id,
+)
 
 from .executors import SweepExecutor
-from .policy import SEVERITY_RANK, SweepPolicy
+from .policy import SweepPolicy
 from .scheduler import SchedulerAdapter, SchedulerError
 from .states import (
     ALLOWED,

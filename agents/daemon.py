@@ -393,9 +393,7 @@ def run_simulated(
         publisher.poll()
     publisher.flush(30.0)
     if getattr(args, "truth", None):
-        import json
-
-        Path(args.truth).write_text(json.dumps(sim.truth(), indent=1) + "\n")
+        sim.truth().save(args.truth)
     stats = getattr(publisher, "stats", {})
     print(
         f"guard agent --simulate: {count} messages from {args.nodes} simulated nodes "

@@ -49,15 +49,15 @@ def test_faults_are_flagged_swept_and_repaired_across_an_orchestrator_restart(
         assert pipe.sim is not None and pipe.flag_reader is not None
         assert pipe.orchestrator is not None
         truth = pipe.sim.truth()
-        faulty = {f["node"] for f in truth["faults"]}
+        faulty = {f.node for f in truth.faults}
         assert len(faulty) == 3
         claims = [f for f in pipe.flag_reader.flags if f.severity != "info" and f.node]
         assert {f.node for f in claims} == faulty, [
-            (f.node, f.category, f.detector, round(f.ts - truth["start_ts"])) for f in claims
+            (f.node, f.category, f.detector, round(f.ts - truth.start_ts)) for f in claims
         ]
         final = {node: s.state for node, s in pipe.orchestrator.core.snapshot().items()}
         assert {n for n, s in final.items() if s == "repair"} == faulty, final
-        assert all(final.get(n, "healthy") == "healthy" for n in truth["nodes"] if n not in faulty)
+        assert all(final.get(n, "healthy") == "healthy" for n in truth.nodes if n not in faulty)
         swept = {s.node for s in pipe.sweeps}
         assert swept == faulty
         assert all(not s.passed for s in pipe.sweeps if s.node in faulty)

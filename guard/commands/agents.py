@@ -19,7 +19,6 @@ __all__ = ["register"]
 
 def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
     from guard.agents.simulator import write_jsonl
-    from guard.schemas.truth import Truth
 
     try:
         config = _sim_config(args)
@@ -33,14 +32,13 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
         raise UsageError(
             f"simulate: cannot write the output: {exc}; choose a writable --out and --truth"
         ) from None
-    model = truth if isinstance(truth, Truth) else Truth.model_validate(truth)
     summary = {
         "out": args.out,
         "truth": args.truth,
         "messages": sum(counts.values()),
         "by_kind": counts,
-        "faults": len(model.faults),
-        "confounders": len(model.confounders),
+        "faults": len(truth.faults),
+        "confounders": len(truth.confounders),
         "wall_s": round(time.monotonic() - started, 2),
     }
     if args.json:

@@ -41,7 +41,7 @@ def _simulated(args: argparse.Namespace, settings: Settings) -> tuple[Any, Any]:
     o = settings.orchestrator
     truth = _load_truth(args.truth)
     o.executor = "simulated"
-    executor = SimulatedSweepExecutor.from_truth(args.truth, duration_s=args.sweep_delay)
+    executor = SimulatedSweepExecutor.from_truth(truth, duration_s=args.sweep_delay)
     if not o.nodes:
         o.nodes = list(truth.nodes)
     clock: Any = time.time

@@ -25,7 +25,6 @@ from guard.broker import EmbeddedBroker
 from guard.config import Settings
 from guard.kafka import create_topics, make_consumer, make_producer, produce
 from guard.schemas import Flag, GuardMessage, NodeState, SweepResult, decode
-from guard.schemas.truth import Truth
 from guard.store import connect, migrate
 from guard.streams.processing import parse_progress
 from guard.streams.sink import ClickHouseSink
@@ -37,7 +36,6 @@ __all__ = [
     "FlagReader",
     "Pipeline",
     "StreamsWorkers",
-    "truth_of",
     "worker_env",
 ]
 
@@ -48,12 +46,6 @@ DEFAULT_FAULTS = (
     ("degraded_nic", 0.35, 0.30, None),
     ("xid", 0.45, 0.0, None),
 )
-
-
-def truth_of(sim: ClusterSimulator) -> Truth:
-    """The simulator's ground truth as the :class:`~guard.schemas.truth.Truth` model."""
-    truth = sim.truth()
-    return truth if isinstance(truth, Truth) else Truth.model_validate(truth)
 
 
 @dataclass
@@ -97,7 +89,7 @@ class DemoConfig:
     def pick_speed(self, sim: ClusterSimulator) -> float:
         if self.speed:
             return self.speed
-        truth = truth_of(sim)
+        truth = sim.truth()
         ranks = sum(j.ranks for j in truth.jobs)
         step_s = min((j.step_s_nominal for j in truth.jobs), default=2.0)
         gpus = len(truth.nodes) * truth.gpus_per_node
@@ -264,7 +256,7 @@ class Pipeline:
         self.start_ts = float(int(time.time()))
         self.sim = ClusterSimulator(cfg.sim_config(self.start_ts))
         self.speed = cfg.pick_speed(self.sim)
-        nodes = list(truth_of(self.sim).nodes)
+        nodes = list(self.sim.truth().nodes)
         self.workers = StreamsWorkers(s, cfg.workers, s.home)
         self.workers.start()
         self.sink = ClickHouseSink(s, self.client, group_id="guard-demo-sink")
@@ -294,7 +286,7 @@ class Pipeline:
         """Stop the orchestrator and start a new one that recovers from the topic."""
         assert self.orchestrator is not None and self.sim is not None
         self.orchestrator.stop()
-        self.orchestrator = self._new_orchestrator(list(truth_of(self.sim).nodes))
+        self.orchestrator = self._new_orchestrator(list(self.sim.truth().nodes))
         self.events.append("orchestrator restarted; state recovered from the node-state topic")
 
     def _wall_epoch(self) -> float:

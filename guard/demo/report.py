@@ -10,7 +10,7 @@ from guard.agents.simulator import ClusterSimulator
 from guard.evaluation.scoring import evaluate
 from guard.schemas.truth import Truth
 
-from .pipeline import Pipeline, truth_of
+from .pipeline import Pipeline
 
 __all__ = ["print_summary", "step_stats", "summarize"]
 
@@ -84,9 +84,9 @@ def _stored_rows(pipe: Pipeline) -> dict[str, int]:
 def summarize(pipe: Pipeline, wall_s: float) -> dict[str, Any]:
     """Everything the demo reports, as plain data."""
     assert pipe.sim is not None and pipe.flag_reader is not None and pipe.orchestrator is not None
-    truth = truth_of(pipe.sim)
+    truth = pipe.sim.truth()
     flags = [f.model_dump() for f in pipe.flag_reader.flags]
-    ev = evaluate(pipe.sim.truth(), flags)
+    ev = evaluate(truth, flags)
     snapshot = pipe.orchestrator.core.snapshot()
     faults = _faults(truth, ev.first_hit, snapshot)
     swept = sorted({s.node for s in pipe.sweeps})

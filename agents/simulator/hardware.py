@@ -1,7 +1,7 @@
 """GPU and NIC physics, and the GPU / NIC samples each node's agent reports every second.
 
 A fault's effect on its GPU or NIC (slowdown, clocks, reason bits, temperatures, error
-counters) is computed per tick by :meth:`HardwareModel._gpu_state`; the samples follow the
+counters) is computed per tick by :meth:`HardwareModel.gpu_state`; the samples follow the
 same physics plus noise from the shared noise stream, drawn in a fixed order.
 """
 
@@ -32,10 +32,9 @@ from .config import (
     SM_CLOCK_IDLE_MHZ,
     SM_CLOCK_MAX_MHZ,
     THROTTLE_TEMP_C,
-    SimConfig,
 )
 from .config import COUNTER_INDEX as _C
-from .scenario import InjectedFault
+from .scenario import InjectedFault, Scenario
 
 __all__ = ["HardwareModel"]
 
@@ -46,19 +45,51 @@ _nic_model = fast_builder(NicSample)
 
 
 class HardwareModel:
-    """The hardware half of :class:`~guard.agents.simulator.ClusterSimulator` (a mixin: it
-    reads the planned faults and confounders, keeps the GPUs' temperatures and the NICs'
-    counters, and draws from ``_noise``)."""
+    """Every GPU's and NIC's physical state, and the samples the node agents report.
 
-    config: SimConfig
+    Holds what changes with time (temperatures, NIC counters, ECC and PCIe replay counts)
+    and draws its noise from ``noise``, in a fixed order each tick. The per-device offsets
+    (temperature, power) and the sampling phases come from the planning stream.
+    """
 
-    def _gpu_state(self, t: float, dt: float) -> dict[str, np.ndarray]:
+    def __init__(
+        self,
+        scenario: Scenario,
+        plan: np.random.Generator,
+        noise: np.random.Generator,
+        offsets: tuple[np.ndarray, np.ndarray],
+        phase: np.ndarray,
+        uuids: list[list[str]],
+    ) -> None:
+        cfg = self.config = scenario.config
+        n, g = cfg.nodes, cfg.gpus_per_node
+        self.scenario = scenario
+        self._noise = noise
+        self._temp_offset, self._power_offset = offsets
+        self._phase_l: list[float] = phase.tolist()
+        self._uuids = uuids
+        self._counters = np.zeros((n, g, len(NIC_COUNTERS)), dtype=np.int64)
+        self._counters[:, :, _C["port_xmit_data"]] = plan.integers(10**9, 10**12, (n, g))
+        self._counters[:, :, _C["port_rcv_data"]] = self._counters[:, :, _C["port_xmit_data"]]
+        self._ecc_sbe = plan.poisson(0.3, (n, g)).astype(np.int64)
+        self._ecc_dbe = np.zeros((n, g), dtype=np.int64)
+        self._pcie = plan.poisson(0.5, (n, g)).astype(np.int64)
+        self._temp = np.where(scenario.busy_mask(), 60.0, 32.0) + self._temp_offset
+        self._templates: dict[
+            int, tuple[str | None, list[dict[str, Any]], list[dict[str, Any]]]
+        ] = {}
+        self._objects: dict[int, tuple[Any, list[Any], list[Any]]] = {}
+        #: The JSONL writer's mode: one message object per device, refilled every tick
+        #: (it encodes a tick before the next is built; see :meth:`_sample_objects`).
+        self.reuse_samples = False
+
+    def gpu_state(self, t: float, dt: float) -> dict[str, np.ndarray]:
         """Physical state of every GPU during [t, t + dt): slowdown, clocks, temperatures."""
         cfg = self.config
         n, g = cfg.nodes, cfg.gpus_per_node
-        busy = self._busy_mask()
+        busy = self.scenario.busy_mask()
         temp_target = np.where(busy, 60.0, 32.0) + self._temp_offset
-        temp_target[self._hot_nodes, :] += self._hot_extra
+        temp_target[self.scenario.hot_nodes, :] += self.scenario.hot_extra
         s = {
             "busy": busy,
             "slow": np.zeros((n, g)),
@@ -74,7 +105,7 @@ class HardwareModel:
             "dbe": np.zeros((n, g), dtype=np.int64),
         }
         mid = t + dt / 2
-        for f in self._faults:
+        for f in self.scenario.faults:
             self._fault_events(f, t, dt, s)
             if f.active(mid):
                 self._fault_effect_at(f, mid, s, temp_target)
@@ -151,7 +182,7 @@ class HardwareModel:
             s["speed"][i, j] = f.detail["speed_gbps"]
             link_slow[i, j] = max(link_slow[i, j], f.slowdown)
 
-    def _samples(
+    def samples(
         self, t: float, dt: float, s: dict[str, np.ndarray], out: list[tuple[float, Any]] | None
     ) -> None:
         """Advance the GPUs' and NICs' readings by one tick; with ``out``, add the samples."""
@@ -191,7 +222,7 @@ class HardwareModel:
         n, g = cfg.nodes, cfg.gpus_per_node
         noise = self._noise
         busy = s["busy"]
-        comm = self._comm_factor(t)
+        comm = self.scenario.comm_factor(t)
         c = self._counters
         traffic = np.where(busy, 2.5e9, 2.0e6) * dt / (1.0 + s["link_slow"])  # 4-byte words
         traffic = traffic * (0.9 + 0.2 * noise.random((n, g))) / comm
@@ -217,7 +248,7 @@ class HardwareModel:
         if flapped.any():
             c[:, :, _C["link_downed"]] += flapped
             c[:, :, _C["link_error_recovery"]] += flapped
-        for node, reset_ts in self._restarts:
+        for node, reset_ts in self.scenario.restarts:
             if t <= reset_ts < t + dt:
                 c[node, :, :] = 0
                 self._pcie[node, :] = 0
@@ -250,20 +281,20 @@ class HardwareModel:
             c.tolist(),
             strict=True,
         )
-        job_of = self._job_of_node()
-        gaps = {node for node, start, end, _ in self._gaps if start <= t + dt and end > t}
-        ooo = {node for node, start, end, _ in self._ooo if start <= t + dt and end > t}
+        job_of = self.scenario.job_of_node()
+        gaps = {node for node, start, end, _ in self.scenario.gaps if start <= t + dt and end > t}
+        ooo = {node for node, start, end, _ in self.scenario.ooo if start <= t + dt and end > t}
         gpus = range(g)
         for i, row in enumerate(rows):
             temp_r, power_r, limit_r, sm_r, util_r, mem_r, reasons_r = row[:7]
             sbe_r, dbe_r, pcie_r, xid_r, speed_r, up_r, counters_r = row[7:]
             ts_node = t + self._phase_l[i] * dt
-            if i in gaps and self._suppressed(i, ts_node, samples=True):
+            if i in gaps and self.scenario.suppressed(i, ts_node, samples=True):
                 continue
-            ts = ts_node + self._skew_l[i]
-            key = ts + self._delay(i, ts_node) if i in ooo else ts
+            ts = ts_node + self.scenario.skew_list[i]
+            key = ts + self.scenario.delay(i, ts_node) if i in ooo else ts
             gpu_templates, nic_templates = self._sample_templates(i, job_of.get(i))
-            reuse = self._reuse_samples and i not in ooo  # late ones must not be overwritten
+            reuse = self.reuse_samples and i not in ooo  # late ones must not be overwritten
             if reuse:
                 gpu_objects, nic_objects = self._sample_objects(i, gpu_templates, nic_templates)
             for j in gpus:
@@ -322,7 +353,7 @@ class HardwareModel:
         cached = self._templates.get(node)
         if cached is not None and cached[0] == job:
             return cached[1], cached[2]
-        name = self.node_names[node]
+        name = self.scenario.node_names[node]
         gpu = [
             {
                 "kind": "gpu",

@@ -27,7 +27,7 @@ def _write_part(
     config: SimConfig, path: str, emit_from: float, emit_until: float
 ) -> tuple[dict[str, int], Truth]:
     sim = ClusterSimulator(config)
-    sim._reuse_samples = True
+    sim.hardware.reuse_samples = True
     counts: Counter[str] = Counter()
     # The messages hold no reference cycles; the cyclic collector would only rescan
     # millions of short-lived objects (it doubles the run time).

@@ -17,7 +17,7 @@ from guard.schemas.truth import Truth
 
 from .config import CATEGORY_BY_KIND, LINK_GBPS, POWER_LIMIT_W, FaultSpec, JobSpec, SimConfig
 
-__all__ = ["InjectedFault", "RunningJob", "ScenarioPlanner"]
+__all__ = ["InjectedFault", "RunningJob", "Scenario"]
 
 NIC_FAULT_KINDS = ("degraded_nic", "nic_reduced_speed", "link_flap")
 
@@ -60,25 +60,39 @@ class RunningJob:
     layout_version: int = 0
 
 
-class ScenarioPlanner:
-    """The planning half of :class:`~guard.agents.simulator.ClusterSimulator` (a mixin: it
-    plans into the simulator's ``_jobs``, ``_faults``, ``_confounders`` and the confounder
-    schedules that the hardware and training models read)."""
+class Scenario:
+    """The plan of a run: where the jobs run, the faults and the confounders, and their
+    schedules (data stalls, congestion, a hot rack, gaps, restarts, late arrival, clock skew)
+    that the hardware and training models read. Remediation changes the jobs' layout
+    (:meth:`layout_changed`); hiccups and checkpoints add confounders as the run goes."""
 
-    config: SimConfig
-    node_names: list[str]
-    start_ts: float
-    end_ts: float
+    def __init__(self, config: SimConfig, plan: np.random.Generator, skew: np.ndarray) -> None:
+        self.config = config
+        self.node_names = config.node_names()
+        self.start_ts = float(config.start_ts)
+        self.end_ts = self.start_ts + float(config.duration_s)
+        self.confounders: list[dict[str, Any]] = []
+        self.skew = skew  # per-node clock offset; the clock_skew confounder sets some
+        self._busy: np.ndarray | None = None
+        self._job_of: dict[int, str] = {}
+        self.jobs = self._place_jobs(plan)
+        self.faults = self._plan_faults(plan)
+        self._plan_confounders(plan)
+        self.skew_list: list[float] = self.skew.tolist()
 
-    def _busy_mask(self) -> np.ndarray:
+    def layout_changed(self) -> None:
+        """A job's ranks moved: the busy mask is computed again when next asked for."""
+        self._busy = None
+
+    def busy_mask(self) -> np.ndarray:
         if self._busy is None:
             busy = np.zeros((self.config.nodes, self.config.gpus_per_node), dtype=bool)
-            for job in self._jobs:
+            for job in self.jobs:
                 busy[job.rank_node[job.active], :] = True
             self._busy = busy
             self._job_of = {
                 int(node): job.name
-                for job in self._jobs
+                for job in self.jobs
                 for node in np.unique(job.rank_node[job.active]).tolist()
             }
         return self._busy
@@ -121,8 +135,8 @@ class ScenarioPlanner:
             job = RunningJob(spec.name, nodes, spec.pp_stages, spec.step_s_nominal, stage_factor)
             self._assign_ranks(job)
             jobs.append(job)
-        self._initial_idle = available[cursor:]
-        self._spares = list(self._initial_idle)
+        self.initial_idle = available[cursor:]
+        self.spares = list(self.initial_idle)
         return jobs
 
     def _assign_ranks(self, job: RunningJob) -> None:
@@ -138,7 +152,7 @@ class ScenarioPlanner:
 
     def _plan_faults(self, plan: np.random.Generator) -> list[InjectedFault]:
         cfg = self.config
-        busy_nodes = [n for job in self._jobs for n in job.nodes]
+        busy_nodes = [n for job in self.jobs for n in job.nodes]
         specs = list(cfg.faults)
         count = cfg.random_faults
         if count is None:
@@ -258,7 +272,7 @@ class ScenarioPlanner:
             t += float(plan.uniform(lo, hi))
         return events
 
-    def _add_confounder(
+    def add_confounder(
         self,
         kind: str,
         start: float,
@@ -267,9 +281,9 @@ class ScenarioPlanner:
         job: str | None = None,
         **detail: Any,
     ) -> None:
-        self._confounders.append(
+        self.confounders.append(
             {
-                "id": f"c-{len(self._confounders) + 1:04d}",
+                "id": f"c-{len(self.confounders) + 1:04d}",
                 "kind": kind,
                 "node": None if node is None else self.node_names[node],
                 "job": job,
@@ -282,16 +296,16 @@ class ScenarioPlanner:
     def _plan_confounders(self, plan: np.random.Generator) -> None:
         cfg = self.config
         n = cfg.nodes
-        self._stalls: list[tuple[float, float, float]] = []  # (start, end, extra fraction)
-        self._congestion: list[tuple[float, float, float]] = []  # (start, end, comm factor)
-        self._hot_nodes = np.zeros(n, dtype=bool)
-        self._hot_extra = 0.0
-        self._gaps: list[tuple[int, float, float, bool]] = []  # node, start, end, drop steps too
-        self._restarts: list[tuple[int, float]] = []  # node, ts of counter reset
-        self._ooo: list[tuple[int, float, float, float]] = []  # node, start, end, max delay
-        for job in self._jobs:
+        self.stalls: list[tuple[float, float, float]] = []  # (start, end, extra fraction)
+        self.congestion: list[tuple[float, float, float]] = []  # (start, end, comm factor)
+        self.hot_nodes = np.zeros(n, dtype=bool)
+        self.hot_extra = 0.0
+        self.gaps: list[tuple[int, float, float, bool]] = []  # node, start, end, drop steps too
+        self.restarts: list[tuple[int, float]] = []  # node, ts of counter reset
+        self.ooo: list[tuple[int, float, float, float]] = []  # node, start, end, max delay
+        for job in self.jobs:
             if job.pp_stages > 1:
-                self._add_confounder(
+                self.add_confounder(
                     "stage_imbalance",
                     self.start_ts,
                     self.end_ts,
@@ -302,7 +316,7 @@ class ScenarioPlanner:
         if not cfg.confounders:
             return
         self._plan_shared_confounders(plan)
-        busy = [node for job in self._jobs for node in job.nodes]
+        busy = [node for job in self.jobs for node in job.nodes]
         if not busy:
             return
         self._plan_node_confounders(plan, busy)
@@ -318,9 +332,9 @@ class ScenarioPlanner:
             start = self.start_ts + float(plan.uniform(0.05, 0.95)) * dur
             length = float(plan.uniform(10, 60))
             extra = float(plan.uniform(0.3, 1.0))
-            self._stalls.append((start, start + length, extra))
-            for job in self._jobs:
-                self._add_confounder(
+            self.stalls.append((start, start + length, extra))
+            for job in self.jobs:
+                self.add_confounder(
                     "data_stall", start, start + length, job=job.name, extra=round(extra, 3)
                 )
         # Fabric-wide congestion: one or two episodes per hour.
@@ -328,8 +342,8 @@ class ScenarioPlanner:
             start = self.start_ts + float(plan.uniform(0.05, 0.9)) * dur
             length = float(plan.uniform(60, 300))
             factor = 1.0 + float(plan.uniform(0.1, 0.3))
-            self._congestion.append((start, start + length, factor))
-            self._add_confounder(
+            self.congestion.append((start, start + length, factor))
+            self.add_confounder(
                 "fabric_congestion", start, start + length, comm_factor=round(factor, 3)
             )
         # A hot rack: hotter by 8-12 deg C but below the throttling temperature.
@@ -337,19 +351,19 @@ class ScenarioPlanner:
         if n >= 2:
             rack = int(plan.integers(racks))
             nodes = range(rack * cfg.rack_size, min(n, (rack + 1) * cfg.rack_size))
-            self._hot_extra = float(plan.uniform(8, 12))
+            self.hot_extra = float(plan.uniform(8, 12))
             for node in nodes:
-                self._hot_nodes[node] = True
-                self._add_confounder(
+                self.hot_nodes[node] = True
+                self.add_confounder(
                     "hot_rack",
                     self.start_ts,
                     self.end_ts,
                     node=node,
                     rack=f"rack-{rack}",
-                    extra_c=round(self._hot_extra, 1),
+                    extra_c=round(self.hot_extra, 1),
                 )
         else:
-            self._hot_extra = 0.0
+            self.hot_extra = 0.0
 
     def _plan_node_confounders(self, plan: np.random.Generator, busy: list[int]) -> None:
         """An agent restart, a telemetry gap, clock skew and out-of-order arrival."""
@@ -358,7 +372,7 @@ class ScenarioPlanner:
         dur = cfg.duration_s
         # Confounders go to nodes without an injected fault where there are enough of them,
         # so that evaluation can tell a false flag from a late true one.
-        faulty = {f.node for f in self._faults}
+        faulty = {f.node for f in self.faults}
         healthy = [node for node in busy if node not in faulty]
         picks = plan.permutation(healthy if len(healthy) >= 5 else busy).tolist()
 
@@ -369,34 +383,34 @@ class ScenarioPlanner:
         node = pick()
         start = self.start_ts + float(plan.uniform(0.2, 0.8)) * dur
         length = float(plan.uniform(5, 20))
-        self._gaps.append((node, start, start + length, True))
-        self._restarts.append((node, start + length))
-        self._add_confounder("agent_restart", start, start + length, node=node)
+        self.gaps.append((node, start, start + length, True))
+        self.restarts.append((node, start + length))
+        self.add_confounder("agent_restart", start, start + length, node=node)
         # Telemetry gap: no GPU / NIC samples for one to two minutes (collector stall).
         node = pick()
         start = self.start_ts + float(plan.uniform(0.2, 0.8)) * dur
         length = float(plan.uniform(60, 120))
-        self._gaps.append((node, start, start + length, False))
-        self._add_confounder("telemetry_gap", start, start + length, node=node)
+        self.gaps.append((node, start, start + length, False))
+        self.add_confounder("telemetry_gap", start, start + length, node=node)
         # Clock skew: one or two hosts off by 5-15 ms for the whole run.
         for _ in range(1 if n < 16 else 2):
             node = pick()
             skew = float(plan.uniform(0.005, cfg.clock_skew_max_s)) * float(plan.choice([-1, 1]))
-            self._skew[node] = skew
-            self._add_confounder(
+            self.skew[node] = skew
+            self.add_confounder(
                 "clock_skew", self.start_ts, self.end_ts, node=node, skew_s=round(skew, 4)
             )
         # Out-of-order: one node's messages reach us up to 2 s late for a few minutes.
         node = pick()
         start = self.start_ts + float(plan.uniform(0.1, 0.8)) * dur
         length = float(plan.uniform(60, 240))
-        self._ooo.append((node, start, start + length, 2.0))
-        self._add_confounder("out_of_order", start, start + length, node=node, max_delay_s=2.0)
+        self.ooo.append((node, start, start + length, 2.0))
+        self.add_confounder("out_of_order", start, start + length, node=node, max_delay_s=2.0)
 
     def _plan_checkpoints(self, plan: np.random.Generator) -> None:
         """Checkpoints: every checkpoint_every_s, 20-40 s for the whole job."""
         cfg = self.config
-        for job in self._jobs:
+        for job in self.jobs:
             job_ckpts = []
             t = self.start_ts + cfg.checkpoint_every_s
             while t < self.end_ts:
@@ -404,31 +418,31 @@ class ScenarioPlanner:
                 t += cfg.checkpoint_every_s
             job.checkpoints = job_ckpts
 
-    def _comm_factor(self, t: float) -> float:
+    def comm_factor(self, t: float) -> float:
         factor = 1.0
-        for start, end, f in self._congestion:
+        for start, end, f in self.congestion:
             if start <= t < end:
                 factor = max(factor, f)
         return factor
 
-    def _job_of_node(self) -> dict[int, str]:
-        self._busy_mask()
+    def job_of_node(self) -> dict[int, str]:
+        self.busy_mask()
         return self._job_of
 
-    def _suppressed(self, node: int, ts: float, samples: bool) -> bool:
-        for gap_node, start, end, everything in self._gaps:
+    def suppressed(self, node: int, ts: float, samples: bool) -> bool:
+        for gap_node, start, end, everything in self.gaps:
             if gap_node == node and start <= ts < end and (samples or everything):
                 return True
         return False
 
-    def _delay(self, node: int, ts: float) -> float:
-        for ooo_node, start, end, max_delay in self._ooo:
+    def delay(self, node: int, ts: float) -> float:
+        for ooo_node, start, end, max_delay in self.ooo:
             if ooo_node == node and start <= ts < end:
                 # Deterministic in (node, ts): does not consume the shared noise stream.
                 return max_delay * ((ts * 7919.0) % 1.0)
         return 0.0
 
-    def truth(self) -> Truth:
+    def truth(self, remediations: list[dict[str, Any]]) -> Truth:
         """Ground truth in the format of ``docs/simulator-truth.md`` (plus ``remediations``)."""
         cfg = self.config
         faults = [
@@ -445,7 +459,7 @@ class ScenarioPlanner:
                 "pattern": f.pattern,
                 "detail": f.detail,
             }
-            for f in sorted(self._faults, key=lambda f: f.id)
+            for f in sorted(self.faults, key=lambda f: f.id)
         ]
         jobs = [
             {
@@ -455,7 +469,7 @@ class ScenarioPlanner:
                 "pp_stages": j.pp_stages,
                 "step_s_nominal": j.step_s_nominal,
             }
-            for j in self._jobs
+            for j in self.jobs
         ]
         return Truth.model_validate(
             {
@@ -466,10 +480,10 @@ class ScenarioPlanner:
                 "nodes": list(self.node_names),
                 "gpus_per_node": cfg.gpus_per_node,
                 "jobs": jobs,
-                "idle_nodes": [self.node_names[i] for i in self._initial_idle],
+                "idle_nodes": [self.node_names[i] for i in self.initial_idle],
                 "excluded_nodes": sorted(cfg.excluded),
                 "faults": faults,
-                "confounders": sorted(self._confounders, key=lambda c: (c["start"], c["id"])),
-                "remediations": list(self._remediations),
+                "confounders": sorted(self.confounders, key=lambda c: (c["start"], c["id"])),
+                "remediations": list(remediations),
             }
         )

@@ -15,8 +15,7 @@ import numpy as np
 from guard.schemas import CollectiveTiming, ConnectionStat, StepTiming
 from guard.schemas.fast import fast_builder
 
-from .config import SimConfig
-from .scenario import RunningJob
+from .scenario import RunningJob, Scenario
 
 __all__ = ["TrainingModel"]
 
@@ -27,55 +26,78 @@ _conn_model = fast_builder(ConnectionStat)
 
 
 class TrainingModel:
-    """The training half of :class:`~guard.agents.simulator.ClusterSimulator` (a mixin: it
-    runs the planned jobs' steps from ``_step_noise``, applies pending remediations and
-    records them in ``_remediations``)."""
+    """The jobs' synchronous steps and their all-reduce, drawn from ``step_noise``, and the
+    remediation hook: :meth:`remediate` queues a node (thread-safe), the node's job applies
+    it at its next step and :attr:`remediations` records what was done."""
 
-    config: SimConfig
-    node_names: list[str]
-    end_ts: float
-    _lock: threading.Lock
+    def __init__(
+        self, scenario: Scenario, step_noise: np.random.Generator, gpu_speed: np.ndarray
+    ) -> None:
+        self.config = scenario.config
+        self.scenario = scenario
+        self._step_noise = step_noise
+        self._gpu_speed = gpu_speed
+        self._lock = threading.Lock()
+        self._pending_remediation: list[str] = []
+        self.remediations: list[dict[str, Any]] = []
+        self._rank_cache: dict[str, tuple[int, list[dict[str, Any]], list[dict[str, Any]]]] = {}
+        #: False while the run is before the emitted window: steps are timed, not built.
+        self.build_steps = True
+
+    def remediate(self, node: str) -> None:
+        """Cordon ``node``: at its job's next step a spare takes over its ranks (thread-safe)."""
+        if node not in self.scenario.node_names:
+            raise ValueError(f"unknown node {node!r}")
+        with self._lock:
+            self._pending_remediation.append(node)
+
+    def start(self) -> None:
+        """Each job's first step starts at a random point of its first nominal step."""
+        for job in self.scenario.jobs:
+            job.next_start = self.scenario.start_ts + float(
+                self._step_noise.uniform(0, job.step_s_nominal)
+            )
 
     def _apply_remediation(self, job: RunningJob) -> bool:
         with self._lock:
             pending = [p for p in self._pending_remediation]
         changed = False
         for name in pending:
-            node = self.node_names.index(name)
+            node = self.scenario.node_names.index(name)
             ranks = (job.rank_node == node) & job.active
             if not ranks.any():
                 continue
             with self._lock:
                 self._pending_remediation.remove(name)
-            busy = {int(x) for j in self._jobs for x in j.rank_node[j.active]}
-            spare = next((s for s in self._spares if s not in busy and s != node), None)
+            busy = {int(x) for j in self.scenario.jobs for x in j.rank_node[j.active]}
+            spare = next((s for s in self.scenario.spares if s not in busy and s != node), None)
             if spare is not None:
-                self._spares.remove(spare)
+                self.scenario.spares.remove(spare)
                 job.rank_node[ranks] = spare
             else:
                 job.active[ranks] = False
-            self._remediations.append(
+            self.remediations.append(
                 {
                     "node": name,
                     "job": job.name,
                     "ts": round(job.next_start, 3),
-                    "replaced_by": None if spare is None else self.node_names[spare],
+                    "replaced_by": None if spare is None else self.scenario.node_names[spare],
                     "restart_s": self.config.restart_s,
                 }
             )
             changed = True
             job.layout_version += 1
-            self._busy = None
+            self.scenario.layout_changed()
         return changed
 
-    def _run_steps(
+    def run_steps(
         self,
         job: RunningJob,
         tick_end: float,
         s: dict[str, np.ndarray],
         out: list[tuple[float, Any]],
     ) -> None:
-        while job.next_start < tick_end and job.next_start < self.end_ts:
+        while job.next_start < tick_end and job.next_start < self.scenario.end_ts:
             if self._pending_remediation and self._apply_remediation(job):
                 job.next_start += self.config.restart_s  # restart from the last checkpoint
                 job.seq = 0  # new communicators count from zero
@@ -92,18 +114,18 @@ class TrainingModel:
         arrive = start + compute
         hang, flapped_nodes = self._flap_hang(job, start, arrive, conn_nominal)
         stage_end, next_peer, prev_peer, conn = self._allreduce(
-            job, s, arrive, self._comm_factor(start), conn_nominal, hang, flapped_nodes
+            job, s, arrive, self.scenario.comm_factor(start), conn_nominal, hang, flapped_nodes
         )
         end = float(stage_end.max())
         step_s = end - start
         # Checkpoint after this step: everyone waits for the save.
         if job.checkpoints and job.checkpoints[0][0] <= end:
             ck_s = job.checkpoints.pop(0)[1]
-            self._add_confounder("checkpoint", end, end + ck_s, job=job.name, step=job.step)
+            self.scenario.add_confounder("checkpoint", end, end + ck_s, job=job.name, step=job.step)
             end += ck_s
             step_s += ck_s
         job.step_log.append((end, step_s))
-        if self._build_steps:
+        if self.build_steps:
             self._step_messages(
                 job, step_s, end, arrive, compute, conn, stage_end, next_peer, prev_peer, out
             )
@@ -118,7 +140,7 @@ class TrainingModel:
         nodes, gpus = job.rank_node, job.rank_gpu
         compute_nominal = 0.72 * job.step_s_nominal
         stage_factor = np.array(job.stage_factor)[job.rank_stage]
-        compute = (
+        compute: np.ndarray = (
             compute_nominal
             * stage_factor
             * self._gpu_speed[nodes, gpus]
@@ -131,7 +153,7 @@ class TrainingModel:
         if hiccup.any():
             for r in np.flatnonzero(hiccup & job.active).tolist():
                 compute[r] *= 1.0 + extras[r]
-                self._add_confounder(
+                self.scenario.add_confounder(
                     "hiccup",
                     start,
                     start + float(compute[r]),
@@ -142,7 +164,7 @@ class TrainingModel:
                     extra=round(float(extras[r]), 3),
                 )
         stall_noise = np.exp(0.1 * rng.standard_normal(ranks))
-        for st, en, extra in self._stalls:
+        for st, en, extra in self.scenario.stalls:
             if st <= start < en:
                 compute += compute_nominal * extra * stall_noise
         return compute
@@ -156,7 +178,7 @@ class TrainingModel:
         flapped_nodes: set[tuple[int, int]] = set()
         window = (max(start, job.flap_cursor), float(arrive.max()) + 2 * conn_nominal)
         job.flap_cursor = window[1]
-        for f in self._faults:
+        for f in self.scenario.faults:
             if f.kind == "link_flap":
                 for ev in f.events:
                     if window[0] <= ev < window[1] and (
@@ -231,15 +253,15 @@ class TrainingModel:
         stage_end_l = stage_end.tolist()
         gaps = {
             node
-            for node, start, stop, everything in self._gaps
+            for node, start, stop, everything in self.scenario.gaps
             if everything and start <= end < stop
         }
         ooo = {
-            node: self._delay(node, end)
-            for node, start, stop, _ in self._ooo
+            node: self.scenario.delay(node, end)
+            for node, start, stop, _ in self.scenario.ooo
             if start <= end < stop
         }
-        skews = self._skew_l
+        skews = self.scenario.skew_list
         step, seq = job.step, job.seq
         step_templates, coll_templates = self._rank_templates(job)
         rows = zip(
@@ -295,7 +317,7 @@ class TrainingModel:
             strict=True,
         )
         for r, (node, gpu, stage, dp) in enumerate(rows):
-            name = self.node_names[node]
+            name = self.scenario.node_names[node]
             steps.append(
                 {
                     "kind": "step",

@@ -23,6 +23,7 @@ from confluent_kafka import TopicPartition
 from guard.agents.simulator import ClusterSimulator, FaultSpec, SimConfig
 from guard.broker import EmbeddedBroker
 from guard.config import Settings
+from guard.errors import GuardError
 from guard.kafka import create_topics, make_consumer, make_producer, produce
 from guard.schemas import Flag, GuardMessage, NodeState, SweepResult, decode
 from guard.store import connect, migrate
@@ -162,7 +163,7 @@ class StreamsWorkers:
         for i, proc in enumerate(self.procs):
             if proc.poll() is not None:
                 tail = (self.log_dir / f"streams-{i}.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"streams worker {i} exited with {proc.returncode}:\n{tail}")
+                raise GuardError(f"streams worker {i} exited with {proc.returncode}:\n{tail}")
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -256,19 +257,19 @@ class Pipeline:
         self.start_ts = float(int(time.time()))
         self.sim = ClusterSimulator(cfg.sim_config(self.start_ts))
         self.speed = cfg.pick_speed(self.sim)
-        nodes = list(self.sim.truth().nodes)
         self.workers = StreamsWorkers(s, cfg.workers, s.home)
         self.workers.start()
         self.sink = ClickHouseSink(s, self.client, group_id="guard-demo-sink")
         self.flag_reader = FlagReader(s, on_flag=self._on_flag)
         self.flag_reader.start()
         self.wall_start = time.monotonic() + 1.0
-        self.orchestrator = self._new_orchestrator(nodes)
+        self.orchestrator = self._new_orchestrator()
         self._spawn(self._run_sink, "guard-demo-sink")
 
-    def _new_orchestrator(self, nodes: list[str]) -> KafkaOrchestrator:
+    def _new_orchestrator(self) -> KafkaOrchestrator:
         assert self.sim is not None
         truth = self.sim.truth()
+        nodes = list(truth.nodes)
         clock = SimulatedClock(self.start_ts, self.speed, wall_start=self._wall_epoch())
         orch = KafkaOrchestrator(
             self.settings,
@@ -279,14 +280,14 @@ class Pipeline:
             listeners=[self._on_orchestrator_message],
         ).start()
         if not orch.ready.wait(60) or orch.error is not None:
-            raise RuntimeError(f"the orchestrator did not start: {orch.error}")
+            raise GuardError(f"the orchestrator did not start: {orch.error}")
         return orch
 
     def restart_orchestrator(self) -> None:
         """Stop the orchestrator and start a new one that recovers from the topic."""
         assert self.orchestrator is not None and self.sim is not None
         self.orchestrator.stop()
-        self.orchestrator = self._new_orchestrator(list(self.sim.truth().nodes))
+        self.orchestrator = self._new_orchestrator()
         self.events.append("orchestrator restarted; state recovered from the node-state topic")
 
     def _wall_epoch(self) -> float:
@@ -331,8 +332,11 @@ class Pipeline:
             produce(producer, self.settings, message)
             self.published += 1
         producer.flush(60)
+        self.raise_if_failed()
+
+    def raise_if_failed(self) -> None:
         if self.error is not None:
-            raise RuntimeError(f"a pipeline part failed: {self.error}") from self.error
+            raise GuardError(f"a pipeline part failed: {self.error}") from self.error
 
     def sim_now(self) -> float:
         return (time.monotonic() - self.wall_start) * self.speed

@@ -74,8 +74,7 @@ def _publish_with_progress(pipe: Pipeline, out: Any, live: bool) -> None:
         _live_progress(pipe, publisher)
     else:
         _line_progress(pipe, publisher, out)
-    if pipe.error is not None:
-        raise RuntimeError(f"a pipeline part failed: {pipe.error}") from pipe.error
+    pipe.raise_if_failed()
 
 
 def _live_progress(pipe: Pipeline, publisher: threading.Thread) -> None:

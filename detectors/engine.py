@@ -17,8 +17,8 @@ verbs (returning flags) and is what ``guard backtest`` runs. A streams worker th
 keys keeps the same objects in its tables: for a message, ``part = engine.node(key)`` or
 ``engine.job(key)``, ``findings = part.update(message)``, then ``engine.fuse(findings)``
 gives the flags; call ``tick(now)`` every few seconds of event time (hang and lost-GPU
-checks) and ``snapshot()`` / :meth:`DetectionEngine.restore` (or pickle a single partition)
-to checkpoint.
+checks). Each partition (a node's or a job's detectors, a fusion state) is a plain object
+that a worker checkpoints on its own.
 
 Parameters
 ----------
@@ -276,17 +276,6 @@ class DetectionEngine:
             if flag is not None:
                 flags.append(flag)
         return flags
-
-    def snapshot(self) -> bytes:
-        """The whole state, pickled (a checkpoint)."""
-        return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
-
-    @classmethod
-    def restore(cls, data: bytes) -> DetectionEngine:
-        engine = pickle.loads(data)
-        if not isinstance(engine, cls):
-            raise TypeError(f"snapshot holds a {type(engine).__name__}, not a DetectionEngine")
-        return engine
 
     def state_bytes(self) -> dict[str, int]:
         """Pickled size of each partition family, for the state budget (bytes)."""

@@ -35,6 +35,7 @@ from .processing import (
     TelemetryProcessor,
     encode_finding,
     finding_key,
+    topic_kinds,
 )
 
 __all__ = ["create_app"]
@@ -178,13 +179,10 @@ class _Wiring:
 def create_app(settings: Settings, engine_config: EngineConfig | None = None) -> faust.App:
     """The streams app for ``settings`` (broker, topics, partitions, app id)."""
     cfg = engine_config or EngineConfig()
-    s = settings
     app = _faust_app(settings)
     wiring = _Wiring(app, settings)
-    node_topics = {s.topic("gpu"): "gpu", s.topic("nic"): "nic"}
-    job_topics = {s.topic("steps"): "step", s.topic("collectives"): "collective"}
-    wiring.telemetry_agent("node", node_topics, "node-detectors", cfg)
-    wiring.telemetry_agent("job", job_topics, "job-detectors", cfg)
+    wiring.telemetry_agent("node", topic_kinds(settings.topic, "node"), "node-detectors", cfg)
+    wiring.telemetry_agent("job", topic_kinds(settings.topic, "job"), "job-detectors", cfg)
     wiring.fusion_agent()
     wiring.housekeeping()
     app.guard_counters = wiring.counters  # type: ignore[attr-defined]

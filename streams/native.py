@@ -37,6 +37,7 @@ from .processing import (
     TelemetryProcessor,
     encode_finding,
     finding_key,
+    topic_kinds,
 )
 
 __all__ = ["NativeWorker"]
@@ -54,8 +55,8 @@ class NativeWorker:
         s = self.settings = settings
         st = settings.streams
         self.counters = StreamsCounters()
-        self.node_topics = {s.topic("gpu"): "gpu", s.topic("nic"): "nic"}
-        self.job_topics = {s.topic("steps"): "step", s.topic("collectives"): "collective"}
+        self.node_topics = topic_kinds(s.topic, "node")
+        self.job_topics = topic_kinds(s.topic, "job")
         self.findings_topic = s.topic("findings")
         self.node = TelemetryProcessor(
             "node", self.node_topics, cfg, st.checkpoint_s, self.counters

@@ -22,6 +22,7 @@ from guard.detectors.engine import EngineConfig, JobDetectors, NodeDetectors
 from guard.detectors.findings import Finding
 from guard.detectors.fusion import JobFusion, NodeFusion
 from guard.schemas import Flag, GuardMessage, SchemaError, decode
+from guard.schemas.topics import JOB_KINDS, NODE_KINDS, TOPIC_BY_KIND
 
 __all__ = [
     "EventClock",
@@ -34,6 +35,7 @@ __all__ = [
     "finding_key",
     "parse_progress",
     "progress_line",
+    "topic_kinds",
 ]
 
 # (topic, partition, value) of one record
@@ -215,6 +217,13 @@ class EventClock:
         self.last_tick[key] = now
         entry = self.state.live.get(key)
         return entry[0].tick(now) if entry is not None else []
+
+
+def topic_kinds(topic: Callable[[str], str], level: str) -> dict[str, str]:
+    """Topic name -> message kind for the ``"node"`` or ``"job"`` stream (``topic`` adds the
+    configured prefix)."""
+    kinds = NODE_KINDS if level == "node" else JOB_KINDS
+    return {topic(TOPIC_BY_KIND[kind]): kind for kind in kinds}
 
 
 class TelemetryProcessor:

@@ -8,21 +8,12 @@ from typing import Any
 
 from guard.agents.simulator import ClusterSimulator
 from guard.evaluation.scoring import evaluate
+from guard.schemas.tables import TABLES
 from guard.schemas.truth import Truth
 
 from .pipeline import Pipeline
 
 __all__ = ["print_summary", "step_stats", "summarize"]
-
-STORED_TABLES = (
-    "gpu_samples",
-    "nic_samples",
-    "step_timings",
-    "collective_timings",
-    "flags",
-    "sweeps",
-    "node_states",
-)
 
 
 def step_stats(step_log: list[tuple[float, float]], after_ts: float) -> dict[str, float | int]:
@@ -77,7 +68,7 @@ def _stored_rows(pipe: Pipeline) -> dict[str, int]:
     db = pipe.settings.clickhouse.database
     return {
         table: int(pipe.client.query(f"SELECT count() FROM `{db}`.`{table}`").result_rows[0][0])
-        for table in STORED_TABLES
+        for table in (t.name for t in TABLES)
     }
 
 

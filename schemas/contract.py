@@ -27,7 +27,7 @@ __all__ = ["render_markdown"]
 _INTRO = """\
 # Wire contract v1
 
-<!-- Generated from schemas/ by `guard schema doc`; do not edit by hand. -->
+<!-- Generated from schemas/: `guard schema doc --out docs/wire-contract.md`. Do not edit. -->
 
 Every message is one JSON object (UTF-8, at most 1 MiB). Times are UNIX epoch seconds
 (float, UTC). The Kafka record's timestamp is the message's event time (`ts`). Unknown fields

@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from guard.config import Settings
@@ -27,7 +26,7 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
     started = time.monotonic()
     try:
         truth, counts = write_jsonl(config, args.out, workers=args.workers)
-        Path(args.truth).write_text(truth.model_dump_json(indent=1) + "\n")
+        truth.save(args.truth)
     except OSError as exc:
         raise UsageError(
             f"simulate: cannot write the output: {exc}; choose a writable --out and --truth"

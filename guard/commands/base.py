@@ -1,5 +1,5 @@
 """The base's commands: ``guard broker``, ``topics create``, ``db migrate``, ``config show``,
-``schema export``."""
+``schema export``, ``schema doc``."""
 
 from __future__ import annotations
 
@@ -32,6 +32,26 @@ def cmd_schema_export(args: argparse.Namespace, settings: Settings) -> int:
         path = out / f"{kind}.schema.json"
         path.write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
         print(path)
+    return 0
+
+
+def cmd_schema_doc(args: argparse.Namespace, settings: Settings) -> int:
+    from guard.schemas.contract import render_markdown
+
+    text = render_markdown()
+    if args.check:
+        path = Path(args.check)
+        if not path.exists() or path.read_text() != text:
+            raise GuardError(
+                f"{path} does not match the models in schemas/; regenerate it with "
+                f"`guard schema doc --out {path}`"
+            )
+        print(f"{path} is up to date")
+    elif args.out:
+        Path(args.out).write_text(text)
+        print(args.out)
+    else:
+        sys.stdout.write(text)
     return 0
 
 
@@ -120,3 +140,7 @@ def register(sub: Any, add: Any) -> None:
     )
     p = add("export", cmd_schema_export, "write one JSON Schema file per message kind", schema)
     p.add_argument("dir")
+    p = add("doc", cmd_schema_doc, "the wire contract as Markdown (docs/wire-contract.md)", schema)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", help="write it to this file (default: standard output)")
+    where.add_argument("--check", metavar="FILE", help="fail (exit 1) if FILE differs from it")

@@ -279,14 +279,12 @@ class PrintPublisher:
 # --- command --------------------------------------------------------------------------------
 
 
-def _collectors(
-    settings: Settings, node: str, args: argparse.Namespace
-) -> tuple[list[Any], list[Any]]:
+def _collectors(settings: Settings, node: str) -> tuple[list[Any], list[Any]]:
     """The sampling functions and the objects to close, given the configuration."""
     agent = settings.agent
     collectors: list[Any] = []
     closers: list[Any] = []
-    source = getattr(args, "gpu_source", None) or agent.gpu_source
+    source = agent.gpu_source
     if source == "nvml":
         try:
             from .nvml import NvmlCollector
@@ -302,11 +300,11 @@ def _collectors(
     elif source == "dcgm":
         from .dcgm import fetch_dcgm
 
-        url = getattr(args, "dcgm_url", None) or agent.dcgm_url
+        url = agent.dcgm_url
         collectors.append(lambda ts, job: fetch_dcgm(url, node, ts, job))
     from .nic import NicCollector
 
-    nic = NicCollector(node, getattr(args, "sysfs", None) or agent.sysfs_root)
+    nic = NicCollector(node, agent.sysfs_root)
     log.info("NICs: %d ports", len(nic.ports))
     collectors.append(nic.sample)
     closers.append(nic)
@@ -320,8 +318,8 @@ def run_agent(args: argparse.Namespace, settings: Settings) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     agent = settings.agent
-    node = getattr(args, "node", None) or agent.node or socket.gethostname()
-    interval = getattr(args, "interval", None) or agent.interval_s
+    node = agent.node or socket.gethostname()
+    interval = agent.interval_s
     publisher: Any
     if getattr(args, "dry_run", False):
         publisher = PrintPublisher()
@@ -338,10 +336,10 @@ def run_agent(args: argparse.Namespace, settings: Settings) -> int:
     with stop_on_signals() as stop, contextlib.closing(publisher):
         if getattr(args, "simulate", False):
             return run_simulated(args, settings, publisher, stop)
-        jobs = JobTracker(getattr(args, "job", None) or agent.job)
-        collectors, closers = _collectors(settings, node, args)
+        jobs = JobTracker(agent.job)
+        collectors, closers = _collectors(settings, node)
         listener = None
-        socket_path = getattr(args, "socket", None) or agent.socket_path
+        socket_path = agent.socket_path
         try:
             listener = ClientListener(socket_path, node, agent.client_queue_max).start()
         except OSError as exc:

@@ -18,7 +18,7 @@ In-process use (``guard demo``)::
 
     orch = KafkaOrchestrator(settings, scheduler=DryRunScheduler(nodes),
                              executor=SimulatedSweepExecutor.from_truth(truth),
-                             clock=SimulatedClock(truth["start_ts"], speed), nodes=nodes,
+                             clock=SimulatedClock(truth.start_ts, speed), nodes=nodes,
                              listeners=[progress.on_message])
     orch.start(); orch.ready.wait(30)
     ...

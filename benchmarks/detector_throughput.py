@@ -11,7 +11,7 @@ Prints:
 * **state** — pickled bytes of the engine's partitions after the run, per GPU (total over
   all partitions / GPUs in the cluster), the largest node partition per GPU, and the largest
   job partition per GPU of that job, for several cluster sizes. The budget is 10 KB per GPU
-  (ARCHITECTURE.md, design rule 5).
+  (docs/architecture.md, design rule 6: state is bounded).
 
 Usage::
 

@@ -1,6 +1,6 @@
 """The detection engine: routes a time-ordered message stream to the detectors, returns flags.
 
-State is partitioned the way Kafka partitions the telemetry (ARCHITECTURE.md):
+State is partitioned the way Kafka partitions the telemetry (docs/architecture.md):
 
 * :class:`NodeDetectors` — one per **node** (``gpu`` and ``nic`` messages, key ``node``):
   GPU sampling rounds (:class:`~guard.detectors.gpu_round.GpuRound`), thermal, power, clock,

@@ -81,7 +81,7 @@ class GuardMessage(BaseModel):
     node: Name = Field(description="host name of the node the message is about")
     job: Name | None = Field(None, description="training job id, null when not known")
 
-    #: Kafka record key field for this kind (see ARCHITECTURE.md, wire contract).
+    #: Kafka record key field for this kind (docs/wire-contract.md).
     key_field: ClassVar[str] = "node"
 
     def kafka_key(self) -> bytes | None:

@@ -9,6 +9,7 @@ transports only move bytes in and out.
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 import time
 import zlib
@@ -25,6 +26,7 @@ from guard.schemas import Flag, GuardMessage, SchemaError, decode
 from guard.schemas.topics import JOB_KINDS, NODE_KINDS, TOPIC_BY_KIND
 
 __all__ = [
+    "CHECKPOINT_FORMAT",
     "EventClock",
     "FusionProcessor",
     "KeyedState",
@@ -46,6 +48,12 @@ Record = tuple[str, int, bytes | None]
 #: records over 1 MB by default, and a refused checkpoint would stop the worker.
 CHUNK_BYTES = 512 * 1024
 _MANIFEST = b"guard-chunks:"
+#: Leads every checkpoint. Bumped when detector classes move or change shape (2: the
+#: restructure renamed modules and classes): a checkpoint of another format starts cold
+#: instead of failing to unpickle, or unpickling into objects the code no longer fits.
+CHECKPOINT_FORMAT = b"guard-state-2:"
+
+log = logging.getLogger("guard.streams")
 
 
 @dataclass
@@ -101,6 +109,8 @@ class KeyedState:
     live: dict[str, tuple[Any, int]] = field(default_factory=dict)
     saved_at: dict[str, float] = field(default_factory=dict)
     restored: int = 0
+    #: checkpoints found but not used (another format, or unreadable): those keys start cold
+    refused: int = 0
 
     def get(self, key: str, partition: int) -> Any:
         entry = self.live.get(key)
@@ -133,7 +143,9 @@ class KeyedState:
         return saved
 
     def _store(self, key: str, partition: int, obj: Any) -> None:
-        blob = zlib.compress(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), 1)
+        blob = CHECKPOINT_FORMAT + zlib.compress(
+            pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), 1
+        )
         if len(blob) <= CHUNK_BYTES:
             self.save(key, partition, blob)
             return
@@ -151,7 +163,16 @@ class KeyedState:
             if any(p is None for p in parts):
                 return None  # an incomplete checkpoint: start cold rather than wrong
             blob = b"".join(p for p in parts if p is not None)
-        return pickle.loads(zlib.decompress(blob))
+        if not blob.startswith(CHECKPOINT_FORMAT):
+            why = "it is not in this version's checkpoint format"
+        else:
+            try:
+                return pickle.loads(zlib.decompress(blob[len(CHECKPOINT_FORMAT) :]))
+            except Exception as exc:  # corrupt bytes, or classes this code no longer has
+                why = f"it cannot be read ({type(exc).__name__}: {exc})"
+        self.refused += 1
+        log.warning("checkpoint of %r refused: %s; that key starts cold", key, why)
+        return None
 
     def forget(self, partitions: set[int]) -> list[str]:
         """Checkpoint, then drop, the keys of ``partitions``; returns them.

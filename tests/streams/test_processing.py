@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import pickle
+import zlib
 
 import pytest
 
 from guard.detectors.findings import Finding
 from guard.streams.processing import (
+    CHECKPOINT_FORMAT,
     CHUNK_BYTES,
     KeyedState,
     decode_finding,
@@ -40,6 +43,18 @@ def test_checkpoints_bigger_than_a_kafka_record_are_split_and_put_back_together(
     assert KeyedState(make=lambda key: {"cold": key}, every_s=0, load=store.get).get(
         "job-a", 2
     ) == {"cold": "job-a"}
+
+
+def test_a_checkpoint_of_another_format_or_unreadable_starts_cold_and_is_counted() -> None:
+    store = {
+        # what the code before the restructure wrote: no format tag (its classes moved since)
+        "old": zlib.compress(pickle.dumps({"from": "v1"}), 1),
+        "corrupt": CHECKPOINT_FORMAT + b"not zlib at all",
+    }
+    state = KeyedState(make=lambda key: {"cold": key}, every_s=0, load=store.get)
+    assert state.get("old", 0) == {"cold": "old"}
+    assert state.get("corrupt", 0) == {"cold": "corrupt"}
+    assert (state.restored, state.refused) == (0, 2)
 
 
 def test_checkpoints_wait_for_their_period_and_forget_moves_with_partitions() -> None:

@@ -172,8 +172,8 @@ class _Wiring:
                 processor.forget(parts)
             self.fusion.state.forget(parts)
 
-    def restored(self) -> int:
-        return sum(p.state.restored for p in self.processors) + self.fusion.state.restored
+    def checkpoint_totals(self) -> dict[str, int]:
+        return KeyedState.totals([*(p.state for p in self.processors), self.fusion.state])
 
 
 def create_app(settings: Settings, engine_config: EngineConfig | None = None) -> faust.App:
@@ -186,5 +186,5 @@ def create_app(settings: Settings, engine_config: EngineConfig | None = None) ->
     wiring.fusion_agent()
     wiring.housekeeping()
     app.guard_counters = wiring.counters  # type: ignore[attr-defined]
-    app.guard_restored = wiring.restored  # type: ignore[attr-defined]
+    app.guard_checkpoint_totals = wiring.checkpoint_totals  # type: ignore[attr-defined]
     return app

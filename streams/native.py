@@ -86,9 +86,9 @@ class NativeWorker:
             },
         )
 
-    def restored_keys(self) -> int:
-        """Keys resumed from checkpoints so far, over the three tables."""
-        return sum(s.restored for s in (self.node.state, self.job.state, self.fusion.state))
+    def checkpoint_totals(self) -> dict[str, int]:
+        """Keys resumed from checkpoints so far, and checkpoints refused, over the tables."""
+        return KeyedState.totals((self.node.state, self.job.state, self.fusion.state))
 
     # -- set-up ----------------------------------------------------------------------------
 

@@ -174,6 +174,15 @@ class KeyedState:
         log.warning("checkpoint of %r refused: %s; that key starts cold", key, why)
         return None
 
+    @staticmethod
+    def totals(states: Iterable[KeyedState]) -> dict[str, int]:
+        """Keys resumed from checkpoints, and checkpoints refused, over ``states``."""
+        states = list(states)
+        return {
+            "restored": sum(s.restored for s in states),
+            "refused": sum(s.refused for s in states),
+        }
+
     def forget(self, partitions: set[int]) -> list[str]:
         """Checkpoint, then drop, the keys of ``partitions``; returns them.
 

@@ -25,9 +25,9 @@ def _report(worker: str, event: str = "progress", **counts: int) -> None:
     print(progress_line(worker, event, **counts), file=sys.stderr, flush=True)
 
 
-def _report_streams(counters: Any, restored: int) -> None:
-    # telemetry, findings, flags, dead_letters; and the keys resumed from checkpoints
-    _report("streams", **asdict(counters), restored=restored)
+def _report_streams(counters: Any, checkpoints: dict[str, int]) -> None:
+    # telemetry, findings, flags, dead_letters; keys resumed from checkpoints, and refused
+    _report("streams", **asdict(counters), **checkpoints)
 
 
 def cmd_streams(args: argparse.Namespace, settings: Settings) -> int:
@@ -46,7 +46,7 @@ def cmd_streams(args: argparse.Namespace, settings: Settings) -> int:
 
     @app.timer(interval=settings.streams.progress_s)
     async def progress() -> None:
-        _report_streams(counters, app.guard_restored())  # type: ignore[attr-defined]
+        _report_streams(counters, app.guard_checkpoint_totals())  # type: ignore[attr-defined]
 
     loglevel = args.log_level or "warning"
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
@@ -63,7 +63,7 @@ def _run_native(settings: Settings, log_level: str) -> int:
         worker = NativeWorker(settings)
 
         def report(counters: Any) -> None:
-            _report_streams(counters, worker.restored_keys())
+            _report_streams(counters, worker.checkpoint_totals())
 
         worker.run(stop, on_progress=report)
     return 0

@@ -1,0 +1,786 @@
+"""Guard's Grafana dashboards as code (grafana-foundation-sdk), written as JSON for provisioning.
+
+    python deploy/grafana/build.py            # (re)write deploy/grafana/dashboards/*.json
+    python deploy/grafana/build.py --check    # exit 1 if a committed JSON is stale
+
+Four dashboards over the ClickHouse tables (plugin ``grafana-clickhouse-datasource``, SQL
+with its macros ``$__timeFilter``, ``$__timeInterval``, ``$__toTime``, ``$__interval_s``) plus
+Prometheus panels for what only the services' metrics know (consumer lag, dead letters).
+The rules for ``FINAL`` and ``-Merge`` are in docs/grafana.md; in short: counts and lists
+read ReplacingMergeTree tables with ``FINAL`` (a message the at-least-once sink delivered
+twice is one row only after a merge), the ``gpu_1m`` rollup is read with ``-Merge`` and
+``GROUP BY`` (its rows are partial aggregates, one per inserted block).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from grafana_foundation_sdk.builders import common as gc
+from grafana_foundation_sdk.builders import dashboard as gd
+from grafana_foundation_sdk.builders import (
+    heatmap,
+    prometheus,
+    stat,
+    statetimeline,
+    table,
+    timeseries,
+)
+from grafana_foundation_sdk.cog import builder as cogbuilder
+from grafana_foundation_sdk.cog import runtime as cogruntime
+from grafana_foundation_sdk.cog import variants as cogvariants
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models import dashboard as dm
+
+from guard.schemas import nvml_codes
+
+HERE = Path(__file__).resolve().parent
+DASHBOARD_DIR = HERE / "dashboards"
+
+CLICKHOUSE_TYPE = "grafana-clickhouse-datasource"
+CLICKHOUSE = dm.DataSourceRef(type_val=CLICKHOUSE_TYPE, uid="guard-clickhouse")
+PROMETHEUS = dm.DataSourceRef(type_val="prometheus", uid="guard-prometheus")
+
+#: Node states counted against ``orchestrator.max_cordoned_fraction`` (repair is not, by default).
+CAPPED_STATES = ("cordoned", "sweeping", "failed")
+#: Clock-event reason bits shown on the node dashboard (idle is normal and left out).
+CLOCK_REASONS = (
+    ("sw_power_cap", nvml_codes.SW_POWER_CAP),
+    ("hw_slowdown", nvml_codes.HW_SLOWDOWN),
+    ("sw_thermal", nvml_codes.SW_THERMAL),
+    ("hw_thermal", nvml_codes.HW_THERMAL),
+    ("hw_power_brake", nvml_codes.HW_POWER_BRAKE),
+)
+NIC_ERROR_COUNTERS = (
+    "symbol_error",
+    "link_downed",
+    "link_error_recovery",
+    "port_rcv_errors",
+    "port_xmit_discards",
+    "out_of_sequence",
+    "packet_seq_err",
+    "local_ack_timeout_err",
+)
+#: Metric names the Prometheus panels use (exported by the services, guard/metrics.py).
+PROMETHEUS_METRICS = (
+    "guard_consumer_lag",
+    "guard_messages_total",
+    "guard_flags_total",
+    "guard_dead_letters_total",
+    "guard_sweeps_total",
+    "guard_cordoned_nodes",
+    "guard_webhook_failures_total",
+    "guard_agent_spool_bytes",
+    "guard_checkpoints_refused_total",
+)
+
+
+# --- the ClickHouse plugin's query (the SDK has no builder for this plugin) ------------------
+
+
+class ClickHouseQuery(cogvariants.Dataquery):
+    """A raw-SQL target of grafana-clickhouse-datasource (plugin v4 query model)."""
+
+    def __init__(self, sql: str, ref_id: str = "A", kind: str = "timeseries") -> None:
+        self.sql, self.ref_id, self.kind = sql, ref_id, kind
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "refId": self.ref_id,
+            "datasource": CLICKHOUSE.to_json(),
+            "editorType": "sql",
+            "queryType": self.kind,
+            # the plugin's Format enum: 0 time series, 1 table
+            "format": 0 if self.kind == "timeseries" else 1,
+            "rawSql": self.sql,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ClickHouseQuery:
+        return cls(str(data["rawSql"]), str(data.get("refId", "A")), str(data["queryType"]))
+
+
+class ClickHouseQueryBuilder(cogbuilder.Builder[ClickHouseQuery]):
+    def __init__(self, sql: str, ref_id: str = "A", kind: str = "timeseries") -> None:
+        self._internal = ClickHouseQuery(sql, ref_id, kind)
+
+    def build(self) -> ClickHouseQuery:
+        return self._internal
+
+
+cogruntime.register_dataquery_variant(
+    cogruntime.DataqueryConfig(identifier=CLICKHOUSE_TYPE, from_json_hook=ClickHouseQuery.from_json)
+)
+
+
+# --- SQL fragments -----------------------------------------------------------------------------
+
+
+def in_var(column: str, var: str) -> str:
+    """A filter on a multi-value variable: the plugin writes a selection as 'a','b',..."""
+    return f"{column} IN (${var})"
+
+
+NODE_GPU = f"{in_var('node', 'node')} AND {in_var('gpu', 'gpu')}"
+GPU_SERIES = "concat(node, ' gpu', toString(gpu))"
+NIC_SERIES = "concat(node, ' ', device, '/', toString(port))"
+
+
+def quoted(names: Sequence[str]) -> str:
+    return ", ".join(f"'{n}'" for n in names)
+
+
+# --- panel helpers -----------------------------------------------------------------------------
+
+
+def _place(panel: Any, title: str, description: str, w: int, h: int) -> Any:
+    return panel.title(title).description(description).span(w).height(h)
+
+
+def ts_panel(
+    title: str, sql: str, unit: str, description: str, w: int = 12, bars: bool = False
+) -> timeseries.Panel:
+    panel = (
+        timeseries.Panel()
+        .datasource(CLICKHOUSE)
+        .with_target(ClickHouseQueryBuilder(sql))
+        .unit(unit)
+    )
+    if bars:
+        panel = (
+            panel.draw_style(cm.GraphDrawStyle.BARS)
+            .fill_opacity(60)
+            .stacking(gc.StackingConfig().mode(cm.StackingMode.NORMAL))
+        )
+    return _place(panel, title, description, w, 8)
+
+
+def table_panel(title: str, sql: str, description: str, w: int = 24, h: int = 8) -> table.Panel:
+    target = ClickHouseQueryBuilder(sql, kind="table")
+    panel = table.Panel().datasource(CLICKHOUSE).with_target(target)
+    return _place(panel, title, description, w, h)
+
+
+def stat_panel(title: str, sql: str, unit: str, description: str, w: int = 6) -> stat.Panel:
+    panel = (
+        stat.Panel()
+        .datasource(CLICKHOUSE)
+        .with_target(ClickHouseQueryBuilder(sql, kind="table"))
+        .unit(unit)
+    )
+    return _place(panel, title, description, w, 5)
+
+
+def prom_panel(title: str, expr: str, legend: str, unit: str, description: str) -> timeseries.Panel:
+    target = prometheus.Dataquery().expr(expr).legend_format(legend).ref_id("A")
+    panel = timeseries.Panel().datasource(PROMETHEUS).with_target(target).unit(unit)
+    return _place(panel, title, description, 12, 8)
+
+
+def multi_var(name: str, label: str, sql: str) -> gd.QueryVariable:
+    return (
+        gd.QueryVariable(name)
+        .label(label)
+        .datasource(CLICKHOUSE)
+        .query(sql)
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(dm.VariableSort.ALPHABETICAL_ASC)
+        .multi(True)
+        .include_all(True)
+    )
+
+
+NODE_VAR = multi_var(
+    "node", "node", "SELECT DISTINCT node FROM gpu_samples WHERE $__timeFilter(ts) ORDER BY node"
+)
+JOB_VAR = multi_var(
+    "job", "job", "SELECT DISTINCT job FROM step_timings WHERE $__timeFilter(ts) ORDER BY job"
+)
+GPU_VAR = multi_var(
+    "gpu",
+    "GPU",
+    "SELECT DISTINCT gpu FROM gpu_samples WHERE $__timeFilter(ts) AND node IN ($node) ORDER BY gpu",
+)
+CAP_VAR = (
+    gd.TextBoxVariable("cap_fraction")
+    .label("cordon cap (orchestrator.max_cordoned_fraction)")
+    .default_value("0.05")
+    .current(dm.VariableOption(selected=True, text="0.05", value="0.05"))
+)
+
+
+def dashboard(uid: str, title: str, description: str, variables: Sequence[Any]) -> gd.Dashboard:
+    board = (
+        gd.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(["guard"])
+        .timezone("utc")
+        .time("now-1h", "now")
+        .refresh("30s")
+        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+        .readonly()
+    )
+    for variable in variables:
+        board = board.with_variable(variable)
+    for other, name in (("guard-fleet", "Fleet"), ("guard-node", "Node"), ("guard-job", "Job")):
+        if other != uid:
+            board = board.link(
+                gd.DashboardLink(name)
+                .type(dm.DashboardLinkType.LINK)
+                .url(f"/d/{other}")
+                .include_vars(True)
+                .keep_time(True)
+            )
+    return board
+
+
+# --- fleet -------------------------------------------------------------------------------------
+
+CURRENT_STATE = """SELECT node, argMax(state, ts) AS state, max(ts) AS since
+  FROM node_states WHERE ts <= $__toTime GROUP BY node"""
+
+
+def fleet() -> gd.Dashboard:
+    capped = quoted(CAPPED_STATES)
+    board = dashboard(
+        "guard-fleet",
+        "Guard / Fleet",
+        "Node health across the cluster: states, flags, cordons against the cap, sweeps.",
+        [NODE_VAR, CAP_VAR],
+    )
+    board = board.with_row(gd.Row("Node states"))
+    board = board.with_panel(
+        table_panel(
+            "Nodes by state",
+            "SELECT if(s.state = '', 'healthy', s.state) AS state, count() AS nodes\n"
+            "FROM (SELECT DISTINCT node FROM gpu_samples WHERE $__timeFilter(ts)) AS n\n"
+            f"LEFT JOIN ({CURRENT_STATE}) AS s USING node\n"
+            "GROUP BY state ORDER BY nodes DESC",
+            "Each node's latest state at the end of the range (nodes without a transition are "
+            "healthy).",
+            w=8,
+        )
+    )
+    board = board.with_panel(
+        table_panel(
+            "Nodes out of the pool",
+            f"SELECT node, state, since FROM ({CURRENT_STATE})\n"
+            "WHERE state != 'healthy' AND node IN ($node) ORDER BY since DESC",
+            "Nodes whose latest state is not healthy, and since when.",
+            w=16,
+        )
+    )
+    board = board.with_panel(
+        statetimeline.Panel()
+        .datasource(CLICKHOUSE)
+        .with_target(
+            ClickHouseQueryBuilder(
+                "SELECT ts AS time, node, state FROM node_states FINAL\n"
+                f"WHERE $__timeFilter(ts) AND {in_var('node', 'node')} ORDER BY time",
+                kind="table",
+            )
+        )
+        .with_transformation(
+            dm.DataTransformerConfig(
+                id_val="partitionByValues", options={"fields": ["node"], "keepFields": False}
+            )
+        )
+        .title("Node state transitions")
+        .description("Every state change in the range, one lane per node.")
+        .span(24)
+        .height(9)
+    )
+    board = board.with_row(gd.Row("Flags"))
+    for by in ("category", "severity"):
+        board = board.with_panel(
+            ts_panel(
+                f"Flags by {by}",
+                f"SELECT $__timeInterval(ts) AS time, {by}, count() AS flags\n"
+                "FROM flags FINAL WHERE $__timeFilter(ts)\n"
+                f"  AND (node = '' OR {in_var('node', 'node')})\n"
+                f"GROUP BY time, {by} ORDER BY time",
+                "short",
+                f"Flags per interval by {by} (FINAL: a flag delivered twice counts once).",
+                bars=True,
+            )
+        )
+    board = board.with_row(gd.Row("Cordons and sweeps"))
+    board = board.with_panel(
+        ts_panel(
+            "Nodes counted against the cordon cap",
+            "SELECT time, out_of_pool, cap FROM (\n"
+            "  SELECT $__timeInterval(ts) AS time,\n"
+            f"    sum(sum(toInt32(state IN ({capped})) - toInt32(ifNull(prev, '') IN ({capped}))))"
+            "\n      OVER (ORDER BY time) AS out_of_pool\n"
+            "  FROM node_states FINAL WHERE ts <= $__toTime GROUP BY time)\n"
+            "CROSS JOIN (SELECT greatest(1, floor(${cap_fraction} * uniqExact(node))) AS cap\n"
+            "  FROM gpu_samples WHERE $__timeFilter(ts)) AS c\n"
+            "WHERE time >= toStartOfInterval($__fromTime, INTERVAL $__interval_s second)"
+            " ORDER BY time",
+            "short",
+            f"Nodes {', '.join(CAPPED_STATES)} (the states the cap counts), from every transition "
+            "up to the end of the range, against max(1, floor(cap_fraction x nodes seen)).",
+        )
+    )
+    board = board.with_panel(
+        ts_panel(
+            "Sweeps passed and failed",
+            "SELECT $__timeInterval(ts) AS time,\n"
+            "  concat(sweep, if(passed, ' passed', ' failed')) AS result, count() AS sweeps\n"
+            f"FROM sweeps FINAL WHERE $__timeFilter(ts) AND {in_var('node', 'node')}\n"
+            "GROUP BY time, result ORDER BY time",
+            "short",
+            "Single- and multi-node sweeps finished per interval.",
+            bars=True,
+        )
+    )
+    return board.with_panel(time_to_detect())
+
+
+def time_to_detect() -> table.Panel:
+    return table_panel(
+        "Time to detect and to cordon",
+        "SELECT c.node AS node, c.first_claim AS first_claim, c.category AS category,\n"
+        "  c.evidence_s AS evidence_window_s, s.cordoned AS cordoned,\n"
+        "  dateDiff('millisecond', c.first_claim, s.cordoned) / 1000 AS claim_to_cordon_s\n"
+        "FROM (SELECT node, min(ts) AS first_claim, argMin(category, ts) AS category,\n"
+        "        argMin(window_s, ts) AS evidence_s\n"
+        "      FROM flags FINAL\n"
+        "      WHERE $__timeFilter(ts) AND severity != 'info' AND node != ''"
+        f" AND {in_var('node', 'node')}\n"
+        "      GROUP BY node) AS c\n"
+        "LEFT JOIN (SELECT node, minIf(ts, state = 'cordoned') AS cordoned FROM node_states\n"
+        "           WHERE $__timeFilter(ts) GROUP BY node HAVING countIf(state = 'cordoned') > 0)"
+        " AS s\n"
+        "  USING node ORDER BY first_claim",
+        "Per node: its first claim (warning or critical flag) in the range, how long the "
+        "evidence behind it had been building (the flag's window), and how long the "
+        "orchestrator took from that claim to the cordon. Time from the fault's onset needs "
+        "the ground truth: `guard eval` reports it.",
+        h=8,
+    )
+
+
+# --- node --------------------------------------------------------------------------------------
+
+
+def gpu_metric(title: str, column: str, unit: str, agg: str = "avg") -> timeseries.Panel:
+    return ts_panel(
+        title,
+        f"SELECT $__timeInterval(ts) AS time, {GPU_SERIES} AS gpu_name, {agg}({column}) AS "
+        f"{column}\nFROM gpu_samples WHERE $__timeFilter(ts) AND {NODE_GPU}\n"
+        "GROUP BY time, gpu_name ORDER BY time",
+        unit,
+        f"{agg} of {column} per GPU and interval, from the raw samples (a duplicated sample "
+        "is an identical row: it moves neither avg nor min/max, so no FINAL).",
+        w=8,
+    )
+
+
+def clock_reasons() -> timeseries.Panel:
+    bits = ", ".join(str(bit) for _, bit in CLOCK_REASONS)
+    names = quoted([name for name, _ in CLOCK_REASONS])
+    return ts_panel(
+        "Clock-event reasons",
+        f"SELECT $__timeInterval(ts) AS time, concat({GPU_SERIES}, ' ', reason) AS series,\n"
+        "  countIf(bitAnd(ifNull(clock_event_reasons, 0), bit) != 0) AS samples\n"
+        f"FROM gpu_samples ARRAY JOIN [{bits}] AS bit, [{names}] AS reason\n"
+        f"WHERE $__timeFilter(ts) AND {NODE_GPU}\n"
+        "GROUP BY time, series ORDER BY time",
+        "short",
+        "Samples per interval with an NVML clock-event reason bit set (idle left out): "
+        "thermal and hardware slowdowns are the throttles that cost step time.",
+        w=12,
+    )
+
+
+def gpu_rollup() -> timeseries.Panel:
+    return ts_panel(
+        "Power and SM clock per minute (rollup)",
+        "SELECT minute AS time, concat(node, ' gpu', toString(gpu)) AS gpu_name,\n"
+        "  avgMerge(power_w_avg) AS power_w, min(sm_clock_mhz_min) AS sm_clock_min_mhz\n"
+        f"FROM gpu_1m WHERE $__timeFilter(minute) AND {NODE_GPU}\n"
+        "GROUP BY time, gpu_name ORDER BY time",
+        "none",
+        "From the gpu_1m AggregatingMergeTree rollup (kept a year, raw samples 30 days): "
+        "-Merge and GROUP BY, its rows are partial aggregates.",
+        w=12,
+    )
+
+
+def nic_counter_delta(counters: Sequence[str], outer: str) -> str:
+    """``outer`` over the per-interval increase ``d`` (over ``dt`` seconds) of cumulative NIC
+    counters; a negative step is a reset or wrap, shown as 0."""
+    return (
+        f"{outer} FROM (\n"
+        f"  SELECT $__timeInterval(ts) AS time, concat({NIC_SERIES}, ' ', counter) AS series,\n"
+        "    max(counters[counter]) AS v,\n"
+        "    v - lagInFrame(v, 1, v) OVER (PARTITION BY series ORDER BY time) AS d,\n"
+        "    dateDiff('second', lagInFrame(time, 1, time) OVER (PARTITION BY series ORDER BY"
+        " time), time) AS dt\n"
+        f"  FROM nic_samples ARRAY JOIN [{quoted(counters)}] AS counter\n"
+        f"  WHERE $__timeFilter(ts) AND {in_var('node', 'node')} AND mapContains(counters,"
+        " counter)\n"
+        "  GROUP BY time, series)\n"
+    )
+
+
+def nic_panels() -> list[timeseries.Panel]:
+    rate = nic_counter_delta(
+        ("port_xmit_data", "port_rcv_data"),
+        "SELECT time, series, greatest(d, 0) * 32 / dt / 1e9 AS gbps",
+    )
+    errors = nic_counter_delta(NIC_ERROR_COUNTERS, "SELECT time, series, greatest(d, 0) AS errors")
+    return [
+        ts_panel(
+            "NIC data rates",
+            rate + "WHERE dt > 0 ORDER BY time",
+            "Gbits",
+            "Transmit and receive rate per port: port_xmit_data / port_rcv_data count 4-byte "
+            "words, so Gb/s = delta x 32 / seconds / 1e9.",
+        ),
+        ts_panel(
+            "NIC errors",
+            errors + "ORDER BY time",
+            "short",
+            "Increase per interval of each error counter (symbol errors, link downs, "
+            "retransmission and sequence errors, discards).",
+        ),
+    ]
+
+
+def node_tables() -> list[table.Panel]:
+    return [
+        table_panel(
+            "Flags on the node",
+            "SELECT ts AS time, node, category, severity, detector, gpu, device, rank,\n"
+            "  round(score, 3) AS score, window_s, substring(evidence, 1, 400) AS evidence\n"
+            f"FROM flags FINAL WHERE $__timeFilter(ts) AND {in_var('node', 'node')}\n"
+            "ORDER BY time DESC LIMIT 500",
+            "Every flag on the selected nodes with its evidence (JSON, first 400 characters).",
+            h=9,
+        ),
+        table_panel(
+            "Sweep history: checks against baselines",
+            "SELECT ts AS time, node, sweep, passed, check.name AS check_name,\n"
+            "  check.value AS value, check.baseline AS baseline, check.unit AS unit,\n"
+            "  check.passed AS check_passed, check.detail AS detail\n"
+            "FROM sweeps FINAL ARRAY JOIN checks AS check\n"
+            f"WHERE $__timeFilter(ts) AND {in_var('node', 'node')}\n"
+            "ORDER BY time DESC, check_name",
+            "Each sweep's checks, one row per check: measured value, the baseline it is held "
+            "to, and whether it passed.",
+            h=10,
+        ),
+        table_panel(
+            "State history",
+            "SELECT ts AS time, node, prev, state, actor, reason FROM node_states FINAL\n"
+            f"WHERE $__timeFilter(ts) AND {in_var('node', 'node')} ORDER BY time DESC",
+            "Every state change of the selected nodes, with who made it and why.",
+        ),
+    ]
+
+
+def node() -> gd.Dashboard:
+    board = dashboard(
+        "guard-node",
+        "Guard / Node",
+        "One node: GPU telemetry with clock-event reasons, NICs, flags, sweeps, states.",
+        [NODE_VAR, GPU_VAR],
+    )
+    board = board.with_row(gd.Row("GPUs"))
+    board = board.with_panel(gpu_metric("GPU temperature", "temp_c", "celsius", "max"))
+    board = board.with_panel(gpu_metric("GPU power", "power_w", "watt"))
+    board = board.with_panel(gpu_metric("SM clock", "sm_clock_mhz", "rotmhz", "min"))
+    board = board.with_panel(clock_reasons()).with_panel(gpu_rollup())
+    board = board.with_row(gd.Row("NICs"))
+    for panel in nic_panels():
+        board = board.with_panel(panel)
+    board = board.with_row(gd.Row("Flags, sweeps and states"))
+    for panel in node_tables():
+        board = board.with_panel(panel)
+    return board
+
+
+# --- job ---------------------------------------------------------------------------------------
+
+#: compute_s of each rank over the median of its peers (same job, step and pipeline stage).
+COMPUTE_RATIO = f"""SELECT ts, job, rank, node,
+    compute_s / median(compute_s) OVER (PARTITION BY job, step, pp_stage) AS ratio
+  FROM step_timings FINAL
+  WHERE $__timeFilter(ts) AND {in_var("job", "job")} AND compute_s IS NOT NULL"""
+
+#: Per collective op and rank: how long after the first rank it arrived, in ms.
+LATENESS = f"""SELECT arrive_ts, job, comm, rank, node,
+    dateDiff('microsecond', min(arrive_ts) OVER (PARTITION BY job, comm, seq), arrive_ts)
+      / 1000 AS late_ms
+  FROM collective_timings FINAL
+  WHERE $__timeFilter(arrive_ts) AND {in_var("job", "job")}"""
+
+
+def job_timing_panels() -> list[Any]:
+    compute_map = (
+        heatmap.Panel()
+        .datasource(CLICKHOUSE)
+        .with_target(
+            ClickHouseQueryBuilder(
+                "SELECT $__timeInterval(ts) AS time,\n"
+                "  concat(job, ' rank ', leftPad(toString(rank), 5, '0')) AS job_rank,"
+                " avg(ratio) AS ratio\n"
+                f"FROM ({COMPUTE_RATIO})\nGROUP BY time, job_rank ORDER BY time"
+            )
+        )
+        .calculate(False)
+        .title("Per-rank compute time vs peers (heatmap)")
+        .description(
+            "Each rank's busy time before the step's collective over its stage's median: a "
+            "straggler is a row persistently above 1 (step_s is the same for every rank)."
+        )
+        .span(24)
+        .height(12)
+    )
+    return [
+        ts_panel(
+            "Step time",
+            "SELECT $__timeInterval(ts) AS time, job, median(step_s) AS median_s,"
+            " max(step_s) AS max_s\n"
+            f"FROM step_timings FINAL WHERE $__timeFilter(ts) AND {in_var('job', 'job')}\n"
+            "GROUP BY time, job ORDER BY time",
+            "s",
+            "Wall step time per interval: the same on every rank of a synchronous job, so it "
+            "shows the job's slowdown, not who causes it.",
+        ),
+        ts_panel(
+            "Collective lateness",
+            "SELECT toStartOfInterval(toDateTime(arrive_ts), INTERVAL $__interval_s second)"
+            " AS time, job,\n"
+            "  quantile(0.5)(late_ms) AS median_ms, max(late_ms) AS max_ms\n"
+            f"FROM ({LATENESS})\nGROUP BY time, job ORDER BY time",
+            "ms",
+            "How long after the first rank the others enter each collective (median and "
+            "last): a slow rank arrives last every time.",
+        ),
+        compute_map,
+    ]
+
+
+def job_tables() -> list[table.Panel]:
+    return [
+        table_panel(
+            "Slowest ranks",
+            "SELECT job, rank, any(node) AS node, round(avg(ratio), 4) AS compute_vs_peers,\n"
+            "  round(quantile(0.9)(ratio), 4) AS p90\n"
+            f"FROM ({COMPUTE_RATIO})\n"
+            "GROUP BY job, rank ORDER BY compute_vs_peers DESC LIMIT 20",
+            "Ranks by mean compute time over their peers' median in the range.",
+            w=12,
+        ),
+        table_panel(
+            "Latest arrivals at collectives",
+            "SELECT job, comm, rank, any(node) AS node, round(avg(late_ms), 3) AS mean_late_ms,\n"
+            "  round(max(late_ms), 3) AS max_late_ms\n"
+            f"FROM ({LATENESS})\n"
+            "GROUP BY job, comm, rank ORDER BY mean_late_ms DESC LIMIT 20",
+            "Ranks that enter collectives last, per communicator (C4D's non-communication slow).",
+            w=12,
+        ),
+        table_panel(
+            "Straggler and imbalance flags",
+            "SELECT ts AS time, job, node, rank, gpu, category, severity, detector,"
+            " round(score, 4) AS score,\n"
+            "  substring(evidence, 1, 300) AS evidence\n"
+            f"FROM flags FINAL WHERE $__timeFilter(ts) AND {in_var('job', 'job')}\n"
+            "  AND category IN ('straggler', 'imbalance', 'comm_slow', 'comm_hang')\n"
+            "ORDER BY time DESC LIMIT 500",
+            "Job-level findings: slow ranks, stage imbalance, slow or hung communication.",
+        ),
+    ]
+
+
+def job() -> gd.Dashboard:
+    board = dashboard(
+        "guard-job",
+        "Guard / Job",
+        "One training job: step time, per-rank compute against peers, collectives.",
+        [JOB_VAR],
+    )
+    board = board.with_row(gd.Row("Timing"))
+    for panel in job_timing_panels():
+        board = board.with_panel(panel)
+    board = board.with_row(gd.Row("Stragglers"))
+    for panel in job_tables():
+        board = board.with_panel(panel)
+    return board
+
+
+# --- Guard itself ------------------------------------------------------------------------------
+
+STORED = (
+    ("gpu", "gpu_samples"),
+    ("nic", "nic_samples"),
+    ("step", "step_timings"),
+    ("collective", "collective_timings"),
+    ("flag", "flags"),
+    ("sweep", "sweeps"),
+    ("node_state", "node_states"),
+)
+
+
+def guard_store_panels() -> list[Any]:
+    per_kind = "\n  UNION ALL ".join(
+        f"SELECT $__timeInterval(ts) AS time, '{kind}' AS kind FROM {name} WHERE $__timeFilter(ts)"
+        for kind, name in STORED
+    )
+    freshness = "\nUNION ALL ".join(
+        f"SELECT '{name}' AS table_name, max(ts) AS newest,"
+        f" dateDiff('second', max(ts), now64()) AS age_s FROM {name}"
+        for _, name in STORED
+    )
+    return [
+        ts_panel(
+            "Stored messages by kind",
+            f"SELECT time, kind, count() / $__interval_s AS per_s FROM (\n  {per_kind})\n"
+            "GROUP BY time, kind ORDER BY time",
+            "short",
+            "Messages per second by event time, as stored by the sink.",
+        ),
+        ts_panel(
+            "Flags by detector",
+            "SELECT $__timeInterval(ts) AS time, detector, count() AS flags\n"
+            "FROM flags FINAL WHERE $__timeFilter(ts) GROUP BY time, detector ORDER BY time",
+            "short",
+            "Which detectors fire, per interval.",
+            bars=True,
+        ),
+        table_panel(
+            "Freshness of each table",
+            freshness,
+            "Newest event time stored in each table and its age: a growing age on the "
+            "telemetry tables means the agents, the streams or the sink are behind.",
+            w=12,
+        ),
+        table_panel(
+            "Storage",
+            "SELECT table AS table_name, sum(rows) AS rows,"
+            " formatReadableSize(sum(bytes_on_disk)) AS on_disk,\n"
+            "  count() AS active_parts\n"
+            "FROM system.parts WHERE database = currentDatabase() AND active\n"
+            "GROUP BY table_name ORDER BY sum(bytes_on_disk) DESC",
+            "Rows, bytes and active parts per table (many small parts: the sink's batches are "
+            "too small, raise clickhouse.batch_rows / batch_seconds).",
+            w=12,
+        ),
+    ]
+
+
+def guard_metric_panels() -> list[timeseries.Panel]:
+    rate = "[$__rate_interval]"
+    return [
+        prom_panel(
+            "Consumer lag",
+            "sum by (job, topic) (guard_consumer_lag)",
+            "{{job}} {{topic}}",
+            "short",
+            "Records the consumers are behind the end of their topics.",
+        ),
+        prom_panel(
+            "Messages handled",
+            f"sum by (job, kind) (rate(guard_messages_total{rate}))",
+            "{{job}} {{kind}}",
+            "short",
+            "Messages per second each service handles, by kind.",
+        ),
+        prom_panel(
+            "Flags raised",
+            f"sum by (category, severity) (rate(guard_flags_total{rate}))",
+            "{{category}} {{severity}}",
+            "short",
+            "Flags per second from the streams, by category and severity.",
+        ),
+        prom_panel(
+            "Dead letters",
+            f"sum by (job, reason) (increase(guard_dead_letters_total{rate}))",
+            "{{job}} {{reason}}",
+            "short",
+            "Records sent to the dead-letter topic, by reason (a bad message, never a stop).",
+        ),
+        prom_panel(
+            "Sweeps, cordons and webhook failures",
+            f"sum by (result) (increase(guard_sweeps_total{rate})) or "
+            "sum(guard_cordoned_nodes) or "
+            f"sum(increase(guard_webhook_failures_total{rate}))",
+            "{{result}}",
+            "short",
+            "Sweeps by result, nodes cordoned now, failed webhook deliveries.",
+        ),
+        prom_panel(
+            "Agent spool and refused checkpoints",
+            "sum by (instance) (guard_agent_spool_bytes) or "
+            f"sum(increase(guard_checkpoints_refused_total{rate}))",
+            "{{instance}}",
+            "bytes",
+            "Bytes the agents hold while the broker is away; checkpoints the streams refused.",
+        ),
+    ]
+
+
+def guard_self() -> gd.Dashboard:
+    board = dashboard(
+        "guard-self",
+        "Guard / Guard itself",
+        "The pipeline's own health: from the ClickHouse tables, and from the services' "
+        "Prometheus metrics (consumer lag, dead letters) that only they know.",
+        [],
+    )
+    board = board.with_row(gd.Row("From ClickHouse"))
+    for panel in guard_store_panels():
+        board = board.with_panel(panel)
+    board = board.with_row(gd.Row("From Prometheus"))
+    for panel in guard_metric_panels():
+        board = board.with_panel(panel)
+    return board
+
+
+# --- output ------------------------------------------------------------------------------------
+
+DASHBOARDS = {"fleet": fleet, "node": node, "job": job, "guard": guard_self}
+
+
+def render(make: Any) -> str:
+    """The dashboard as provisioning JSON, panel ids numbered in order."""
+    model = make().build()
+    for number, panel in enumerate(model.panels or [], start=1):
+        panel.id_val = number
+    return json.dumps(model, cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--check", action="store_true", help="fail if a committed file is stale")
+    args = parser.parse_args(argv)
+    stale = []
+    DASHBOARD_DIR.mkdir(exist_ok=True)
+    for name, make in DASHBOARDS.items():
+        path = DASHBOARD_DIR / f"{name}.json"
+        text = render(make)
+        if args.check:
+            if not path.is_file() or path.read_text() != text:
+                stale.append(path)
+        else:
+            path.write_text(text)
+    if stale:
+        names = ", ".join(str(p.relative_to(HERE.parent.parent)) for p in stale)
+        print(f"stale: {names}; run `python deploy/grafana/build.py`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

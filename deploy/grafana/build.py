@@ -178,7 +178,9 @@ def stat_panel(title: str, sql: str, unit: str, description: str, w: int = 6) ->
 
 
 def prom_panel(title: str, expr: str, legend: str, unit: str, description: str) -> timeseries.Panel:
-    target = prometheus.Dataquery().expr(expr).legend_format(legend).ref_id("A")
+    target = (
+        prometheus.Dataquery().datasource(PROMETHEUS).expr(expr).legend_format(legend).ref_id("A")
+    )
     panel = timeseries.Panel().datasource(PROMETHEUS).with_target(target).unit(unit)
     return _place(panel, title, description, 12, 8)
 
@@ -243,7 +245,11 @@ def dashboard(uid: str, title: str, description: str, variables: Sequence[Any]) 
 
 # --- fleet -------------------------------------------------------------------------------------
 
-CURRENT_STATE = """SELECT node, argMax(state, ts) AS state, max(ts) AS since
+#: Order of the transitions the orchestrator can make at one instant (cordon, sweep, fail and
+#: repair in one tick): ties on ts are broken by it, so the latest state is the episode's last.
+LIFECYCLE = ("suspect", "cordoned", "sweeping", "failed", "repair", "healthy")
+CURRENT_STATE = f"""SELECT node,
+    argMax(state, (ts, indexOf([{quoted(LIFECYCLE)}], state))) AS state, max(ts) AS since
   FROM node_states WHERE ts <= $__toTime GROUP BY node"""
 
 
@@ -319,7 +325,7 @@ def fleet() -> gd.Dashboard:
             "  SELECT $__timeInterval(ts) AS time,\n"
             f"    sum(sum(toInt32(state IN ({capped})) - toInt32(ifNull(prev, '') IN ({capped}))))"
             "\n      OVER (ORDER BY time) AS out_of_pool\n"
-            "  FROM node_states FINAL WHERE ts <= $__toTime GROUP BY time)\n"
+            "  FROM node_states FINAL WHERE ts <= $__toTime GROUP BY time) AS o\n"
             "CROSS JOIN (SELECT greatest(1, floor(${cap_fraction} * uniqExact(node))) AS cap\n"
             "  FROM gpu_samples WHERE $__timeFilter(ts)) AS c\n"
             "WHERE time >= toStartOfInterval($__fromTime, INTERVAL $__interval_s second)"
@@ -461,10 +467,12 @@ def node_tables() -> list[table.Panel]:
         table_panel(
             "Flags on the node",
             "SELECT ts AS time, node, category, severity, detector, gpu, device, rank,\n"
-            "  round(score, 3) AS score, window_s, substring(evidence, 1, 400) AS evidence\n"
+            "  round(score, 3) AS score, window_s,\n"
+            "  JSONExtractString(evidence, 'summary') AS summary, evidence\n"
             f"FROM flags FINAL WHERE $__timeFilter(ts) AND {in_var('node', 'node')}\n"
             "ORDER BY time DESC LIMIT 500",
-            "Every flag on the selected nodes with its evidence (JSON, first 400 characters).",
+            "Every flag on the selected nodes: fusion's one-line evidence summary, and the "
+            "evidence object itself (JSON).",
             h=9,
         ),
         table_panel(
@@ -595,7 +603,7 @@ def job_tables() -> list[table.Panel]:
             "Straggler and imbalance flags",
             "SELECT ts AS time, job, node, rank, gpu, category, severity, detector,"
             " round(score, 4) AS score,\n"
-            "  substring(evidence, 1, 300) AS evidence\n"
+            "  JSONExtractString(evidence, 'summary') AS summary\n"
             f"FROM flags FINAL WHERE $__timeFilter(ts) AND {in_var('job', 'job')}\n"
             "  AND category IN ('straggler', 'imbalance', 'comm_slow', 'comm_hang')\n"
             "ORDER BY time DESC LIMIT 500",

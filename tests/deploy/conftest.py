@@ -1,0 +1,104 @@
+"""A chDB database filled by a real pipeline run, for the dashboards' SQL.
+
+A simulated cluster (faults, confounders) goes through the detection engine (what the
+streams run), the sweep orchestrator (dry-run scheduler, sweeps answered from the
+simulator's truth) and the sink's store code (``guard.store.insert_messages``), so every
+table holds what a live run leaves: telemetry, flags, node states, passed and failed sweeps,
+and the gpu_1m rollup fed by its materialized view.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from guard.agents.simulator import ClusterSimulator, SimConfig
+from guard.config import Settings, load_settings
+from guard.evaluation.backtest import make_detector
+from guard.schemas import Flag, GuardMessage
+from guard.store import insert_messages, migrate
+from guard.sweeps import DryRunScheduler, SimulatedSweepExecutor
+from guard.sweeps.orchestrator import Orchestrator
+
+DURATION_S = 600.0
+TICK_S = 5
+
+
+@dataclass
+class FilledStore:
+    client: Any
+    settings: Settings
+    start_ts: float
+    end_ts: float
+    messages: list[GuardMessage]
+
+    @property
+    def database(self) -> str:
+        return self.settings.clickhouse.database
+
+
+def _orchestrate(settings: Settings, sim: ClusterSimulator, flags: list[Flag]) -> list[Any]:
+    """The orchestrator over the flags in event time, ticking every TICK_S simulated seconds."""
+    now = [sim.start_ts]
+    out: list[Any] = []
+    orchestrator = Orchestrator(
+        settings.orchestrator,
+        scheduler=DryRunScheduler(sim.node_names),
+        executor=SimulatedSweepExecutor.from_truth(sim.truth()),
+        publish=out.append,
+        clock=lambda: now[0],
+        nodes=sim.node_names,
+        inline_sweeps=True,
+    )
+    pending = sorted(flags, key=lambda f: f.ts)
+    i = 0
+    for tick in range(int(sim.start_ts), int(sim.end_ts) + 600, TICK_S):
+        while i < len(pending) and pending[i].ts <= tick:
+            orchestrator.handle_flag(pending[i])
+            i += 1
+        now[0] = float(tick)
+        orchestrator.tick()
+    orchestrator.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def filled_store(chdb_client: Any) -> Iterator[FilledStore]:
+    settings = load_settings(clickhouse={"database": f"graf_{uuid.uuid4().hex[:10]}"})
+    # Recent event times: the tables' TTL drops rows older than 30 days on insert.
+    start = float(int(time.time() - DURATION_S - 300))
+    # Seed 1 with three random faults at 0.6 severity: a straggler (released by its sweep),
+    # a power brake and an Xid (failed sweeps, repair); chosen so both sweep outcomes occur.
+    config = SimConfig(
+        nodes=12,
+        duration_s=DURATION_S,
+        seed=1,
+        start_ts=start,
+        sample_interval_s=2.0,
+        random_faults=3,
+        severity=0.6,
+    )
+    sim = ClusterSimulator(config)
+    telemetry = list(sim.messages())
+    engine = make_detector("guard")
+    flags: list[Flag] = []
+    for message in telemetry:
+        flags.extend(engine.update(message))
+    flags.extend(engine.flush())
+    control = _orchestrate(settings, sim, flags)
+    migrate(chdb_client, settings)
+    messages = [*telemetry, *flags, *control]
+    for offset in range(0, len(messages), 20_000):  # batches, as the sink writes them
+        insert_messages(chdb_client, settings, messages[offset : offset + 20_000])
+    previous = chdb_client.database
+    chdb_client.database = settings.clickhouse.database  # the datasource's defaultDatabase
+    try:
+        yield FilledStore(chdb_client, settings, sim.start_ts, sim.end_ts, messages)
+    finally:
+        chdb_client.database = previous
+        chdb_client.command(f"DROP DATABASE IF EXISTS `{settings.clickhouse.database}`")

@@ -1,0 +1,297 @@
+"""Every deployable unit validates: Kubernetes manifests, compose stack, systemd units, image.
+
+Kubernetes objects are deserialised into the official client's models and serialised back:
+a required field missing fails the models' validation, and a misspelt or misplaced key
+(which the models drop) shows as a difference. The ServiceMonitor (a CRD) and the
+kustomization are checked for what they must say. The compose file has no validator
+here (no Docker daemon or compose plugin): it is checked structurally. systemd units go
+through ``systemd-analyze verify``. The image cannot be built here (no Docker daemon):
+the Dockerfile is parsed and checked for a multi-stage, non-root build of every room.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from guard.cli import build_parser
+from guard.config import OrchestratorSettings, load_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+KUBE = ROOT / "deploy" / "kubernetes"
+COMPOSE = ROOT / "deploy" / "compose"
+SYSTEMD = ROOT / "deploy" / "systemd"
+GRAFANA = ROOT / "deploy" / "grafana"
+#: Written by the scheduler-adapter work (ServiceAccount guard-orchestrator and its rights);
+#: referenced here, validated like every other manifest once it is in the tree.
+OTHERS_FILES = {"orchestrator-rbac.yaml"}
+SERVICES = ("agent", "streams", "sink", "orchestrator")
+
+
+def _docs() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (path.name, doc)
+        for path in sorted(KUBE.glob("*.yaml"))
+        if path.name != "kustomization.yaml"
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
+
+
+def _of_kind(kind: str) -> list[dict[str, Any]]:
+    return [doc for _, doc in _docs() if doc["kind"] == kind]
+
+
+def _workload(name: str) -> dict[str, Any]:
+    [doc] = [
+        d
+        for _, d in _docs()
+        if d["kind"] in ("Deployment", "DaemonSet") and d["metadata"]["name"] == f"guard-{name}"
+    ]
+    return doc
+
+
+#: Objects of the Kubernetes API itself (the ServiceMonitor is a CRD, checked on its own).
+CORE = [(n, d) for n, d in _docs() if not d["apiVersion"].startswith("monitoring.coreos.com/")]
+
+
+@pytest.mark.parametrize("name,doc", CORE, ids=[f"{n}:{d['kind']}" for n, d in CORE])
+def test_manifest_deserialises_into_the_kubernetes_models(name: str, doc: dict[str, Any]) -> None:
+    from kubernetes import client
+
+    version = doc["apiVersion"].rpartition("/")[2]
+    api = client.ApiClient()
+    model = f"{version.capitalize()}{doc['kind']}"
+    obj = api._ApiClient__deserialize(doc, model)  # type: ignore[attr-defined]
+    assert api.sanitize_for_serialization(obj) == doc, f"{name}: keys the {model} model drops"
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    kustomization = yaml.safe_load((KUBE / "kustomization.yaml").read_text())
+    listed = set(kustomization["resources"])
+    present = {p.name for p in KUBE.glob("*.yaml")} - {"kustomization.yaml"}
+    assert present - OTHERS_FILES <= listed
+    assert listed - present <= OTHERS_FILES, listed - present
+    assert {i["name"] for i in kustomization["images"]} == {"guard"}
+
+
+def test_agent_daemonset_runs_on_every_gpu_node_as_the_node() -> None:
+    spec = _workload("agent")["spec"]["template"]["spec"]
+    assert spec["runtimeClassName"] == "nvidia"
+    taint = OrchestratorSettings().kube_taint_key
+    assert {"key": taint, "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    [agent] = spec["containers"]
+    env = {e["name"]: e for e in agent["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    sys_volume = next(n for n, p in host_paths.items() if p == "/sys")
+    [mount] = [m for m in agent["volumeMounts"] if m["name"] == sys_volume]
+    assert mount.get("readOnly") is True
+    config = _configured()
+    assert mount["mountPath"] == config.agent.sysfs_root
+    socket_dir = str(Path(config.agent.socket_path).parent)
+    assert socket_dir in {m["mountPath"] for m in agent["volumeMounts"]}
+
+
+def _configured() -> Any:
+    [configmap] = _of_kind("ConfigMap")
+    path = Path(__import__("tempfile").mkdtemp()) / "guard.toml"
+    path.write_text(configmap["data"]["guard.toml"])
+    return load_settings(path)  # Guard's own validation: an unknown key fails here
+
+
+def test_workloads_are_unprivileged_and_read_the_configmap() -> None:
+    config = _configured()
+    assert config.orchestrator.scheduler == "kubernetes"
+    for name in SERVICES:
+        pod = _workload(name)["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] != 0
+        [container] = pod["containers"]
+        assert container["args"][0] == name
+        build_parser().parse_args(container["args"])  # a command and options Guard has
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["GUARD_CONFIG"] == "/etc/guard/guard.toml"
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        assert mounts["/etc/guard"] in {v["name"] for v in pod["volumes"] if "configMap" in v}
+        assert str(config.home) in mounts
+    orchestrator = _workload("orchestrator")
+    assert orchestrator["spec"]["replicas"] == 1
+    assert orchestrator["spec"]["template"]["spec"]["serviceAccountName"] == "guard-orchestrator"
+    assert _workload("streams")["spec"]["template"]["spec"]["containers"][0]["ports"] == [
+        {"name": "metrics", "containerPort": config.streams.web_port}
+    ]
+
+
+def test_servicemonitor_scrapes_every_service() -> None:
+    [monitor] = _of_kind("ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    [endpoint] = monitor["spec"]["endpoints"]
+    services = [
+        s for s in _of_kind("Service") if selector.items() <= s["metadata"]["labels"].items()
+    ]
+    assert {s["spec"]["selector"]["app.kubernetes.io/name"] for s in services} == {
+        f"guard-{n}" for n in SERVICES
+    }
+    for service in services:
+        [port] = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+        workload = _workload(service["spec"]["selector"]["app.kubernetes.io/name"][6:])
+        pod = workload["spec"]["template"]
+        assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+        ports = {
+            p["name"]: p["containerPort"] for c in pod["spec"]["containers"] for p in c["ports"]
+        }
+        assert ports[port["targetPort"]] == port["port"]
+
+
+# --- compose ---------------------------------------------------------------------------------
+
+
+def _compose() -> dict[str, Any]:
+    return yaml.safe_load((COMPOSE / "compose.yaml").read_text())
+
+
+def test_compose_stack_is_consistent() -> None:
+    stack = _compose()
+    services = stack["services"]
+    assert {"kafka", "clickhouse", "grafana", "prometheus", *SERVICES} <= set(services)
+    for name, service in services.items():
+        assert "image" in service or "build" in service, name
+        for dep, cond in service.get("depends_on", {}).items():
+            assert dep in services, (name, dep)
+            if cond["condition"] == "service_healthy":
+                assert "healthcheck" in services[dep], dep
+        for volume in service.get("volumes", []):
+            source = volume.split(":", 1)[0]
+            if source.startswith("."):
+                assert (COMPOSE / source).exists(), (name, source)
+            else:
+                assert source in stack["volumes"], (name, source)
+        if "build" in service:
+            assert (
+                COMPOSE / service["build"]["context"] / service["build"]["dockerfile"]
+            ).is_file()
+    for name in SERVICES:
+        command = services[name].get("command") or shlex.split(
+            services[name]["entrypoint"][-1].rsplit("exec guard ", 1)[1]
+        )
+        build_parser().parse_args(command)
+    config = load_settings(COMPOSE / "guard.toml")
+    assert config.kafka.bootstrap.split(":")[0] in services
+    assert config.clickhouse.dsn and "@clickhouse:" in config.clickhouse.dsn
+
+
+def test_compose_grafana_gets_the_provisioning_and_its_variables() -> None:
+    grafana = _compose()["services"]["grafana"]
+    assert "grafana-clickhouse-datasource" in grafana["environment"]["GF_INSTALL_PLUGINS"]
+    mounts = dict(v.split(":")[:2] for v in grafana["volumes"])
+    assert mounts["../grafana/provisioning"] == "/etc/grafana/provisioning"
+    provider = yaml.safe_load((GRAFANA / "provisioning/dashboards/guard.yaml").read_text())
+    assert mounts["../grafana/dashboards"] == provider["providers"][0]["options"]["path"]
+    datasources = yaml.safe_load((GRAFANA / "provisioning/datasources/guard.yaml").read_text())
+    wanted = set(re.findall(r"\$\{(\w+)\}", json.dumps(datasources)))
+    assert wanted and wanted <= set(grafana["environment"])
+    prometheus = yaml.safe_load((COMPOSE / "prometheus.yml").read_text())
+    targets = {
+        t.split(":")[0]
+        for job in prometheus["scrape_configs"]
+        for s in job["static_configs"]
+        for t in s["targets"]
+    }
+    assert targets == set(SERVICES)
+
+
+# --- systemd ---------------------------------------------------------------------------------
+
+
+UNITS = sorted(SYSTEMD.glob("*.service"))
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
+def test_systemd_unit_verifies(unit: Path, tmp_path: Path) -> None:
+    assert shutil.which("systemd-analyze"), "install systemd (systemd-analyze) to verify units"
+    guard = str(Path(sys.executable).parent / "guard")
+    text = unit.read_text()
+    [exec_start] = re.findall(r"^ExecStart=(.+)$", text, re.M)
+    argv = shlex.split(exec_start)
+    assert argv[0] == "/opt/guard/bin/guard"
+    build_parser().parse_args(argv[1:])
+    # verify checks that ExecStart's program exists: point it at this checkout's guard
+    name = unit.name.replace("@.", "@1.")
+    (tmp_path / name).write_text(text.replace("/opt/guard/bin/guard", guard))
+    result = subprocess.run(
+        ["systemd-analyze", "verify", str(tmp_path / name)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    complaints = [
+        line for line in (result.stdout + result.stderr).splitlines() if str(tmp_path) in line
+    ]
+    assert result.returncode == 0 and not complaints, result.stderr
+    assert re.search(r"^User=guard$", text, re.M) and "NoNewPrivileges=yes" in text
+
+
+def test_there_is_a_unit_for_every_service() -> None:
+    assert {u.name.split(".")[0].removeprefix("guard-").rstrip("@") for u in UNITS} == set(SERVICES)
+
+
+# --- the image -------------------------------------------------------------------------------
+
+
+def _instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Dockerfile: continuations joined, comments dropped."""
+    joined = re.sub(
+        r"\\\n",
+        " ",
+        "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#")),
+    )
+    out = []
+    for line in joined.splitlines():
+        if line.strip():
+            word, _, rest = line.strip().partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_dockerfile_is_a_multi_stage_non_root_build_of_every_room() -> None:
+    steps = _instructions((ROOT / "Dockerfile").read_text())
+    stages = [args.split() for op, args in steps if op == "FROM"]
+    assert len(stages) >= 2 and all(len(s) == 3 and s[1].upper() == "AS" for s in stages)
+    final = steps[max(i for i, (op, _) in enumerate(steps) if op == "FROM") :]
+    users = [args for op, args in final if op == "USER"]
+    assert users and users[-1].split(":")[0] not in ("0", "root")
+    assert any(op == "COPY" and args.startswith(f"--from={stages[0][2]}") for op, args in final)
+    assert not any(op == "RUN" and "apt-get install" in args for op, args in final)
+    entry = next(args for op, args in final if op == "ENTRYPOINT")
+    assert entry == '["guard"]'
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    rooms = set(pyproject["tool"]["setuptools"]["package-dir"].values())
+    copied = {
+        args.split()[0].rstrip("/")
+        for op, args in steps
+        if op == "COPY" and not args.startswith("--from")
+    }
+    assert rooms <= copied, rooms - copied
+    ignored = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert not copied & ignored, copied & ignored
+    for source in copied:
+        assert (ROOT / source).exists(), source

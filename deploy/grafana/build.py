@@ -26,7 +26,6 @@ from grafana_foundation_sdk.builders import dashboard as gd
 from grafana_foundation_sdk.builders import (
     heatmap,
     prometheus,
-    stat,
     statetimeline,
     table,
     timeseries,
@@ -167,16 +166,6 @@ def table_panel(title: str, sql: str, description: str, w: int = 24, h: int = 8)
     return _place(panel, title, description, w, h)
 
 
-def stat_panel(title: str, sql: str, unit: str, description: str, w: int = 6) -> stat.Panel:
-    panel = (
-        stat.Panel()
-        .datasource(CLICKHOUSE)
-        .with_target(ClickHouseQueryBuilder(sql, kind="table"))
-        .unit(unit)
-    )
-    return _place(panel, title, description, w, 5)
-
-
 def prom_panel(title: str, expr: str, legend: str, unit: str, description: str) -> timeseries.Panel:
     target = (
         prometheus.Dataquery().datasource(PROMETHEUS).expr(expr).legend_format(legend).ref_id("A")
@@ -217,7 +206,13 @@ CAP_VAR = (
 )
 
 
-def dashboard(uid: str, title: str, description: str, variables: Sequence[Any]) -> gd.Dashboard:
+Section = tuple[str, Sequence[Any]]
+
+
+def dashboard(
+    uid: str, title: str, description: str, variables: Sequence[Any], sections: Sequence[Section]
+) -> gd.Dashboard:
+    """A dashboard of rows of panels, with links to the other dashboards (same variables)."""
     board = (
         gd.Dashboard(title)
         .uid(uid)
@@ -240,6 +235,10 @@ def dashboard(uid: str, title: str, description: str, variables: Sequence[Any]) 
                 .include_vars(True)
                 .keep_time(True)
             )
+    for row, panels in sections:
+        board = board.with_row(gd.Row(row))
+        for panel in panels:
+            board = board.with_panel(panel)
     return board
 
 
@@ -254,36 +253,21 @@ CURRENT_STATE = f"""SELECT node,
 
 
 def fleet() -> gd.Dashboard:
-    capped = quoted(CAPPED_STATES)
-    board = dashboard(
+    return dashboard(
         "guard-fleet",
         "Guard / Fleet",
         "Node health across the cluster: states, flags, cordons against the cap, sweeps.",
         [NODE_VAR, CAP_VAR],
+        [
+            ("Node states", fleet_state_panels()),
+            ("Flags", [flags_by("category"), flags_by("severity")]),
+            ("Cordons and sweeps", [cordon_cap(), sweep_results(), time_to_detect()]),
+        ],
     )
-    board = board.with_row(gd.Row("Node states"))
-    board = board.with_panel(
-        table_panel(
-            "Nodes by state",
-            "SELECT if(s.state = '', 'healthy', s.state) AS state, count() AS nodes\n"
-            "FROM (SELECT DISTINCT node FROM gpu_samples WHERE $__timeFilter(ts)) AS n\n"
-            f"LEFT JOIN ({CURRENT_STATE}) AS s USING node\n"
-            "GROUP BY state ORDER BY nodes DESC",
-            "Each node's latest state at the end of the range (nodes without a transition are "
-            "healthy).",
-            w=8,
-        )
-    )
-    board = board.with_panel(
-        table_panel(
-            "Nodes out of the pool",
-            f"SELECT node, state, since FROM ({CURRENT_STATE})\n"
-            "WHERE state != 'healthy' AND node IN ($node) ORDER BY since DESC",
-            "Nodes whose latest state is not healthy, and since when.",
-            w=16,
-        )
-    )
-    board = board.with_panel(
+
+
+def fleet_state_panels() -> list[Any]:
+    timeline = (
         statetimeline.Panel()
         .datasource(CLICKHOUSE)
         .with_target(
@@ -298,56 +282,78 @@ def fleet() -> gd.Dashboard:
                 id_val="partitionByValues", options={"fields": ["node"], "keepFields": False}
             )
         )
-        .title("Node state transitions")
-        .description("Every state change in the range, one lane per node.")
-        .span(24)
-        .height(9)
     )
-    board = board.with_row(gd.Row("Flags"))
-    for by in ("category", "severity"):
-        board = board.with_panel(
-            ts_panel(
-                f"Flags by {by}",
-                f"SELECT $__timeInterval(ts) AS time, {by}, count() AS flags\n"
-                "FROM flags FINAL WHERE $__timeFilter(ts)\n"
-                f"  AND (node = '' OR {in_var('node', 'node')})\n"
-                f"GROUP BY time, {by} ORDER BY time",
-                "short",
-                f"Flags per interval by {by} (FINAL: a flag delivered twice counts once).",
-                bars=True,
-            )
-        )
-    board = board.with_row(gd.Row("Cordons and sweeps"))
-    board = board.with_panel(
-        ts_panel(
-            "Nodes counted against the cordon cap",
-            "SELECT time, out_of_pool, cap FROM (\n"
-            "  SELECT $__timeInterval(ts) AS time,\n"
-            f"    sum(sum(toInt32(state IN ({capped})) - toInt32(ifNull(prev, '') IN ({capped}))))"
-            "\n      OVER (ORDER BY time) AS out_of_pool\n"
-            "  FROM node_states FINAL WHERE ts <= $__toTime GROUP BY time) AS o\n"
-            "CROSS JOIN (SELECT greatest(1, floor(${cap_fraction} * uniqExact(node))) AS cap\n"
-            "  FROM gpu_samples WHERE $__timeFilter(ts)) AS c\n"
-            "WHERE time >= toStartOfInterval($__fromTime, INTERVAL $__interval_s second)"
-            " ORDER BY time",
-            "short",
-            f"Nodes {', '.join(CAPPED_STATES)} (the states the cap counts), from every transition "
-            "up to the end of the range, against max(1, floor(cap_fraction x nodes seen)).",
-        )
+    return [
+        table_panel(
+            "Nodes by state",
+            "SELECT if(s.state = '', 'healthy', s.state) AS state, count() AS nodes\n"
+            "FROM (SELECT DISTINCT node FROM gpu_samples WHERE $__timeFilter(ts)) AS n\n"
+            f"LEFT JOIN ({CURRENT_STATE}) AS s USING node\n"
+            "GROUP BY state ORDER BY nodes DESC",
+            "Each node's latest state at the end of the range (nodes without a transition are "
+            "healthy).",
+            w=8,
+        ),
+        table_panel(
+            "Nodes out of the pool",
+            f"SELECT node, state, since FROM ({CURRENT_STATE})\n"
+            f"WHERE state != 'healthy' AND {in_var('node', 'node')} ORDER BY since DESC",
+            "Nodes whose latest state is not healthy, and since when.",
+            w=16,
+        ),
+        _place(
+            timeline,
+            "Node state transitions",
+            "Every state change in the range, one lane per node.",
+            24,
+            9,
+        ),
+    ]
+
+
+def flags_by(column: str) -> timeseries.Panel:
+    return ts_panel(
+        f"Flags by {column}",
+        f"SELECT $__timeInterval(ts) AS time, {column}, count() AS flags\n"
+        "FROM flags FINAL WHERE $__timeFilter(ts)\n"
+        f"  AND (node = '' OR {in_var('node', 'node')})\n"
+        f"GROUP BY time, {column} ORDER BY time",
+        "short",
+        f"Flags per interval by {column} (FINAL: a flag delivered twice counts once).",
+        bars=True,
     )
-    board = board.with_panel(
-        ts_panel(
-            "Sweeps passed and failed",
-            "SELECT $__timeInterval(ts) AS time,\n"
-            "  concat(sweep, if(passed, ' passed', ' failed')) AS result, count() AS sweeps\n"
-            f"FROM sweeps FINAL WHERE $__timeFilter(ts) AND {in_var('node', 'node')}\n"
-            "GROUP BY time, result ORDER BY time",
-            "short",
-            "Single- and multi-node sweeps finished per interval.",
-            bars=True,
-        )
+
+
+def cordon_cap() -> timeseries.Panel:
+    capped = quoted(CAPPED_STATES)
+    return ts_panel(
+        "Nodes counted against the cordon cap",
+        "SELECT time, out_of_pool, cap FROM (\n"
+        "  SELECT $__timeInterval(ts) AS time,\n"
+        f"    sum(sum(toInt32(state IN ({capped})) - toInt32(ifNull(prev, '') IN ({capped}))))"
+        "\n      OVER (ORDER BY time) AS out_of_pool\n"
+        "  FROM node_states FINAL WHERE ts <= $__toTime GROUP BY time) AS o\n"
+        "CROSS JOIN (SELECT greatest(1, floor(${cap_fraction} * uniqExact(node))) AS cap\n"
+        "  FROM gpu_samples WHERE $__timeFilter(ts)) AS c\n"
+        "WHERE time >= toStartOfInterval($__fromTime, INTERVAL $__interval_s second)"
+        " ORDER BY time",
+        "short",
+        f"Nodes {', '.join(CAPPED_STATES)} (the states the cap counts), from every transition "
+        "up to the end of the range, against max(1, floor(cap_fraction x nodes seen)).",
     )
-    return board.with_panel(time_to_detect())
+
+
+def sweep_results() -> timeseries.Panel:
+    return ts_panel(
+        "Sweeps passed and failed",
+        "SELECT $__timeInterval(ts) AS time,\n"
+        "  concat(sweep, if(passed, ' passed', ' failed')) AS result, count() AS sweeps\n"
+        f"FROM sweeps FINAL WHERE $__timeFilter(ts) AND {in_var('node', 'node')}\n"
+        "GROUP BY time, result ORDER BY time",
+        "short",
+        "Single- and multi-node sweeps finished per interval.",
+        bars=True,
+    )
 
 
 def time_to_detect() -> table.Panel:
@@ -497,24 +503,20 @@ def node_tables() -> list[table.Panel]:
 
 
 def node() -> gd.Dashboard:
-    board = dashboard(
+    gpus = [
+        gpu_metric("GPU temperature", "temp_c", "celsius", "max"),
+        gpu_metric("GPU power", "power_w", "watt"),
+        gpu_metric("SM clock", "sm_clock_mhz", "rotmhz", "min"),
+        clock_reasons(),
+        gpu_rollup(),
+    ]
+    return dashboard(
         "guard-node",
         "Guard / Node",
         "One node: GPU telemetry with clock-event reasons, NICs, flags, sweeps, states.",
         [NODE_VAR, GPU_VAR],
+        [("GPUs", gpus), ("NICs", nic_panels()), ("Flags, sweeps and states", node_tables())],
     )
-    board = board.with_row(gd.Row("GPUs"))
-    board = board.with_panel(gpu_metric("GPU temperature", "temp_c", "celsius", "max"))
-    board = board.with_panel(gpu_metric("GPU power", "power_w", "watt"))
-    board = board.with_panel(gpu_metric("SM clock", "sm_clock_mhz", "rotmhz", "min"))
-    board = board.with_panel(clock_reasons()).with_panel(gpu_rollup())
-    board = board.with_row(gd.Row("NICs"))
-    for panel in nic_panels():
-        board = board.with_panel(panel)
-    board = board.with_row(gd.Row("Flags, sweeps and states"))
-    for panel in node_tables():
-        board = board.with_panel(panel)
-    return board
 
 
 # --- job ---------------------------------------------------------------------------------------
@@ -613,19 +615,13 @@ def job_tables() -> list[table.Panel]:
 
 
 def job() -> gd.Dashboard:
-    board = dashboard(
+    return dashboard(
         "guard-job",
         "Guard / Job",
         "One training job: step time, per-rank compute against peers, collectives.",
         [JOB_VAR],
+        [("Timing", job_timing_panels()), ("Stragglers", job_tables())],
     )
-    board = board.with_row(gd.Row("Timing"))
-    for panel in job_timing_panels():
-        board = board.with_panel(panel)
-    board = board.with_row(gd.Row("Stragglers"))
-    for panel in job_tables():
-        board = board.with_panel(panel)
-    return board
 
 
 # --- Guard itself ------------------------------------------------------------------------------
@@ -740,20 +736,14 @@ def guard_metric_panels() -> list[timeseries.Panel]:
 
 
 def guard_self() -> gd.Dashboard:
-    board = dashboard(
+    return dashboard(
         "guard-self",
         "Guard / Guard itself",
         "The pipeline's own health: from the ClickHouse tables, and from the services' "
         "Prometheus metrics (consumer lag, dead letters) that only they know.",
         [],
+        [("From ClickHouse", guard_store_panels()), ("From Prometheus", guard_metric_panels())],
     )
-    board = board.with_row(gd.Row("From ClickHouse"))
-    for panel in guard_store_panels():
-        board = board.with_panel(panel)
-    board = board.with_row(gd.Row("From Prometheus"))
-    for panel in guard_metric_panels():
-        board = board.with_panel(panel)
-    return board
 
 
 # --- output ------------------------------------------------------------------------------------

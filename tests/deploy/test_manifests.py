@@ -204,6 +204,15 @@ def test_compose_grafana_gets_the_provisioning_and_its_variables() -> None:
     datasources = yaml.safe_load((GRAFANA / "provisioning/datasources/guard.yaml").read_text())
     wanted = set(re.findall(r"\$\{(\w+)\}", json.dumps(datasources)))
     assert wanted and wanted <= set(grafana["environment"])
+    # as Grafana expands them, and the plugin then reads them (pkg/plugin/settings.go)
+    env = {k: str(v) for k, v in grafana["environment"].items()}
+    expanded = json.loads(
+        re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], json.dumps(datasources))
+    )
+    [clickhouse] = [d for d in expanded["datasources"] if d["uid"] == "guard-clickhouse"]
+    assert clickhouse["jsonData"]["host"] in _compose()["services"]
+    assert int(clickhouse["jsonData"]["port"], 0) == 8123  # ClickHouse's HTTP port
+    assert clickhouse["jsonData"]["protocol"] == "http"
     prometheus = yaml.safe_load((COMPOSE / "prometheus.yml").read_text())
     targets = {
         t.split(":")[0]

@@ -166,8 +166,10 @@ class OrchestratorSettings(Section):
     )
     nodes: list[str] = Field(default_factory=list, description="node inventory (sweep peers)")
     # sweeps
-    executor: Literal["local", "simulated"] = Field(
-        "local", description="local: run sweep_checks as commands; simulated: from a truth file"
+    executor: Literal["local", "simulated", "slurm"] = Field(
+        "local",
+        description="local: run sweep_checks as commands; simulated: from a truth file; slurm: "
+        "slurm_sweep_command as a Slurm job on the node, in Guard's maintenance reservation",
     )
     sweep_checks: list[dict[str, Any]] = Field(
         default_factory=list,
@@ -181,7 +183,32 @@ class OrchestratorSettings(Section):
     sweep_timeout_s: float = Field(1800, gt=0)
     sweep_workers: int = Field(4, ge=1, description="sweeps run at once (threads)")
     # scheduler adapters
+    isolate_policy: Literal["off", "notify", "requeue"] = Field(
+        "notify",
+        description="jobs on a node Guard takes out: off (nothing), notify (named in the node "
+        "state), requeue (Slurm: scontrol requeue; Kubernetes: their pods deleted so that the "
+        "controller recreates them elsewhere)",
+    )
     slurm_scontrol: str = Field("scontrol", description="scontrol executable")
+    slurm_squeue: str = Field("squeue", description="squeue executable")
+    slurm_srun: str = Field("srun", description="srun executable (the sweep job)")
+    slurm_node_map: dict[str, str] = Field(
+        default_factory=dict,
+        description="agent node name -> Slurm NodeName, where they differ (unmapped: the same)",
+    )
+    slurm_user: str | None = Field(
+        None, description="user of Guard's sweep reservation; default: the orchestrator's user"
+    )
+    slurm_drain_timeout_s: float = Field(
+        3600,
+        gt=0,
+        description="longest wait for a drained node's jobs to end; then the node goes to repair",
+    )
+    slurm_sweep_command: str = Field(
+        "guard sweep run --json --node {node}",
+        description="the sweep the slurm executor runs on the node ({node}: agent name, "
+        "{slurm_node}: NodeName); prints one sweep message",
+    )
     kubeconfig: str | None = Field(None, description="default: in-cluster, else ~/.kube/config")
     kube_context: str | None = None
     kube_taint_key: str = "guard.io/suspect"

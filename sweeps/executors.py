@@ -430,4 +430,13 @@ def make_executor(settings: Settings) -> SweepExecutor:
                 "orchestrator.simulated_truth (GUARD_ORCHESTRATOR_SIMULATED_TRUTH) or --truth"
             )
         return SimulatedSweepExecutor.from_truth(o.simulated_truth)
+    if o.executor == "slurm":
+        from .slurm import SlurmScheduler, SlurmSweepExecutor
+
+        return SlurmSweepExecutor(
+            SlurmScheduler.from_settings(o),
+            command=o.slurm_sweep_command,
+            drain_timeout_s=o.slurm_drain_timeout_s,
+            sweep_timeout_s=o.sweep_timeout_s,
+        )
     return LocalSubprocessExecutor(o.sweep_checks or DEFAULT_LOCAL_CHECKS)

@@ -1,4 +1,5 @@
-"""Scheduler adapters against a fake ``scontrol`` and a stand-in Kubernetes API server."""
+"""Scheduler adapters: a failing ``scontrol`` (the real Slurm is in test_slurm.py) and a
+stand-in Kubernetes API server (test_kubernetes.py has the full one)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,9 @@ from typing import Any
 import pytest
 
 from guard.config import Settings
-from guard.sweeps.scheduler import (
-    KubernetesScheduler,
-    SchedulerError,
-    SlurmScheduler,
-    make_scheduler,
-)
+from guard.sweeps.kubernetes import KubernetesScheduler
+from guard.sweeps.scheduler import SchedulerError, make_scheduler
+from guard.sweeps.slurm import SlurmScheduler
 
 # --- Slurm ----------------------------------------------------------------------------------
 
@@ -51,27 +49,16 @@ def fake_scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return log
 
 
-def calls(log: Path) -> list[list[str]]:
-    return [json.loads(line) for line in log.read_text().splitlines()]
-
-
-def test_slurm_drains_and_resumes_with_scontrol(fake_scontrol: Path, settings: Settings) -> None:
+def test_make_scheduler_builds_slurm_with_its_settings(settings: Settings) -> None:
     settings.orchestrator.scheduler = "slurm"
+    settings.orchestrator.slurm_node_map = {"gpu-001": "sl-gpu-001"}
+    settings.orchestrator.slurm_user = "guard"
     slurm = make_scheduler(settings)
     assert isinstance(slurm, SlurmScheduler)
-    slurm.cordon("gpu-001", "cordoned for sweep: critical thermal flag gpu3\n(score 2.5)")
-    slurm.uncordon("gpu-001")
-    assert slurm.inventory() == ["gpu-001", "gpu-002"]
-    assert calls(fake_scontrol) == [
-        [
-            "update",
-            "NodeName=gpu-001",
-            "State=DRAIN",
-            "Reason=guard: cordoned for sweep: critical thermal flag gpu3 (score 2.5)",
-        ],
-        ["update", "NodeName=gpu-001", "State=RESUME"],
-        ["show", "nodes", "--oneliner"],
-    ]
+    assert slurm.names.slurm("gpu-001") == "sl-gpu-001"
+    assert slurm.names.agent("sl-gpu-001") == "gpu-001"
+    assert slurm.names.slurm("gpu-002") == "gpu-002"
+    assert slurm.user == "guard"
 
 
 def test_a_scontrol_failure_is_a_scheduler_error(
@@ -80,6 +67,10 @@ def test_a_scontrol_failure_is_a_scheduler_error(
     monkeypatch.setenv("FAKE_SCONTROL_FAIL", "1")
     with pytest.raises(SchedulerError, match="exited 1: slurm_update error: Invalid node name"):
         SlurmScheduler().cordon("nope", "x")
+    # it read the node before changing anything, and changed nothing
+    assert [json.loads(x) for x in fake_scontrol.read_text().splitlines()] == [
+        ["show", "node", "-o", "nope"]
+    ]
     assert SlurmScheduler().inventory() is None
     with pytest.raises(SchedulerError, match="No such file"):
         SlurmScheduler("/nonexistent/scontrol").uncordon("gpu-001")

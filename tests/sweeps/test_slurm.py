@@ -32,7 +32,9 @@ JOB = Path(__file__).with_name("slurm_sweep_job.py")
 
 def _slurm_answers() -> bool:
     try:
-        done = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10)
+        done = subprocess.run(
+            ["scontrol", "ping"], capture_output=True, text=True, timeout=10, check=False
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done.returncode == 0 and "UP" in done.stdout
@@ -45,6 +47,7 @@ def slurm_node() -> str:
     if not _slurm_answers():
         done = subprocess.run(
             [str(ROOT / "deploy/slurm/slurm.sh"), "start"],
+            check=False,
             capture_output=True,
             text=True,
             timeout=600,
@@ -248,7 +251,7 @@ def test_requeue_restarts_the_running_job_once_the_node_is_back(node: str) -> No
     marker = Path(f"/tmp/guard-requeue-{os.getpid()}-{time.time_ns()}")
     script = f"echo run$SLURM_RESTART_COUNT >> {marker}; sleep 300"
     job = sh("sbatch", "--parsable", "-w", node, "-o", "/dev/null", "--wrap", script).strip()
-    wait_for("the job running", lambda: marker.exists())
+    wait_for("the job running", marker.exists)
     out: list[GuardMessage] = []
     orch = make_orchestrator(node, out, isolate="requeue")
     flagged = time.monotonic()

@@ -166,10 +166,11 @@ class OrchestratorSettings(Section):
     )
     nodes: list[str] = Field(default_factory=list, description="node inventory (sweep peers)")
     # sweeps
-    executor: Literal["local", "simulated", "slurm"] = Field(
+    executor: Literal["local", "simulated", "slurm", "kubernetes"] = Field(
         "local",
         description="local: run sweep_checks as commands; simulated: from a truth file; slurm: "
-        "slurm_sweep_command as a Slurm job on the node, in Guard's maintenance reservation",
+        "sweep_command as a Slurm job on the node, in Guard's maintenance reservation; "
+        "kubernetes: sweep_command in a Job pinned to the node",
     )
     sweep_checks: list[dict[str, Any]] = Field(
         default_factory=list,
@@ -199,19 +200,29 @@ class OrchestratorSettings(Section):
     slurm_user: str | None = Field(
         None, description="user of Guard's sweep reservation; default: the orchestrator's user"
     )
-    slurm_drain_timeout_s: float = Field(
+    drain_timeout_s: float = Field(
         3600,
         gt=0,
-        description="longest wait for a drained node's jobs to end; then the node goes to repair",
+        description="longest wait for the jobs on a node taken out to end (slurm and kubernetes "
+        "executors); then the node goes to repair",
     )
-    slurm_sweep_command: str = Field(
+    sweep_command: str = Field(
         "guard sweep run --json --node {node}",
-        description="the sweep the slurm executor runs on the node ({node}: agent name, "
-        "{slurm_node}: NodeName); prints one sweep message",
+        description="the sweep the slurm and kubernetes executors run on the node ({node}: agent "
+        "name, {slurm_node}: Slurm NodeName); prints one sweep message",
     )
     kubeconfig: str | None = Field(None, description="default: in-cluster, else ~/.kube/config")
     kube_context: str | None = None
     kube_taint_key: str = "guard.io/suspect"
+    kube_namespace: str = Field(
+        "guard", description="namespace of the sweep Jobs and of the node Events"
+    )
+    kube_gpu_resource: str = Field(
+        "nvidia.com/gpu", description="GPU resource: nodes without it allocatable are not managed"
+    )
+    kube_sweep_image: str | None = Field(
+        None, description="image of the sweep Job (kubernetes executor): Guard with [sweeps]"
+    )
     # webhook
     webhook_retries: int = Field(5, ge=0, description="retries after the first attempt")
     webhook_backoff_s: float = Field(0.5, gt=0, description="first retry delay, doubled each time")

@@ -435,8 +435,23 @@ def make_executor(settings: Settings) -> SweepExecutor:
 
         return SlurmSweepExecutor(
             SlurmScheduler.from_settings(o),
-            command=o.slurm_sweep_command,
-            drain_timeout_s=o.slurm_drain_timeout_s,
+            command=o.sweep_command,
+            drain_timeout_s=o.drain_timeout_s,
+            sweep_timeout_s=o.sweep_timeout_s,
+        )
+    if o.executor == "kubernetes":
+        from .kubernetes import KubernetesScheduler, KubernetesSweepExecutor
+
+        if not o.kube_sweep_image:
+            raise ValueError(
+                "the kubernetes executor runs the sweep in a Job: set orchestrator."
+                "kube_sweep_image (GUARD_ORCHESTRATOR_KUBE_SWEEP_IMAGE) to an image with Guard"
+            )
+        return KubernetesSweepExecutor(
+            KubernetesScheduler.from_settings(o),
+            image=o.kube_sweep_image,
+            command=o.sweep_command,
+            drain_timeout_s=o.drain_timeout_s,
             sweep_timeout_s=o.sweep_timeout_s,
         )
     return LocalSubprocessExecutor(o.sweep_checks or DEFAULT_LOCAL_CHECKS)

@@ -499,11 +499,11 @@ class Orchestrator:
             self._transition(rec, "cordoned", f"{prefix}: {evidence}")
             out += 1
             cordoned = self._call_scheduler(rec.node, "cordon", rec.reason)
-            if cordoned == "foreign":
+            if cordoned in ("foreign", "ineligible"):
                 self._send_to_repair(
                     rec,
                     f"{evidence}; already taken out by someone else in "
-                    f"{self.scheduler.name}, left as it is",
+                    f"{self.scheduler.name} (or not a node Guard manages), left as it is",
                 )
             elif rec.to_repair:
                 self._send_to_repair(rec, evidence)

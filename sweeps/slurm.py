@@ -58,6 +58,7 @@ __all__ = [
     "SlurmNode",
     "SlurmScheduler",
     "SlurmSweepExecutor",
+    "checks_from_output",
 ]
 
 log = logging.getLogger(__name__)
@@ -405,14 +406,13 @@ class SlurmSweepExecutor:
         except (OSError, subprocess.TimeoutExpired) as exc:
             return [SweepCheck(name="sweep_job", passed=False, detail=f"{shlex.join(argv)}: {exc}")]
         log.info("sweep job on %s took %.1f s", node, time.monotonic() - started)
-        return _checks_from_output(argv, done)
+        return checks_from_output(shlex.join(argv), done.returncode, done.stdout, done.stderr)
 
 
-def _checks_from_output(
-    argv: list[str], done: subprocess.CompletedProcess[str]
-) -> list[SweepCheck]:
-    """The checks of the last ``sweep`` line on stdout (exit 1 is a failed check, not an error)."""
-    for line in reversed(done.stdout.strip().splitlines()):
+def checks_from_output(what: str, returncode: int, stdout: str, stderr: str) -> list[SweepCheck]:
+    """The checks of the last ``sweep`` line of a sweep's output (``guard sweep run --json``
+    exits 1 when a check failed: that is a verdict, not an error)."""
+    for line in reversed(stdout.strip().splitlines()):
         if line.lstrip().startswith("{"):
             try:
                 return list(SweepResult.model_validate_json(line).checks) or [
@@ -421,11 +421,11 @@ def _checks_from_output(
             except ValueError as exc:
                 detail = f"not a sweep message ({exc.__class__.__name__}): {line[:300]}"
                 return [SweepCheck(name="sweep_job", passed=False, detail=detail)]
-    tail = (done.stderr or done.stdout).strip()[-500:]
+    tail = (stderr or stdout).strip()[-500:]
     return [
         SweepCheck(
             name="sweep_job",
             passed=False,
-            detail=f"{shlex.join(argv)} exited {done.returncode} without a sweep line: {tail}",
+            detail=f"{what} exited {returncode} without a sweep line: {tail}",
         )
     ]

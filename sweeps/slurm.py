@@ -301,7 +301,7 @@ class SlurmScheduler:
     def _eligible_now(self, job: str, wait_s: float = 10.0) -> None:
         """Slurm holds a requeued job ~2 minutes (EligibleTime); restart it at once instead,
         as soon as it is pending again (the drained node is excluded)."""
-        deadline = time.monotonic() + wait_s
+        deadline, out = time.monotonic() + wait_s, ""
         while time.monotonic() < deadline:
             out = self.cli.run([self.cli.squeue, "-h", "-j", job, "-o", "%T"]).strip()
             if out != "COMPLETING" and out:

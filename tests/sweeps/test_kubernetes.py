@@ -505,3 +505,61 @@ def test_flag_to_restarted_training_pod_end_to_end(
         "\nflag -> training pod recreated elsewhere (stand-in controller): "
         f"{restarted_s * 1000:.0f} ms"
     )
+
+
+RBAC = Path(__file__).resolve().parents[2] / "deploy/kubernetes/orchestrator-rbac.yaml"
+
+
+def _rbac_rules() -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+    import yaml
+
+    docs = list(yaml.safe_load_all(RBAC.read_text()))
+    cluster = [r for d in docs if d["kind"] == "ClusterRole" for r in d["rules"]]
+    namespaced: dict[str, list[dict[str, Any]]] = {}
+    for d in docs:
+        if d["kind"] == "Role":
+            namespaced.setdefault(d["metadata"]["namespace"], []).extend(d["rules"])
+    bound = {d["roleRef"]["name"] for d in docs if d["kind"].endswith("Binding")}
+    assert bound == {d["metadata"]["name"] for d in docs if d["kind"] in ("ClusterRole", "Role")}
+    return cluster, namespaced
+
+
+def _authorization(method: str, path: str) -> tuple[str, str, str, str | None]:
+    """(apiGroup, resource[/subresource], verb, namespace) of a request to the API server."""
+    parts = path.strip("/").split("/")
+    group = "" if parts[0] == "api" else parts[1]
+    rest = parts[2:] if parts[0] == "api" else parts[3:]
+    namespace = None
+    if rest[0] == "namespaces":
+        namespace, rest = rest[1], rest[2:]
+    resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+    named = len(rest) > 1
+    verb = {"GET": "get" if named else "list", "PATCH": "patch", "POST": "create"}.get(
+        method, "delete"
+    )
+    return group, resource, verb, namespace
+
+
+def test_the_shipped_rbac_allows_every_request_guard_makes(
+    apiserver: StandInApiServer, kube: KubernetesScheduler
+) -> None:
+    apiserver.pods = {"trainer-0": pod("trainer-0", "gpu-a")}
+    apiserver.sweep_line = sweep_line("gpu-a", passed=True)
+    kube.inventory()
+    kube.cordon("gpu-a", REASON)
+    kube.isolate("gpu-a", "requeue")
+    KubernetesSweepExecutor(kube, image="guard:1", poll_s=0.05).run("gpu-a", "single", [], 0.0)
+    kube.uncordon("gpu-a")
+    cluster, namespaced = _rbac_rules()
+    seen = set()
+    for r in apiserver.requests:
+        group, resource, verb, ns = _authorization(r["method"], r["path"])
+        rules = cluster + (namespaced.get(ns, []) if ns else [])
+        allowed = any(
+            group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
+            for rule in rules
+        )
+        assert allowed, f"{r['method']} {r['path']} needs {verb} on {group}/{resource} in {ns}"
+        seen.add((resource, verb))
+    assert {("nodes", "patch"), ("nodes/status", "patch"), ("events", "create")} <= seen
+    assert {("pods/eviction", "create"), ("jobs", "create"), ("pods/log", "get")} <= seen

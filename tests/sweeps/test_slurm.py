@@ -41,10 +41,14 @@ def _slurm_answers() -> bool:
 
 
 @pytest.fixture(scope="session")
-def slurm_node() -> str:
-    """The node of the running one-host Slurm (started with deploy/slurm/slurm.sh if needed)."""
+def slurm_node() -> Iterator[str]:
+    """The node of the running one-host Slurm; started with deploy/slurm/slurm.sh (and
+    stopped at the end) when none answers, except in CI, where .ci/run must have started it."""
     os.environ.setdefault("SLURM_CONF", "/var/tmp/guard-slurm/slurm.conf")
+    started = False
     if not _slurm_answers():
+        if os.environ.get("GUARD_CI_SLURM") == "1":
+            pytest.fail("GUARD_CI_SLURM=1 but no Slurm answers `scontrol ping`: see .ci/run")
         done = subprocess.run(
             [str(ROOT / "deploy/slurm/slurm.sh"), "start"],
             check=False,
@@ -60,8 +64,10 @@ def slurm_node() -> str:
         for line in done.stdout.splitlines():
             name, _, value = line.removeprefix("export ").partition("=")
             os.environ[name] = value
-    node = os.environ.get("GUARD_CI_SLURM_NODE") or os.uname().nodename.split(".")[0]
-    return node
+        started = True
+    yield os.environ.get("GUARD_CI_SLURM_NODE") or os.uname().nodename.split(".")[0]
+    if started:
+        subprocess.run([str(ROOT / "deploy/slurm/slurm.sh"), "stop"], check=False, timeout=120)
 
 
 def sh(*argv: str) -> str:

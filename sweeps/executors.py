@@ -431,16 +431,12 @@ def make_executor(settings: Settings) -> SweepExecutor:
             )
         return SimulatedSweepExecutor.from_truth(o.simulated_truth)
     if o.executor == "slurm":
-        from .slurm import SlurmScheduler, SlurmSweepExecutor
+        from .slurm import SlurmScheduler, SlurmSweepExecutor, SweepJob
 
-        return SlurmSweepExecutor(
-            SlurmScheduler.from_settings(o),
-            command=o.sweep_command,
-            drain_timeout_s=o.drain_timeout_s,
-            sweep_timeout_s=o.sweep_timeout_s,
-        )
+        return SlurmSweepExecutor(SlurmScheduler.from_settings(o), SweepJob.from_settings(o))
     if o.executor == "kubernetes":
         from .kubernetes import KubernetesScheduler, KubernetesSweepExecutor
+        from .slurm import SweepJob
 
         if not o.kube_sweep_image:
             raise ValueError(
@@ -449,9 +445,7 @@ def make_executor(settings: Settings) -> SweepExecutor:
             )
         return KubernetesSweepExecutor(
             KubernetesScheduler.from_settings(o),
-            image=o.kube_sweep_image,
-            command=o.sweep_command,
-            drain_timeout_s=o.drain_timeout_s,
-            sweep_timeout_s=o.sweep_timeout_s,
+            o.kube_sweep_image,
+            SweepJob.from_settings(o, poll_s=2.0),
         )
     return LocalSubprocessExecutor(o.sweep_checks or DEFAULT_LOCAL_CHECKS)

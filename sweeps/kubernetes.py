@@ -29,8 +29,8 @@ on another node. A pod without a controller is named but not evicted (nothing wo
 
 Example
 -------
->>> reason_tag("cordoned for sweep: critical thermal flag gpu3 from thermal (score 3)")
-'cordoned-for-sweep-critical-thermal-flag-gpu3-from-thermal-score-3'
+>>> reason_tag("cordoned for sweep: critical thermal flag gpu3 from thermal (score 3)")  # 63 chars
+'cordoned-for-sweep-critical-thermal-flag-gpu3-from-thermal-scor'
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shlex
 import time
 import uuid
 from collections.abc import Sequence
@@ -48,7 +49,7 @@ from guard.config import ConfigError, OrchestratorSettings
 from guard.schemas import SweepCheck
 
 from .scheduler import SchedulerError
-from .slurm import checks_from_output
+from .slurm import SweepJob, checks_from_output
 
 __all__ = [
     "ANNOTATION_BEFORE",
@@ -363,24 +364,14 @@ class KubernetesSweepExecutor:
     sweep_kinds: tuple[str, ...] = ("single",)
 
     def __init__(
-        self,
-        scheduler: KubernetesScheduler,
-        image: str,
-        command: str = "guard sweep run --json --node {node}",
-        drain_timeout_s: float = 3600.0,
-        sweep_timeout_s: float = 1800.0,
-        poll_s: float = 2.0,
+        self, scheduler: KubernetesScheduler, image: str, job: SweepJob | None = None
     ) -> None:
         from kubernetes import client
 
         self.scheduler = scheduler
         self.batch = client.BatchV1Api(scheduler._api_client)
-        self.image, self.command = image, command
-        self.drain_timeout_s, self.sweep_timeout_s, self.poll_s = (
-            drain_timeout_s,
-            sweep_timeout_s,
-            poll_s,
-        )
+        self.image = image
+        self.job = job or SweepJob(poll_s=2.0)
 
     def job_manifest(self, node: str, name: str, gpus: str = "0") -> dict[str, Any]:
         tolerations = [
@@ -398,7 +389,7 @@ class KubernetesSweepExecutor:
             "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "guard-sweep"}},
             "spec": {
                 "backoffLimit": 0,
-                "activeDeadlineSeconds": int(self.sweep_timeout_s),
+                "activeDeadlineSeconds": int(self.job.sweep_timeout_s),
                 "ttlSecondsAfterFinished": 3600,
                 "template": {
                     "metadata": {"labels": {"app.kubernetes.io/name": "guard-sweep"}},
@@ -410,7 +401,7 @@ class KubernetesSweepExecutor:
                             {
                                 "name": "sweep",
                                 "image": self.image,
-                                "command": self.command.format(node=node).split(),
+                                "command": shlex.split(self.job.command.format(node=node)),
                                 "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
                                 "resources": {"limits": limits},
                                 "securityContext": {"privileged": True},
@@ -422,13 +413,15 @@ class KubernetesSweepExecutor:
         }
 
     def run(self, node: str, sweep: str, peers: Sequence[str], now: float) -> list[SweepCheck]:
-        deadline = time.monotonic() + self.drain_timeout_s
+        deadline = time.monotonic() + self.job.drain_timeout_s
         while pods := self.scheduler.training_pods(node):
             if time.monotonic() > deadline:
                 names = ", ".join(p["metadata"]["name"] for p in pods)
-                detail = f"{node} still runs {names} {self.drain_timeout_s:g} s after the cordon"
+                detail = (
+                    f"{node} still runs {names} {self.job.drain_timeout_s:g} s after the cordon"
+                )
                 return [SweepCheck(name="kube_drain_timeout", passed=False, detail=detail)]
-            time.sleep(self.poll_s)
+            time.sleep(self.job.poll_s)
         ns = self.scheduler.namespace
         allocatable = self.scheduler._read(node).get("status", {}).get("allocatable") or {}
         gpus = str(allocatable.get(self.scheduler.gpu_resource, "0"))
@@ -453,16 +446,16 @@ class KubernetesSweepExecutor:
 
     def _wait_and_read(self, ns: str, name: str) -> list[SweepCheck]:
         call = self.scheduler._call
-        deadline = time.monotonic() + self.sweep_timeout_s
+        deadline = time.monotonic() + self.job.sweep_timeout_s
         while True:
             job = call(f"reading Job {name}", self.batch.read_namespaced_job_status, name, ns)
             status = job.status
             if status is not None and (status.succeeded or status.failed):
                 break
             if time.monotonic() > deadline:
-                detail = f"Job {name} did not finish in {self.sweep_timeout_s:g} s"
+                detail = f"Job {name} did not finish in {self.job.sweep_timeout_s:g} s"
                 return [SweepCheck(name="sweep_job", passed=False, detail=detail)]
-            time.sleep(self.poll_s)
+            time.sleep(self.job.poll_s)
         api = self.scheduler.api
         pods = call(
             f"listing Job {name}'s pods",

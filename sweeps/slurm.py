@@ -58,6 +58,7 @@ __all__ = [
     "SlurmNode",
     "SlurmScheduler",
     "SlurmSweepExecutor",
+    "SweepJob",
     "checks_from_output",
 ]
 
@@ -201,31 +202,19 @@ class SlurmScheduler:
 
     def __init__(
         self,
-        scontrol: str = "scontrol",
+        cli: SlurmCli | None = None,
         *,
-        squeue: str = "squeue",
-        srun: str = "srun",
-        timeout_s: float = 30.0,
         node_map: Mapping[str, str] | None = None,
         user: str | None = None,
     ) -> None:
-        self.cli = SlurmCli(scontrol, squeue, srun, timeout_s)
+        self.cli = cli or SlurmCli()
         self.names = _Names(dict(node_map or {}))
         self.user = user or getpass.getuser()
 
     @classmethod
     def from_settings(cls, o: OrchestratorSettings) -> SlurmScheduler:
-        return cls(
-            o.slurm_scontrol,
-            squeue=o.slurm_squeue,
-            srun=o.slurm_srun,
-            node_map=o.slurm_node_map,
-            user=o.slurm_user,
-        )
-
-    @property
-    def scontrol(self) -> str:
-        return self.cli.scontrol
+        cli = SlurmCli(o.slurm_scontrol, o.slurm_squeue, o.slurm_srun)
+        return cls(cli, node_map=o.slurm_node_map, user=o.slurm_user)
 
     @staticmethod
     def reservation_name(slurm_node: str) -> str:
@@ -357,6 +346,20 @@ class SlurmScheduler:
         return reservation
 
 
+@dataclass(frozen=True, slots=True)
+class SweepJob:
+    """What a scheduler-run sweep executes and how long it may wait (slurm and kubernetes)."""
+
+    command: str = "guard sweep run --json --node {node}"
+    drain_timeout_s: float = 3600.0
+    sweep_timeout_s: float = 1800.0
+    poll_s: float = 1.0
+
+    @classmethod
+    def from_settings(cls, o: OrchestratorSettings, poll_s: float = 1.0) -> SweepJob:
+        return cls(o.sweep_command, o.drain_timeout_s, o.sweep_timeout_s, poll_s)
+
+
 class SlurmSweepExecutor:
     """Runs ``command`` (``{node}`` substituted; default ``guard sweep run --json --node {node}``)
     as a Slurm job on the node, inside Guard's reservation, and returns the checks of the one
@@ -365,29 +368,21 @@ class SlurmSweepExecutor:
 
     sweep_kinds: tuple[str, ...] = ("single",)
 
-    def __init__(
-        self,
-        scheduler: SlurmScheduler,
-        command: str = "guard sweep run --json --node {node}",
-        drain_timeout_s: float = 3600.0,
-        sweep_timeout_s: float = 1800.0,
-        poll_s: float = 1.0,
-    ) -> None:
+    def __init__(self, scheduler: SlurmScheduler, job: SweepJob | None = None) -> None:
         self.scheduler = scheduler
-        self.command = command
-        self.drain_timeout_s = drain_timeout_s
-        self.sweep_timeout_s = sweep_timeout_s
-        self.poll_s = poll_s
+        self.job = job or SweepJob()
 
     def run(self, node: str, sweep: str, peers: Sequence[str], now: float) -> list[SweepCheck]:
         try:
-            reservation = self.scheduler.hold_for_sweep(node, self.drain_timeout_s, self.poll_s)
+            reservation = self.scheduler.hold_for_sweep(
+                node, self.job.drain_timeout_s, self.job.poll_s
+            )
         except TimeoutError as exc:
             return [SweepCheck(name="slurm_drain_timeout", passed=False, detail=str(exc))]
         except NodeNotOwned as exc:
             return [SweepCheck(name="slurm_node_not_owned", passed=False, detail=str(exc))]
         slurm_node = self.scheduler.names.slurm(node)
-        minutes = max(1, int(self.sweep_timeout_s // 60))
+        minutes = max(1, int(self.job.sweep_timeout_s // 60))
         argv = [
             self.scheduler.cli.srun,
             f"--reservation={reservation}",
@@ -396,12 +391,12 @@ class SlurmSweepExecutor:
             "--ntasks=1",
             "--job-name=guard-sweep",
             f"--time={minutes}",
-            *shlex.split(self.command.format(node=node, slurm_node=slurm_node)),
+            *shlex.split(self.job.command.format(node=node, slurm_node=slurm_node)),
         ]
         started = time.monotonic()
         try:
             done = subprocess.run(
-                argv, capture_output=True, text=True, timeout=self.sweep_timeout_s, check=False
+                argv, capture_output=True, text=True, timeout=self.job.sweep_timeout_s, check=False
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return [SweepCheck(name="sweep_job", passed=False, detail=f"{shlex.join(argv)}: {exc}")]

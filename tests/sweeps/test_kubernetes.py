@@ -34,6 +34,7 @@ from guard.sweeps.kubernetes import (
 )
 from guard.sweeps.orchestrator import Orchestrator
 from guard.sweeps.scheduler import SchedulerError, make_scheduler
+from guard.sweeps.slurm import SweepJob
 
 _MODELS = client.ApiClient()
 
@@ -439,7 +440,9 @@ def test_the_sweep_runs_as_a_job_pinned_to_the_node_that_tolerates_guard(
 ) -> None:
     settings.orchestrator.executor = "kubernetes"
     apiserver.sweep_line = sweep_line("gpu-a", passed=True)
-    executor = KubernetesSweepExecutor(kube, image="registry.example/guard:1", poll_s=0.05)
+    executor = KubernetesSweepExecutor(
+        kube, image="registry.example/guard:1", job=SweepJob(poll_s=0.05)
+    )
     checks = executor.run("gpu-a", "single", [], time.time())
     assert [(c.name, c.passed, c.value) for c in checks] == [("gemm_tflops_gpu0", True, 700.0)]
 
@@ -473,7 +476,7 @@ def test_flag_to_restarted_training_pod_end_to_end(
     orch = Orchestrator(
         OrchestratorSettings(multi_sweep_peers=0, isolate_policy="requeue"),
         scheduler=kube,
-        executor=KubernetesSweepExecutor(kube, image="guard:1", poll_s=0.05),
+        executor=KubernetesSweepExecutor(kube, image="guard:1", job=SweepJob(poll_s=0.05)),
         publish=out.append,
         inline_sweeps=True,
     )
@@ -548,7 +551,9 @@ def test_the_shipped_rbac_allows_every_request_guard_makes(
     kube.inventory()
     kube.cordon("gpu-a", REASON)
     kube.isolate("gpu-a", "requeue")
-    KubernetesSweepExecutor(kube, image="guard:1", poll_s=0.05).run("gpu-a", "single", [], 0.0)
+    KubernetesSweepExecutor(kube, image="guard:1", job=SweepJob(poll_s=0.05)).run(
+        "gpu-a", "single", [], 0.0
+    )
     kube.uncordon("gpu-a")
     cluster, namespaced = _rbac_rules()
     seen = set()

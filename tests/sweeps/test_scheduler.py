@@ -13,7 +13,7 @@ import pytest
 
 from guard.config import Settings
 from guard.sweeps.scheduler import SchedulerError, make_scheduler
-from guard.sweeps.slurm import SlurmScheduler
+from guard.sweeps.slurm import SlurmCli, SlurmScheduler
 
 # --- Slurm ----------------------------------------------------------------------------------
 
@@ -68,4 +68,4 @@ def test_a_scontrol_failure_is_a_scheduler_error(
     ]
     assert SlurmScheduler().inventory() is None
     with pytest.raises(SchedulerError, match="No such file"):
-        SlurmScheduler("/nonexistent/scontrol").uncordon("gpu-001")
+        SlurmScheduler(SlurmCli("/nonexistent/scontrol")).uncordon("gpu-001")

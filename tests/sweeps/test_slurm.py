@@ -22,7 +22,7 @@ import pytest
 from guard.config import OrchestratorSettings
 from guard.schemas import Flag, GuardMessage, NodeState
 from guard.sweeps.orchestrator import Orchestrator
-from guard.sweeps.slurm import SlurmNode, SlurmScheduler, SlurmSweepExecutor
+from guard.sweeps.slurm import SlurmNode, SlurmScheduler, SlurmSweepExecutor, SweepJob
 
 pytestmark = pytest.mark.slurm
 
@@ -132,7 +132,8 @@ def make_orchestrator(
     scheduler = SlurmScheduler(user="root")
     command = f"{sys.executable} {JOB} --node {{node}}" + (" --fail" if fail else "")
     executor = SlurmSweepExecutor(
-        scheduler, command=command, drain_timeout_s=drain_timeout_s, sweep_timeout_s=120, poll_s=0.2
+        scheduler,
+        SweepJob(command, drain_timeout_s=drain_timeout_s, sweep_timeout_s=120, poll_s=0.2),
     )
     return Orchestrator(
         OrchestratorSettings(nodes=[node], multi_sweep_peers=0, isolate_policy=isolate),

@@ -278,3 +278,44 @@ def test_requeue_restarts_the_running_job_once_the_node_is_back(node: str) -> No
     shown = sh("scontrol", "show", "job", "-o", job)
     assert "Restarts=1" in shown and "JobState=RUNNING" in shown
     print(f"\nflag -> restarted job: {restarted_s:.1f} s (drain, requeue, sweep job, resume)")
+
+
+def test_a_restart_during_a_sweep_drains_again_and_sweeps_once_the_old_job_ended(
+    node: str,
+) -> None:
+    now = time.time()
+    before = [
+        NodeState(ts=now - 3, node=node, state="suspect", prev="healthy", actor="orchestrator"),
+        NodeState(ts=now - 2, node=node, state="cordoned", prev="suspect", actor="orchestrator"),
+        NodeState(ts=now - 1, node=node, state="sweeping", prev="cordoned", actor="orchestrator"),
+    ]
+    # what the orchestrator that died had done: its reservation, the node resumed into it,
+    # and its sweep job still running there
+    sh(
+        "scontrol",
+        "create",
+        f"ReservationName=guard-{node}",
+        "Flags=MAINT,IGNORE_JOBS",
+        "Users=root",
+        f"Nodes={node}",
+        "StartTime=now",
+        "Duration=UNLIMITED",
+    )
+    old_sweep = subprocess.Popen(
+        ["srun", f"--reservation=guard-{node}", "-w", node, "-N1", "sleep", "3"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for("the old sweep running", lambda: sh("squeue", "-h", "-t", "R", "-o", "%i").strip())
+    out: list[GuardMessage] = []
+    restarted = make_orchestrator(node, out)
+    restarted.resume(restarted.recover(before))
+    old_sweep.wait(timeout=30)
+
+    assert states(out) == ["sweeping", "healthy"]
+    assert "restarted after an orchestrator restart" in out[0].reason
+    (sweep,) = [m for m in out if m.kind == "sweep"]
+    assert sweep.passed
+    after = node_line(node)
+    assert not after.drain and after.base == "IDLE"
+    assert "guard-" not in sh("scontrol", "show", "reservation")

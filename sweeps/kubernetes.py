@@ -373,6 +373,11 @@ class KubernetesSweepExecutor:
         self.image = image
         self.job = job or SweepJob(poll_s=2.0)
 
+    @property
+    def drain_wait_s(self) -> float:
+        """How long ``run`` may wait before the sweep starts (the orchestrator allows it)."""
+        return self.job.drain_timeout_s
+
     def job_manifest(self, node: str, name: str, gpus: str = "0") -> dict[str, Any]:
         tolerations = [
             {"key": self.scheduler.taint_key, "operator": "Exists", "effect": "NoSchedule"},

@@ -523,9 +523,7 @@ class Orchestrator:
             reason = f"{what} (restarted after an orchestrator restart)" if restarted else what
             self._transition(rec, "sweeping", reason + note)
         now = self.clock()
-        job = _SweepJob(
-            rec.node, sweep, peers, now, time.monotonic() + self.settings.sweep_timeout_s
-        )
+        job = _SweepJob(rec.node, sweep, peers, now, time.monotonic() + self._sweep_budget_s())
         self._jobs[rec.node] = job
         self.stats[f"sweeps_{sweep}"] += 1
         if self._pool is None:
@@ -534,6 +532,11 @@ class Orchestrator:
             self._finish_sweep(rec, job)
         else:
             job.future = self._pool.submit(self._run_executor, rec.node, sweep, peers, now)
+
+    def _sweep_budget_s(self) -> float:
+        """``sweep_timeout_s``, plus the wait for the node's jobs to end where the executor
+        waits for them itself (the Slurm and Kubernetes executors' ``drain_wait_s``)."""
+        return self.settings.sweep_timeout_s + float(getattr(self.executor, "drain_wait_s", 0.0))
 
     def _run_executor(
         self, node: str, sweep: str, peers: list[str], now: float
@@ -557,7 +560,7 @@ class Orchestrator:
                     SweepCheck(
                         name="sweep_timeout",
                         passed=False,
-                        detail=f"no result within {self.settings.sweep_timeout_s:g} s",
+                        detail=f"no result within {self._sweep_budget_s():g} s",
                     )
                 ]
             if job.checks is not None and self._jobs.get(node) is job:

@@ -318,15 +318,16 @@ class SlurmScheduler:
         resume it; returns the reservation to run the sweep in.
 
         Raises :class:`NodeNotOwned` when someone else drained (or resumed) the node meanwhile,
-        and :class:`TimeoutError` naming the jobs still there after ``drain_timeout_s``.
+        or Guard sent it to repair (an abandoned sweep), and :class:`TimeoutError` naming the
+        jobs still there after ``drain_timeout_s``.
         """
         slurm_node = self.names.slurm(node)
         deadline = time.monotonic() + drain_timeout_s
         while True:
             current = self.cli.node(slurm_node)
-            if not current.drained_by_guard:
+            if not current.drained_by_guard or "sent to repair" in current.reason:
                 raise NodeNotOwned(
-                    f"{node} is not drained by Guard any more (State={current.base}"
+                    f"{node} is not Guard's to sweep (State={current.base}"
                     f"{'+' if current.flags else ''}{'+'.join(sorted(current.flags))}, "
                     f"Reason={current.reason!r}): Guard does not sweep it"
                 )
@@ -378,6 +379,11 @@ class SlurmSweepExecutor:
     def __init__(self, scheduler: SlurmScheduler, job: SweepJob | None = None) -> None:
         self.scheduler = scheduler
         self.job = job or SweepJob()
+
+    @property
+    def drain_wait_s(self) -> float:
+        """How long ``run`` may wait before the sweep starts (the orchestrator allows it)."""
+        return self.job.drain_timeout_s
 
     def run(self, node: str, sweep: str, peers: Sequence[str], now: float) -> list[SweepCheck]:
         try:

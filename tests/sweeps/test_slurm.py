@@ -319,3 +319,16 @@ def test_a_restart_during_a_sweep_drains_again_and_sweeps_once_the_old_job_ended
     after = node_line(node)
     assert not after.drain and after.base == "IDLE"
     assert "guard-" not in sh("scontrol", "show", "reservation")
+
+
+def test_an_abandoned_sweep_never_reserves_a_node_sent_to_repair(node: str) -> None:
+    slurm = SlurmScheduler(user="root")
+    assert (
+        slurm.cordon(node, "sent to repair: sweep_timeout (no result within 1800 s)") == "drained"
+    )
+    executor = SlurmSweepExecutor(slurm, SweepJob(poll_s=0.2))
+    (check,) = executor.run(node, "single", [], time.time())
+    assert check.name == "slurm_node_not_owned" and "not Guard's to sweep" in check.detail
+    assert node_line(node).drained_by_guard  # still drained, no reservation made
+    assert "guard-" not in sh("scontrol", "show", "reservation")
+    assert slurm.uncordon(node) == "resumed" and not node_line(node).drain

@@ -41,7 +41,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from guard.config import Settings
+from guard.config import ConfigError, Settings
 from guard.schemas import SweepCheck, stable_id
 from guard.schemas.truth import Fault, Truth, ramped_slowdown
 
@@ -439,7 +439,7 @@ def make_executor(settings: Settings) -> SweepExecutor:
         from .slurm import SweepJob
 
         if not o.kube_sweep_image:
-            raise ValueError(
+            raise ConfigError(
                 "the kubernetes executor runs the sweep in a Job: set orchestrator."
                 "kube_sweep_image (GUARD_ORCHESTRATOR_KUBE_SWEEP_IMAGE) to an image with Guard"
             )

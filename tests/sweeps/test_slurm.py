@@ -332,3 +332,25 @@ def test_an_abandoned_sweep_never_reserves_a_node_sent_to_repair(node: str) -> N
     assert node_line(node).drained_by_guard  # still drained, no reservation made
     assert "guard-" not in sh("scontrol", "show", "reservation")
     assert slurm.uncordon(node) == "resumed" and not node_line(node).drain
+
+
+def test_agent_names_map_to_slurm_node_names(node: str) -> None:
+    slurm = SlurmScheduler(node_map={"agent-host-7": node}, user="root")
+    command = f"{sys.executable} {JOB} --node {{node}} --fail"
+    out: list[GuardMessage] = []
+    orch = Orchestrator(
+        OrchestratorSettings(nodes=["agent-host-7"], multi_sweep_peers=0),
+        scheduler=slurm,
+        executor=SlurmSweepExecutor(slurm, SweepJob(command, poll_s=0.2)),
+        publish=out.append,
+        inline_sweeps=True,
+    )
+    assert slurm.inventory() == ["agent-host-7"]
+    orch.handle_flag(critical_flag("agent-host-7"))
+    orch.tick()
+    assert states(out) == ["suspect", "cordoned", "sweeping", "failed", "repair"]
+    (sweep,) = [m for m in out if m.kind == "sweep"]
+    assert sweep.node == "agent-host-7"
+    host = next(c for c in sweep.checks if c.name == "slurm_job_host")
+    assert f"on {node} reservation=guard-{node}" in host.detail
+    assert node_line(node).reason.startswith("guard: sent to repair")

@@ -67,6 +67,7 @@ ANNOTATION_BEFORE = "guard.io/cordon-before"
 ANNOTATION_REASON = "guard.io/reason"
 _CONTROL_PLANE = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
 _STRATEGIC = "application/strategic-merge-patch+json"
+SWEEP_LABEL = "guard-sweep"  # app.kubernetes.io/name of the sweep Jobs and their pods
 
 
 def reason_tag(reason: str) -> str:
@@ -300,7 +301,7 @@ class KubernetesScheduler:
 
     def training_pods(self, node: str) -> list[dict[str, Any]]:
         """Pods on the node that use GPUs, are running or pending, and are not DaemonSet or
-        mirror pods."""
+        mirror pods (nor Guard's sweep)."""
         listed = self._call(
             f"listing the pods on {node}",
             self.api.list_pod_for_all_namespaces,
@@ -314,6 +315,8 @@ class KubernetesScheduler:
                 continue
             if "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
                 continue
+            if (meta.get("labels") or {}).get("app.kubernetes.io/name") == SWEEP_LABEL:
+                continue  # Guard's own sweep
             if (pod.get("status") or {}).get("phase") not in ("Running", "Pending"):
                 continue
             containers = (pod.get("spec") or {}).get("containers") or []
@@ -391,13 +394,13 @@ class KubernetesSweepExecutor:
         return {
             "apiVersion": "batch/v1",
             "kind": "Job",
-            "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "guard-sweep"}},
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/name": SWEEP_LABEL}},
             "spec": {
                 "backoffLimit": 0,
                 "activeDeadlineSeconds": int(self.job.sweep_timeout_s),
                 "ttlSecondsAfterFinished": 3600,
                 "template": {
-                    "metadata": {"labels": {"app.kubernetes.io/name": "guard-sweep"}},
+                    "metadata": {"labels": {"app.kubernetes.io/name": SWEEP_LABEL}},
                     "spec": {
                         "restartPolicy": "Never",
                         "nodeSelector": {"kubernetes.io/hostname": node},

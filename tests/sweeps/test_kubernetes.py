@@ -389,6 +389,7 @@ def test_isolate_lists_or_evicts_the_training_pods_through_the_eviction_api(
             pod("web", "gpu-a", gpus=None),
             pod("bare", "gpu-a", owner=None),
             pod("held", "gpu-a", labels={"pdb": "blocks"}),
+            pod("guard-sweep-x", "gpu-a", labels={"app.kubernetes.io/name": "guard-sweep"}),
         )
     }
     listed = kube.isolate("gpu-a", "notify")

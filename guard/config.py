@@ -166,8 +166,11 @@ class OrchestratorSettings(Section):
     )
     nodes: list[str] = Field(default_factory=list, description="node inventory (sweep peers)")
     # sweeps
-    executor: Literal["local", "simulated"] = Field(
-        "local", description="local: run sweep_checks as commands; simulated: from a truth file"
+    executor: Literal["local", "simulated", "slurm", "kubernetes"] = Field(
+        "local",
+        description="local: run sweep_checks as commands; simulated: from a truth file; slurm: "
+        "sweep_command as a Slurm job on the node, in Guard's maintenance reservation; "
+        "kubernetes: sweep_command in a Job pinned to the node",
     )
     sweep_checks: list[dict[str, Any]] = Field(
         default_factory=list,
@@ -181,10 +184,45 @@ class OrchestratorSettings(Section):
     sweep_timeout_s: float = Field(1800, gt=0)
     sweep_workers: int = Field(4, ge=1, description="sweeps run at once (threads)")
     # scheduler adapters
+    isolate_policy: Literal["off", "notify", "requeue"] = Field(
+        "notify",
+        description="jobs on a node Guard takes out: off (nothing), notify (named in the node "
+        "state), requeue (Slurm: scontrol requeue; Kubernetes: their pods deleted so that the "
+        "controller recreates them elsewhere)",
+    )
     slurm_scontrol: str = Field("scontrol", description="scontrol executable")
+    slurm_squeue: str = Field("squeue", description="squeue executable")
+    slurm_srun: str = Field("srun", description="srun executable (the sweep job)")
+    slurm_node_map: dict[str, str] = Field(
+        default_factory=dict,
+        description="agent node name -> Slurm NodeName, where they differ (unmapped: the same)",
+    )
+    slurm_user: str | None = Field(
+        None, description="user of Guard's sweep reservation; default: the orchestrator's user"
+    )
+    drain_timeout_s: float = Field(
+        3600,
+        gt=0,
+        description="longest wait for the jobs on a node taken out to end (slurm and kubernetes "
+        "executors); then the node goes to repair",
+    )
+    sweep_command: str = Field(
+        "guard sweep run --json --node {node}",
+        description="the sweep the slurm and kubernetes executors run on the node ({node}: agent "
+        "name, {slurm_node}: Slurm NodeName); prints one sweep message",
+    )
     kubeconfig: str | None = Field(None, description="default: in-cluster, else ~/.kube/config")
     kube_context: str | None = None
     kube_taint_key: str = "guard.io/suspect"
+    kube_namespace: str = Field(
+        "guard", description="namespace of the sweep Jobs and of the node Events"
+    )
+    kube_gpu_resource: str = Field(
+        "nvidia.com/gpu", description="GPU resource: nodes without it allocatable are not managed"
+    )
+    kube_sweep_image: str | None = Field(
+        None, description="image of the sweep Job (kubernetes executor): Guard with [sweeps]"
+    )
     # webhook
     webhook_retries: int = Field(5, ge=0, description="retries after the first attempt")
     webhook_backoff_s: float = Field(0.5, gt=0, description="first retry delay, doubled each time")

@@ -5,7 +5,8 @@
 - :mod:`.orchestrator`: :class:`Orchestrator`, the core (no Kafka), and :class:`SimulatedClock`.
 - :mod:`.service`: :class:`KafkaOrchestrator` (``guard orchestrator``) and the reads and
   operator requests behind ``guard node``.
-- :mod:`.scheduler`: dry-run, Slurm and Kubernetes adapters.
+- :mod:`.scheduler`: the adapter interface and the dry-run adapter; :mod:`.slurm` and
+  :mod:`.kubernetes`: the Slurm (drain, reservation, sweep job, requeue) and Kubernetes adapters.
 - :mod:`.executors`: the simulated and the local-subprocess sweep executors.
 - :mod:`.webhook`: signed Alertmanager-shaped notifications.
 
@@ -13,9 +14,11 @@ See docs/orchestrator.md.
 """
 
 from .executors import LocalSubprocessExecutor, SimulatedFault, SimulatedSweepExecutor
+from .kubernetes import KubernetesScheduler
 from .orchestrator import NodeSummary, Orchestrator, SimulatedClock
-from .scheduler import DryRunScheduler, KubernetesScheduler, SlurmScheduler
+from .scheduler import DryRunScheduler
 from .service import KafkaOrchestrator, read_node_states, read_sweeps, request_operator_action
+from .slurm import SlurmScheduler, SlurmSweepExecutor
 from .webhook import WebhookNotifier
 
 __all__ = [
@@ -29,6 +32,7 @@ __all__ = [
     "SimulatedFault",
     "SimulatedSweepExecutor",
     "SlurmScheduler",
+    "SlurmSweepExecutor",
     "WebhookNotifier",
     "read_node_states",
     "read_sweeps",

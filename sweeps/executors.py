@@ -41,7 +41,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from guard.config import Settings
+from guard.config import ConfigError, Settings
 from guard.schemas import SweepCheck, stable_id
 from guard.schemas.truth import Fault, Truth, ramped_slowdown
 
@@ -430,4 +430,22 @@ def make_executor(settings: Settings) -> SweepExecutor:
                 "orchestrator.simulated_truth (GUARD_ORCHESTRATOR_SIMULATED_TRUTH) or --truth"
             )
         return SimulatedSweepExecutor.from_truth(o.simulated_truth)
+    if o.executor == "slurm":
+        from .slurm import SlurmScheduler, SlurmSweepExecutor, SweepJob
+
+        return SlurmSweepExecutor(SlurmScheduler.from_settings(o), SweepJob.from_settings(o))
+    if o.executor == "kubernetes":
+        from .kubernetes import KubernetesScheduler, KubernetesSweepExecutor
+        from .slurm import SweepJob
+
+        if not o.kube_sweep_image:
+            raise ConfigError(
+                "the kubernetes executor runs the sweep in a Job: set orchestrator."
+                "kube_sweep_image (GUARD_ORCHESTRATOR_KUBE_SWEEP_IMAGE) to an image with Guard"
+            )
+        return KubernetesSweepExecutor(
+            KubernetesScheduler.from_settings(o),
+            o.kube_sweep_image,
+            SweepJob.from_settings(o, poll_s=2.0),
+        )
     return LocalSubprocessExecutor(o.sweep_checks or DEFAULT_LOCAL_CHECKS)

@@ -200,7 +200,10 @@ class Orchestrator:
         with self._lock:
             for rec in list(self.records.values()):
                 if rec.state in OUT_OF_POOL:
-                    self._call_scheduler(rec.node, "cordon", rec.reason)
+                    done = self._call_scheduler(rec.node, "reassert", rec.reason)
+                    if done == "resumed-by-other":
+                        self._put_back_by_other(rec)
+                        continue
                 if rec.state == "sweeping":
                     self._start_sweep(rec, "single", [], restarted=True)
                 elif rec.state == "failed":
@@ -419,21 +422,56 @@ class Orchestrator:
             except Exception:
                 log.exception("orchestrator listener failed on %s", message.kind)
 
-    def _call_scheduler(self, node: str, action: str, reason: str = "") -> bool:
+    def _call_scheduler(self, node: str, action: str, reason: str = "") -> str | None:
+        """What the scheduler did (its word, or ``done``); ``None`` when it failed (retried)."""
         try:
             if action == "cordon":
-                self.scheduler.cordon(node, reason)
+                done = self.scheduler.cordon(node, reason)
+            elif action == "reassert":
+                done = self.scheduler.reassert(node, reason)
             else:
-                self.scheduler.uncordon(node)
+                done = self.scheduler.uncordon(node)
         except SchedulerError as exc:
             log.error(
                 "%s %s failed (retrying in %.0f s): %s", action, node, _SCHEDULER_RETRY_S, exc
             )
             self.stats["scheduler_errors"] += 1
             self._scheduler_todo[node] = (action, reason, time.monotonic() + _SCHEDULER_RETRY_S)
-            return False
+            return None
         self._scheduler_todo.pop(node, None)
-        return True
+        if done == "foreign":
+            self.stats["scheduler_foreign"] += 1
+        return done or "done"
+
+    def _put_back_by_other(self, rec: NodeRecord) -> None:
+        """A restart found the node back in service, put there by someone else: adopt that."""
+        self._abandon_sweep(rec.node)
+        rec.reset_claims()
+        self._transition(
+            rec,
+            "healthy",
+            f"back in service in {self.scheduler.name} (put back by someone else while Guard "
+            "was away); not taken out again",
+            operator=True,
+        )
+        rec.released_ts = rec.since
+
+    def _isolate(self, node: str) -> str:
+        """Apply ``isolate_policy`` to the jobs on a node just taken out; a note for its state."""
+        policy = self.policy.isolate
+        if policy == "off":
+            return ""
+        try:
+            jobs = self.scheduler.isolate(node, policy)
+        except SchedulerError as exc:
+            log.error("%s: could not %s the jobs on it: %s", node, policy, exc)
+            self.stats["isolate_errors"] += 1
+            return f"; jobs on the node unknown ({exc})"[:300]
+        if not jobs:
+            return ""
+        self.stats[f"jobs_{'requeued' if policy == 'requeue' else 'notified'}"] += len(jobs)
+        shown = ", ".join(jobs[:20]) + (f" and {len(jobs) - 20} more" if len(jobs) > 20 else "")
+        return f"; jobs on the node: {shown}" + (" (requeued)" if policy == "requeue" else "")
 
     def _retry_scheduler(self) -> None:
         for node, (action, reason, due) in list(self._scheduler_todo.items()):
@@ -461,10 +499,16 @@ class Orchestrator:
             self._transition(rec, "cordoned", f"{prefix}: {evidence}")
             out += 1
             cordoned = self._call_scheduler(rec.node, "cordon", rec.reason)
-            if rec.to_repair:
+            if cordoned in ("foreign", "ineligible"):
+                self._send_to_repair(
+                    rec,
+                    f"{evidence}; already taken out by someone else in "
+                    f"{self.scheduler.name} (or not a node Guard manages), left as it is",
+                )
+            elif rec.to_repair:
                 self._send_to_repair(rec, evidence)
             elif cordoned:
-                self._start_sweep(rec, "single", [])
+                self._start_sweep(rec, "single", [], note=self._isolate(rec.node))
 
     def _send_to_repair(self, rec: NodeRecord, why: str) -> None:
         reason = f"sent to repair: {why}"
@@ -472,16 +516,14 @@ class Orchestrator:
         self._call_scheduler(rec.node, "cordon", reason)  # the drain reason now says repair
 
     def _start_sweep(
-        self, rec: NodeRecord, sweep: str, peers: list[str], restarted: bool = False
+        self, rec: NodeRecord, sweep: str, peers: list[str], restarted: bool = False, note: str = ""
     ) -> None:
         if sweep == "single":
             what = "single-node sweep"
             reason = f"{what} (restarted after an orchestrator restart)" if restarted else what
-            self._transition(rec, "sweeping", reason)
+            self._transition(rec, "sweeping", reason + note)
         now = self.clock()
-        job = _SweepJob(
-            rec.node, sweep, peers, now, time.monotonic() + self.settings.sweep_timeout_s
-        )
+        job = _SweepJob(rec.node, sweep, peers, now, time.monotonic() + self._sweep_budget_s())
         self._jobs[rec.node] = job
         self.stats[f"sweeps_{sweep}"] += 1
         if self._pool is None:
@@ -490,6 +532,11 @@ class Orchestrator:
             self._finish_sweep(rec, job)
         else:
             job.future = self._pool.submit(self._run_executor, rec.node, sweep, peers, now)
+
+    def _sweep_budget_s(self) -> float:
+        """``sweep_timeout_s``, plus the wait for the node's jobs to end where the executor
+        waits for them itself (the Slurm and Kubernetes executors' ``drain_wait_s``)."""
+        return self.settings.sweep_timeout_s + float(getattr(self.executor, "drain_wait_s", 0.0))
 
     def _run_executor(
         self, node: str, sweep: str, peers: list[str], now: float
@@ -513,7 +560,7 @@ class Orchestrator:
                     SweepCheck(
                         name="sweep_timeout",
                         passed=False,
-                        detail=f"no result within {self.settings.sweep_timeout_s:g} s",
+                        detail=f"no result within {self._sweep_budget_s():g} s",
                     )
                 ]
             if job.checks is not None and self._jobs.get(node) is job:

@@ -13,6 +13,10 @@ worth a sweep (it *qualifies*) when the evidence persists:
 A suspect node that gets no new claim for ``suspect_ttl_s`` is healthy again. A node
 flagged again within ``cooldown_s`` of passing a sweep is not swept again: it goes to repair.
 
+The jobs on a node taken out are handled by ``isolate`` (``off | notify | requeue``): left
+alone, named in the node's state, or restarted elsewhere by the scheduler (Slurm requeue;
+Kubernetes: their pods deleted so their controller recreates them) — C4D's isolate-and-restart.
+
 Example
 -------
 >>> from guard.config import OrchestratorSettings
@@ -45,6 +49,7 @@ class SweepPolicy:
     max_flag_age_s: float = 1800.0
     max_cordoned_fraction: float = 0.05
     cap_counts_repair: bool = False
+    isolate: str = "notify"
 
     @classmethod
     def from_settings(cls, s: OrchestratorSettings) -> SweepPolicy:
@@ -58,6 +63,7 @@ class SweepPolicy:
             max_flag_age_s=s.max_flag_age_s,
             max_cordoned_fraction=s.max_cordoned_fraction,
             cap_counts_repair=s.cap_counts_repair,
+            isolate=s.isolate_policy,
         )
 
     def is_claim(self, flag: Flag) -> bool:

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Single-host Slurm 22.05 (Debian's slurmctld, slurmd, slurm-client, munge) for CI and tests.
+# This host is the whole cluster: one partition `guard`, one node named `hostname -s`.
+#
+#   deploy/slurm/slurm.sh start    install the packages if missing (apt-get), write slurm.conf,
+#                                  start munged (as munge), slurmctld and slurmd (as root), wait
+#                                  until the node is up; prints `export` lines for the tests:
+#                                    eval "$(deploy/slurm/slurm.sh start)"
+#   deploy/slurm/slurm.sh stop     stop the daemons this script started (pid files) and drop state
+#   deploy/slurm/slurm.sh status   running or not, and the node's state
+#
+# Settings known to work here (see FIELD-NOTES.md): ProctrackType=proctrack/linuxproc,
+# TaskPlugin=task/none and no cgroup.conf (22.05 has no CgroupPlugin=disabled: slurmd would fail).
+# Slurm's ports are fixed (6817/6818), so there is one such cluster per host: its files live in
+# GUARD_CI_SLURM_DIR (default /var/tmp/guard-slurm), whichever checkout started it.
+# Environment: GUARD_CI_SLURM_DIR, GUARD_CI_SLURM_START_TIMEOUT (s, default 60).
+set -euo pipefail
+
+dir="${GUARD_CI_SLURM_DIR:-/var/tmp/guard-slurm}"
+conf="$dir/slurm.conf"
+node="$(hostname -s)"
+log() { echo "slurm.sh: $*" >&2; }
+
+install_packages() {
+  local missing=()
+  for bin in slurmctld slurmd scontrol munged; do
+    command -v "$bin" >/dev/null || missing+=("$bin")
+  done
+  [[ ${#missing[@]} -eq 0 ]] && return
+  [[ $(id -u) -eq 0 ]] || { log "missing ${missing[*]}; run as root to install them"; exit 1; }
+  log "installing slurmctld slurmd slurm-client munge from Debian (missing: ${missing[*]})"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get -o DPkg::Lock::Timeout=300 update -qq >&2
+  apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends \
+    slurmctld slurmd slurm-client munge >&2
+}
+
+write_conf() {
+  local cpus mem
+  cpus="$(nproc)"
+  mem="$(awk '/MemTotal/ {printf "%d", $2 / 1024 * 0.9}' /proc/meminfo)"
+  mkdir -p "$dir/state" "$dir/spool" "$dir/log"
+  cat > "$conf" <<CONF
+# written by deploy/slurm/slurm.sh: a one-host cluster for Guard's tests
+ClusterName=guard-ci
+SlurmctldHost=$node
+SlurmUser=root
+AuthType=auth/munge
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd.pid
+SlurmctldLogFile=$dir/log/slurmctld.log
+SlurmdLogFile=$dir/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+ReturnToService=2
+JobRequeue=1
+SlurmdTimeout=30
+InactiveLimit=0
+MinJobAge=60
+KillWait=5
+NodeName=$node CPUs=$cpus RealMemory=$mem State=UNKNOWN
+PartitionName=guard Nodes=$node Default=YES MaxTime=INFINITE State=UP
+CONF
+}
+
+pid_alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+start_munge() {
+  munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && return  # a munged already answers
+  [[ -f /etc/munge/munge.key ]] || mungekey --create --keyfile=/etc/munge/munge.key >&2
+  chown munge:munge /etc/munge/munge.key && chmod 0400 /etc/munge/munge.key
+  mkdir -p /run/munge /var/log/munge /var/lib/munge
+  chown munge:munge /run/munge /var/log/munge /var/lib/munge
+  runuser -u munge -- /usr/sbin/munged --pid-file=/run/munge/guard-munged.pid >&2
+  cp /run/munge/guard-munged.pid "$dir/munged.pid"
+  munge -n | unmunge >/dev/null || { log "munged does not answer: see /var/log/munge/munged.log"; exit 1; }
+}
+
+exports() {
+  echo "export SLURM_CONF=$conf"
+  echo "export GUARD_CI_SLURM_NODE=$node"
+}
+
+node_state() { SLURM_CONF="$conf" sinfo -h -n "$node" -o %T 2>/dev/null | head -1; }
+
+start() {
+  install_packages
+  if pid_alive "$dir/slurmctld.pid" && pid_alive "$dir/slurmd.pid"; then
+    log "already running (node $node: $(node_state))"; exports; return
+  fi
+  mkdir -p "$dir" && chmod 0755 "$dir"
+  write_conf
+  start_munge
+  pid_alive "$dir/slurmctld.pid" || slurmctld -f "$conf" >&2
+  pid_alive "$dir/slurmd.pid" || slurmd -f "$conf" >&2
+  local deadline=$((SECONDS + ${GUARD_CI_SLURM_START_TIMEOUT:-60})) state=""
+  while ((SECONDS < deadline)); do
+    state="$(node_state)"
+    case "$state" in idle|mixed|allocated) log "node $node is $state"; exports; return ;; esac
+    sleep 0.5
+  done
+  log "node $node did not come up within ${GUARD_CI_SLURM_START_TIMEOUT:-60} s (state: ${state:-none});"
+  log "see $dir/log/slurmctld.log and $dir/log/slurmd.log"
+  exit 1
+}
+
+stop_pid() {
+  local file="$1" pid
+  pid_alive "$file" || { rm -f "$file"; return; }
+  pid="$(cat "$file")"
+  kill "$pid"
+  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
+  rm -f "$file"
+}
+
+stop() {
+  stop_pid "$dir/slurmd.pid"
+  stop_pid "$dir/slurmctld.pid"
+  stop_pid "$dir/munged.pid"
+  rm -rf "$dir/state" "$dir/spool"
+  log "stopped"
+}
+
+status() {
+  if pid_alive "$dir/slurmctld.pid" && pid_alive "$dir/slurmd.pid"; then
+    echo "running: node $node is $(node_state) (SLURM_CONF=$conf)"
+  else
+    echo "not running"; return 1
+  fi
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  status) status ;;
+  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac

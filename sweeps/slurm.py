@@ -1,0 +1,439 @@
+"""Slurm: own a node before sweeping it, sweep it as a Slurm job on it, give back only what
+Guard took.
+
+How Guard owns a node (checked on Debian's Slurm 22.05, see docs/orchestrator.md):
+
+1. ``scontrol update NodeName=X State=DRAIN Reason="guard: ..."`` — no new jobs start; the
+   running ones finish (or are requeued, per ``isolate_policy``).
+2. Wait until the node is DRAINED (no job left); past ``slurm_drain_timeout_s`` the sweep
+   fails with the jobs still there, and the node goes to repair.
+3. A maintenance reservation ``guard-<NodeName>`` (``Flags=MAINT,IGNORE_JOBS``, ``Users=`` Guard's
+   user) on the node, then ``State=RESUME``: a DRAINED node refuses every job, root's too, while a
+   reserved node takes only ``srun --reservation=guard-<NodeName>`` jobs.
+4. The sweep runs as ``srun --reservation=... -w X -N1 <command>`` and prints one ``sweep``
+   message (``guard sweep run --json``).
+5. Pass: delete the reservation (the node is back). Fail: DRAIN again with a ``guard:`` reason
+   (repair), then delete the reservation.
+
+Guard's marks are the ``guard:`` prefix of the drain Reason and its reservation. A node drained
+with any other Reason is someone else's: Guard reads ``scontrol show node -o`` before every
+change and leaves such a node exactly as it is (State and Reason), also after a restart; a node
+that is in service with no reservation of Guard's was resumed by someone else, and Guard does
+not drain it again on a restart.
+
+Example
+-------
+>>> line = ("NodeName=gpu-001 Arch=x86_64 CPUAlloc=0 State=IDLE+DRAIN ThreadsPerCore=1 "
+...         "Reason=guard: cordoned for sweep [root@2026-12-01T10:16:33]")
+>>> n = SlurmNode.parse(line)
+>>> n.name, n.base, sorted(n.flags), n.reason
+('gpu-001', 'IDLE', ['DRAIN'], 'guard: cordoned for sweep')
+>>> n.drained, n.drained_by_guard, n.drained_by_other
+(True, True, False)
+>>> admin = SlurmNode.parse("NodeName=gpu-002 State=MIXED+DRAIN Reason=bad dimm [ann@2026-12-01]")
+>>> admin.reason, admin.drained, admin.drained_by_other
+('bad dimm', False, True)
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import re
+import shlex
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from guard.config import OrchestratorSettings
+from guard.schemas import SweepCheck, SweepResult
+
+from .scheduler import SchedulerError
+
+__all__ = [
+    "GUARD_REASON_PREFIX",
+    "NodeNotOwned",
+    "SlurmCli",
+    "SlurmNode",
+    "SlurmScheduler",
+    "SlurmSweepExecutor",
+    "SweepJob",
+    "checks_from_output",
+]
+
+log = logging.getLogger(__name__)
+
+GUARD_REASON_PREFIX = "guard:"
+_BUSY = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
+_REASON_STAMP = re.compile(r"\s*\[[^\]]*@[^\]]*\]\s*$")
+
+
+class NodeNotOwned(RuntimeError):
+    """The node is drained by someone else (or was resumed by someone else): Guard keeps off."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmNode:
+    """What ``scontrol show node -o NAME`` says about a node."""
+
+    name: str
+    base: str
+    flags: frozenset[str]
+    reason: str
+
+    @classmethod
+    def parse(cls, line: str) -> SlurmNode:
+        head, _, reason = line.partition(" Reason=")
+        fields = dict(w.split("=", 1) for w in head.split() if "=" in w)
+        state = fields.get("State", "UNKNOWN").upper().split("+")
+        return cls(
+            name=fields.get("NodeName", ""),
+            base=state[0].rstrip("*~#!%$@^-"),
+            flags=frozenset(state[1:]),
+            reason=_REASON_STAMP.sub("", reason).strip(),
+        )
+
+    @property
+    def drain(self) -> bool:
+        return "DRAIN" in self.flags or self.base in ("DRAIN", "DRAINED", "DRAINING")
+
+    @property
+    def busy(self) -> bool:
+        return self.base in _BUSY or "COMPLETING" in self.flags
+
+    @property
+    def drained(self) -> bool:
+        """Drained and no job left on it."""
+        return self.drain and not self.busy
+
+    @property
+    def drained_by_guard(self) -> bool:
+        return self.drain and self.reason.startswith(GUARD_REASON_PREFIX)
+
+    @property
+    def drained_by_other(self) -> bool:
+        """Drained, or down, with a Reason that is not Guard's."""
+        down = self.base in ("DOWN", "FAIL") or "FAIL" in self.flags
+        return (self.drain or down) and not self.reason.startswith(GUARD_REASON_PREFIX)
+
+
+class SlurmCli:
+    """The Slurm commands Guard uses (``scontrol``, ``squeue``, ``srun``), with clear errors."""
+
+    def __init__(
+        self,
+        scontrol: str = "scontrol",
+        squeue: str = "squeue",
+        srun: str = "srun",
+        timeout_s: float = 30.0,
+    ) -> None:
+        self.scontrol, self.squeue, self.srun = scontrol, squeue, srun
+        self.timeout_s = timeout_s
+
+    def run(self, argv: Sequence[str], timeout_s: float | None = None) -> str:
+        try:
+            done = subprocess.run(
+                list(argv),
+                capture_output=True,
+                text=True,
+                timeout=timeout_s or self.timeout_s,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SchedulerError(f"{shlex.join(argv)}: {exc}") from exc
+        if done.returncode != 0:
+            raise SchedulerError(
+                f"{shlex.join(argv)} exited {done.returncode}: "
+                f"{(done.stderr or done.stdout).strip()[:500]}"
+            )
+        return done.stdout
+
+    def scontrol_run(self, *args: str) -> str:
+        return self.run([self.scontrol, *args])
+
+    def node(self, name: str) -> SlurmNode:
+        out = self.scontrol_run("show", "node", "-o", name)
+        line = next((x for x in out.splitlines() if x.startswith("NodeName=")), "")
+        if not line:
+            raise SchedulerError(f"scontrol show node {name}: no such node in {out[:200]!r}")
+        return SlurmNode.parse(line)
+
+    def nodes(self) -> list[str]:
+        out = self.scontrol_run("show", "nodes", "--oneliner")
+        return [SlurmNode.parse(x).name for x in out.splitlines() if x.startswith("NodeName=")]
+
+    def jobs_on(self, name: str) -> list[str]:
+        """Ids of the jobs running (or being set up) on the node."""
+        argv = [self.squeue, "-h", "-w", name, "-t", "RUNNING,CONFIGURING,COMPLETING", "-o", "%i"]
+        return [j for j in self.run(argv).split() if j]
+
+    def reservation_exists(self, name: str) -> bool:
+        try:
+            out = self.scontrol_run("show", "reservation", "-o", name)
+        except SchedulerError as exc:
+            if "not found" in str(exc).lower() or "invalid" in str(exc).lower():
+                return False
+            raise
+        return f"ReservationName={name} " in out
+
+
+@dataclass(frozen=True, slots=True)
+class _Names:
+    node_map: Mapping[str, str]
+
+    def slurm(self, node: str) -> str:
+        return self.node_map.get(node, node)
+
+    def agent(self, slurm_name: str) -> str:
+        back = {v: k for k, v in self.node_map.items()}
+        return back.get(slurm_name, slurm_name)
+
+
+class SlurmScheduler:
+    """Drains, owns and resumes Slurm nodes, touching only what Guard drained (see the module).
+
+    ``cordon`` and ``uncordon`` return what they did: ``drained``, ``resumed``, ``foreign``
+    (someone else's drain: left alone), ``resumed-by-other`` (a restart found the node back in
+    service: not drained again) or ``in-service`` (nothing of Guard's to undo).
+    """
+
+    name = "slurm"
+
+    def __init__(
+        self,
+        cli: SlurmCli | None = None,
+        *,
+        node_map: Mapping[str, str] | None = None,
+        user: str | None = None,
+    ) -> None:
+        self.cli = cli or SlurmCli()
+        self.names = _Names(dict(node_map or {}))
+        self.user = user or getpass.getuser()
+
+    @classmethod
+    def from_settings(cls, o: OrchestratorSettings) -> SlurmScheduler:
+        cli = SlurmCli(o.slurm_scontrol, o.slurm_squeue, o.slurm_srun)
+        return cls(cli, node_map=o.slurm_node_map, user=o.slurm_user)
+
+    @staticmethod
+    def reservation_name(slurm_node: str) -> str:
+        return f"guard-{slurm_node}"
+
+    def state(self, node: str) -> SlurmNode:
+        return self.cli.node(self.names.slurm(node))
+
+    def _drain(self, slurm_node: str, reason: str) -> None:
+        # Slurm keeps the reason verbatim; one line keeps `sinfo -R` readable.
+        text = f"{GUARD_REASON_PREFIX} " + " ".join(reason.split())
+        self.cli.scontrol_run(
+            "update", f"NodeName={slurm_node}", "State=DRAIN", f"Reason={text[:250]}"
+        )
+
+    def _drop_reservation(self, slurm_node: str) -> None:
+        name = self.reservation_name(slurm_node)
+        if self.cli.reservation_exists(name):
+            self.cli.scontrol_run("delete", f"ReservationName={name}")
+
+    def cordon(self, node: str, reason: str) -> str:
+        return self._cordon(node, reason, reassert=False)
+
+    def reassert(self, node: str, reason: str) -> str:
+        return self._cordon(node, reason, reassert=True)
+
+    def _cordon(self, node: str, reason: str, reassert: bool) -> str:
+        slurm_node = self.names.slurm(node)
+        current = self.cli.node(slurm_node)
+        ours = self.cli.reservation_exists(self.reservation_name(slurm_node))
+        if current.drained_by_other:
+            log.warning(
+                "%s is drained by someone else (%r): Guard leaves it as it is", node, current.reason
+            )
+            return "foreign"
+        if reassert and not current.drain and not ours:
+            log.warning("%s is back in service (resumed by someone else): not drained again", node)
+            return "resumed-by-other"
+        self._drain(slurm_node, reason)
+        if ours:
+            try:
+                self._drop_reservation(slurm_node)
+            except SchedulerError as exc:
+                if "in use" not in str(exc):
+                    raise
+                # a sweep job of Guard's (from before a restart) still runs in it: the drain
+                # holds the node; the reservation goes with the next uncordon or cordon
+                log.info("%s: reservation kept while a sweep job runs in it", node)
+        return "drained"
+
+    def uncordon(self, node: str) -> str:
+        slurm_node = self.names.slurm(node)
+        current = self.cli.node(slurm_node)
+        if current.drained_by_other:
+            self._drop_reservation(slurm_node)  # ours; the drain is not
+            log.warning("%s was drained by someone else (%r): left drained", node, current.reason)
+            return "foreign"
+        if current.drained_by_guard:
+            self.cli.scontrol_run("update", f"NodeName={slurm_node}", "State=RESUME")
+            self._drop_reservation(slurm_node)
+            return "resumed"
+        had = self.cli.reservation_exists(self.reservation_name(slurm_node))
+        self._drop_reservation(slurm_node)
+        return "resumed" if had else "in-service"
+
+    def jobs_on(self, node: str) -> list[str]:
+        return self.cli.jobs_on(self.names.slurm(node))
+
+    def isolate(self, node: str, policy: str) -> list[str]:
+        """The jobs on the node; ``requeue`` also requeues each (the drained node is excluded
+        when they start again)."""
+        jobs = self.jobs_on(node)
+        if policy == "requeue":
+            for job in jobs:
+                self.cli.scontrol_run("requeue", job)
+            for job in jobs:
+                self._eligible_now(job)
+        return jobs
+
+    def _eligible_now(self, job: str, wait_s: float = 10.0) -> None:
+        """Slurm holds a requeued job ~2 minutes (EligibleTime); restart it at once instead,
+        as soon as it is pending again (the drained node is excluded)."""
+        deadline, out = time.monotonic() + wait_s, ""
+        while time.monotonic() < deadline:
+            out = self.cli.run([self.cli.squeue, "-h", "-j", job, "-o", "%T"]).strip()
+            if out != "COMPLETING" and out:
+                break
+            time.sleep(0.2)
+        if out == "PENDING":
+            self.cli.scontrol_run("update", f"JobId={job}", "StartTime=now")
+
+    def inventory(self) -> list[str] | None:
+        try:
+            return [self.names.agent(n) for n in self.cli.nodes()] or None
+        except SchedulerError as exc:
+            log.warning("cannot list Slurm nodes: %s", exc)
+            return None
+
+    def hold_for_sweep(self, node: str, drain_timeout_s: float, poll_s: float = 1.0) -> str:
+        """Wait until Guard's drain has emptied the node, then reserve it for Guard's user and
+        resume it; returns the reservation to run the sweep in.
+
+        Raises :class:`NodeNotOwned` when someone else drained (or resumed) the node meanwhile,
+        or Guard sent it to repair (an abandoned sweep), and :class:`TimeoutError` naming the
+        jobs still there after ``drain_timeout_s``.
+        """
+        slurm_node = self.names.slurm(node)
+        deadline = time.monotonic() + drain_timeout_s
+        while True:
+            current = self.cli.node(slurm_node)
+            if not current.drained_by_guard or "sent to repair" in current.reason:
+                raise NodeNotOwned(
+                    f"{node} is not Guard's to sweep (State={current.base}"
+                    f"{'+' if current.flags else ''}{'+'.join(sorted(current.flags))}, "
+                    f"Reason={current.reason!r}): Guard does not sweep it"
+                )
+            if current.drained and not self.cli.jobs_on(slurm_node):
+                break
+            if time.monotonic() > deadline:
+                jobs = ", ".join(self.cli.jobs_on(slurm_node)) or "none listed"
+                raise TimeoutError(
+                    f"{node} still runs jobs ({jobs}) {drain_timeout_s:g} s after the drain"
+                )
+            time.sleep(poll_s)
+        reservation = self.reservation_name(slurm_node)
+        if not self.cli.reservation_exists(reservation):
+            self.cli.scontrol_run(
+                "create",
+                f"ReservationName={reservation}",
+                "Flags=MAINT,IGNORE_JOBS",
+                f"Users={self.user}",
+                f"Nodes={slurm_node}",
+                "StartTime=now",
+                "Duration=UNLIMITED",
+            )
+        self.cli.scontrol_run("update", f"NodeName={slurm_node}", "State=RESUME")
+        return reservation
+
+
+@dataclass(frozen=True, slots=True)
+class SweepJob:
+    """What a scheduler-run sweep executes and how long it may wait (slurm and kubernetes)."""
+
+    command: str = "guard sweep run --json --node {node}"
+    drain_timeout_s: float = 3600.0
+    sweep_timeout_s: float = 1800.0
+    poll_s: float = 1.0
+
+    @classmethod
+    def from_settings(cls, o: OrchestratorSettings, poll_s: float = 1.0) -> SweepJob:
+        return cls(o.sweep_command, o.drain_timeout_s, o.sweep_timeout_s, poll_s)
+
+
+class SlurmSweepExecutor:
+    """Runs ``command`` (``{node}`` substituted; default ``guard sweep run --json --node {node}``)
+    as a Slurm job on the node, inside Guard's reservation, and returns the checks of the one
+    ``sweep`` message it prints. The node must be drained by Guard (the orchestrator cordons
+    first); see the module docstring."""
+
+    sweep_kinds: tuple[str, ...] = ("single",)
+
+    def __init__(self, scheduler: SlurmScheduler, job: SweepJob | None = None) -> None:
+        self.scheduler = scheduler
+        self.job = job or SweepJob()
+
+    @property
+    def drain_wait_s(self) -> float:
+        """How long ``run`` may wait before the sweep starts (the orchestrator allows it)."""
+        return self.job.drain_timeout_s
+
+    def run(self, node: str, sweep: str, peers: Sequence[str], now: float) -> list[SweepCheck]:
+        try:
+            reservation = self.scheduler.hold_for_sweep(
+                node, self.job.drain_timeout_s, self.job.poll_s
+            )
+        except TimeoutError as exc:
+            return [SweepCheck(name="slurm_drain_timeout", passed=False, detail=str(exc))]
+        except NodeNotOwned as exc:
+            return [SweepCheck(name="slurm_node_not_owned", passed=False, detail=str(exc))]
+        slurm_node = self.scheduler.names.slurm(node)
+        minutes = max(1, int(self.job.sweep_timeout_s // 60))
+        argv = [
+            self.scheduler.cli.srun,
+            f"--reservation={reservation}",
+            f"--nodelist={slurm_node}",
+            "--nodes=1",
+            "--ntasks=1",
+            "--job-name=guard-sweep",
+            f"--time={minutes}",
+            *shlex.split(self.job.command.format(node=node, slurm_node=slurm_node)),
+        ]
+        started = time.monotonic()
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=self.job.sweep_timeout_s, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return [SweepCheck(name="sweep_job", passed=False, detail=f"{shlex.join(argv)}: {exc}")]
+        log.info("sweep job on %s took %.1f s", node, time.monotonic() - started)
+        return checks_from_output(shlex.join(argv), done.returncode, done.stdout, done.stderr)
+
+
+def checks_from_output(what: str, returncode: int, stdout: str, stderr: str) -> list[SweepCheck]:
+    """The checks of the last ``sweep`` line of a sweep's output (``guard sweep run --json``
+    exits 1 when a check failed: that is a verdict, not an error)."""
+    for line in reversed(stdout.strip().splitlines()):
+        if line.lstrip().startswith("{"):
+            try:
+                return list(SweepResult.model_validate_json(line).checks) or [
+                    SweepCheck(name="sweep_job", passed=False, detail="the sweep ran no check")
+                ]
+            except ValueError as exc:
+                detail = f"not a sweep message ({exc.__class__.__name__}): {line[:300]}"
+                return [SweepCheck(name="sweep_job", passed=False, detail=detail)]
+    tail = (stderr or stdout).strip()[-500:]
+    return [
+        SweepCheck(
+            name="sweep_job",
+            passed=False,
+            detail=f"{what} exited {returncode} without a sweep line: {tail}",
+        )
+    ]

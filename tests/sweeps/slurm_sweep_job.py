@@ -1,0 +1,60 @@
+"""Stand-in for ``guard sweep run --json --node NODE`` inside a real Slurm job (until that
+command is merged): prints one ``sweep`` message built from schemas' model, with checks that
+say where it ran — the host, the Slurm job and its reservation, read from inside the job.
+
+    slurm_sweep_job.py --node NODE [--fail]     exit 0 passed, 1 a check failed
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from guard.schemas import SweepCheck, SweepResult, stable_id
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--node", required=True)
+    parser.add_argument("--fail", action="store_true", help="fail a check (a broken node)")
+    args = parser.parse_args()
+    job = os.environ.get("SLURM_JOB_ID", "")
+    shown = subprocess.run(
+        ["scontrol", "show", "job", "-o", job], capture_output=True, text=True, check=False
+    ).stdout
+    fields = dict(w.split("=", 1) for w in shown.split() if "=" in w)
+    checks = [
+        SweepCheck(
+            name="slurm_job_host",
+            passed=os.environ.get("SLURMD_NODENAME") == socket.gethostname().split(".")[0],
+            detail=f"job {job} on {os.environ.get('SLURMD_NODENAME')} "
+            f"reservation={fields.get('Reservation', '')}",
+        ),
+        SweepCheck(
+            name="stand_in_check",
+            value=0.0 if args.fail else 1.0,
+            unit="ok",
+            baseline=1.0,
+            passed=not args.fail,
+            detail="fails on --fail",
+        ),
+    ]
+    now = time.time()
+    result = SweepResult(
+        id=stable_id("sweep", args.node, "single", now),
+        ts=now,
+        node=args.node,
+        sweep="single",
+        checks=checks,
+        passed=all(c.passed for c in checks),
+    )
+    print(result.model_dump_json())
+    return 0 if result.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,571 @@
+"""The Kubernetes adapter and sweep executor against a recording stand-in for the API server
+(no API server can run here). Every request body Guard sends is deserialised into the official
+client's model (V1Node, V1Taint, V1NodeCondition, CoreV1Event, V1Eviction, V1Job) and must
+keep every field it carried (a misspelt field would be dropped by the model).
+
+What the stand-in plays besides the API server, and says so: the Job controller and kubelet of
+a sweep Job (the Job succeeds at once, its pod logs the ``sweep`` line the test sets), and a
+training Job's controller (an evicted pod is recreated on another node).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+from kubernetes import client
+
+from guard.config import ConfigError, OrchestratorSettings, Settings
+from guard.schemas import Flag, GuardMessage, NodeState, SweepCheck, SweepResult
+from guard.sweeps.executors import make_executor
+from guard.sweeps.kubernetes import (
+    ANNOTATION_BEFORE,
+    ANNOTATION_REASON,
+    KubernetesScheduler,
+    KubernetesSweepExecutor,
+    reason_tag,
+)
+from guard.sweeps.orchestrator import Orchestrator
+from guard.sweeps.scheduler import SchedulerError, make_scheduler
+from guard.sweeps.slurm import SweepJob
+
+_MODELS = client.ApiClient()
+
+
+def as_model(body: Any, model: str) -> Any:
+    """``body`` as the official client's ``model``; fails when a field is invalid or unknown."""
+    parsed = _MODELS.deserialize(json.dumps(body), model, "application/json")
+    back = _MODELS.sanitize_for_serialization(parsed)
+    assert _paths(body) == _paths(back), f"fields the {model} model does not know"
+    return parsed
+
+
+def _paths(value: Any, prefix: str = "") -> set[str]:
+    if isinstance(value, dict):
+        out = set()
+        for k, v in value.items():
+            if v is not None:
+                out |= {f"{prefix}/{k}"} | _paths(v, f"{prefix}/{k}")
+        return out
+    if isinstance(value, list):
+        return set().union(*(_paths(v, f"{prefix}[]") for v in value)) if value else set()
+    return set()
+
+
+def gpu_node(name: str, gpus: str = "8", **extra: Any) -> dict[str, Any]:
+    node: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "uid": f"uid-{name}", "labels": {}, "annotations": {}},
+        "spec": {},
+        "status": {"allocatable": {"cpu": "96", "nvidia.com/gpu": gpus}, "conditions": []},
+    }
+    for key, value in extra.items():
+        node[key].update(value)
+    return node
+
+
+def pod(name: str, node: str, *, gpus: str | None = "8", owner: str | None = "Job", **meta: Any):  # type: ignore[no-untyped-def]
+    limits = {"nvidia.com/gpu": gpus} if gpus else {}
+    owners = [
+        {"apiVersion": "v1", "kind": owner, "name": f"{name}-owner", "uid": "u", "controller": True}
+    ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "train",
+            "ownerReferences": owners if owner else [],
+            **meta,
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "c", "image": "i", "resources": {"limits": limits}}],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+class StandInApiServer:
+    """Nodes, node status, events, pods, evictions, Jobs and pod logs; records every request."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.nodes = {
+            "gpu-a": gpu_node(
+                "gpu-a",
+                spec={
+                    "taints": [
+                        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+                    ]
+                },
+            ),
+            "gpu-b": gpu_node("gpu-b"),
+            "cpu-1": gpu_node("cpu-1", gpus="0"),
+            "cp-1": gpu_node(
+                "cp-1", metadata={"labels": {"node-role.kubernetes.io/control-plane": ""}}
+            ),
+        }
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.events: list[dict[str, Any]] = []
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.sweep_line = ""
+        self.recreated: dict[str, float] = {}
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def bodies(self, method: str, suffix: str) -> list[Any]:
+        return [
+            r["body"] for r in self.requests if r["method"] == method and r["path"].endswith(suffix)
+        ]
+
+    def route(
+        self, method: str, path: str, query: dict[str, list[str]], body: Any
+    ) -> tuple[int, Any]:
+        parts = path.strip("/").split("/")
+        if path == "/api/v1/nodes":
+            return 200, {
+                "kind": "NodeList",
+                "apiVersion": "v1",
+                "metadata": {},
+                "items": list(self.nodes.values()),
+            }
+        if parts[:3] == ["api", "v1", "nodes"]:
+            node = self.nodes.get(parts[3])
+            if node is None:
+                return 404, {"kind": "Status", "code": 404, "reason": "NotFound"}
+            if method == "PATCH" and len(parts) == 5:  # status: conditions merge by type
+                conditions = {c["type"]: c for c in node["status"]["conditions"]}
+                conditions.update({c["type"]: c for c in body["status"]["conditions"]})
+                node["status"]["conditions"] = list(conditions.values())
+            elif method == "PATCH":
+                for key, value in (body.get("metadata", {}).get("annotations") or {}).items():
+                    if value is None:
+                        node["metadata"]["annotations"].pop(key, None)
+                    else:
+                        node["metadata"]["annotations"][key] = value
+                for key, value in body.get("spec", {}).items():
+                    if value is None:
+                        node["spec"].pop(key, None)
+                    else:
+                        node["spec"][key] = value
+            return 200, node
+        if path == "/api/v1/pods":
+            on = query.get("fieldSelector", [""])[0].removeprefix("spec.nodeName=")
+            items = [p for p in self.pods.values() if p["spec"]["nodeName"] == on]
+            return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}
+        if parts[-1] == "events":
+            self.events.append(body)
+            return 201, body
+        if parts[-1] == "eviction":
+            return self._evict(parts[5])
+        if parts[:2] == ["apis", "batch"]:
+            return self._job(method, parts, body)
+        if parts[-1] == "pods":  # a Job's pods, by label
+            job = query.get("labelSelector", [""])[0].removeprefix("job-name=")
+            items = [self.jobs[job]["_pod"]] if job in self.jobs else []
+            return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}
+        if parts[-1] == "log":
+            return 200, self.sweep_line
+        return 404, {"kind": "Status", "code": 404, "reason": f"no route {method} {path}"}
+
+    def _evict(self, name: str) -> tuple[int, Any]:
+        victim = self.pods[name]
+        if victim["metadata"].get("labels", {}).get("pdb") == "blocks":
+            return 429, {"kind": "Status", "code": 429, "reason": "TooManyRequests"}
+        del self.pods[name]
+        # the stand-in's Job controller recreates the pod on a node that is not cordoned
+        elsewhere = next(
+            n
+            for n, v in self.nodes.items()
+            if not v["spec"].get("unschedulable") and n.startswith("gpu")
+        )
+        again = json.loads(json.dumps(victim))
+        again["metadata"]["name"] = f"{name}-r"
+        again["spec"]["nodeName"] = elsewhere
+        self.pods[again["metadata"]["name"]] = again
+        self.recreated[name] = time.monotonic()
+        return 201, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
+
+    def _job(self, method: str, parts: list[str], body: Any) -> tuple[int, Any]:
+        if method == "POST":
+            name = body["metadata"]["name"]
+            job = dict(body, status={"succeeded": 1})
+            job["_pod"] = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"{name}-x", "namespace": parts[4]},
+            }
+            self.jobs[name] = job
+            return 201, {k: v for k, v in job.items() if k != "_pod"}
+        name = parts[6]
+        if method == "DELETE":
+            self.jobs.pop(name, None)
+            return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
+        return 200, {k: v for k, v in self.jobs[name].items() if k != "_pod"}
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _serve(self) -> None:
+                url = urlparse(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                server.requests.append(
+                    {
+                        "method": self.command,
+                        "path": url.path,
+                        "content_type": self.headers.get("Content-Type"),
+                        "authorization": self.headers.get("Authorization"),
+                        "body": body,
+                    }
+                )
+                code, reply = server.route(self.command, url.path, parse_qs(url.query), body)
+                data = reply.encode() if isinstance(reply, str) else json.dumps(reply).encode()
+                self.send_response(code)
+                self.send_header(
+                    "Content-Type", "text/plain" if isinstance(reply, str) else "application/json"
+                )
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_PATCH = do_POST = do_DELETE = _serve
+
+        return Handler
+
+
+@pytest.fixture
+def apiserver() -> Iterator[StandInApiServer]:
+    server = StandInApiServer()
+    yield server
+    server.close()
+
+
+def kubeconfig(tmp_path: Path, url: str) -> str:
+    path = tmp_path / "kubeconfig"
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "t", "cluster": {"server": url}}],
+        "users": [{"name": "t", "user": {"token": "guard-token"}}],
+        "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
+        "current-context": "t",
+    }
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+@pytest.fixture
+def kube(apiserver: StandInApiServer, tmp_path: Path) -> KubernetesScheduler:
+    return KubernetesScheduler(kubeconfig=kubeconfig(tmp_path, apiserver.url), namespace="guard")
+
+
+REASON = "cordoned for sweep: critical thermal flag gpu3 from thermal (score 3)"
+
+
+def test_cordon_taints_with_the_reason_adds_a_condition_and_an_event(
+    apiserver: StandInApiServer, tmp_path: Path, settings: Settings
+) -> None:
+    settings.orchestrator.scheduler = "kubernetes"
+    settings.orchestrator.kubeconfig = kubeconfig(tmp_path, apiserver.url)
+    kube = make_scheduler(settings)
+    assert isinstance(kube, KubernetesScheduler)
+    assert kube.cordon("gpu-a", REASON) == "cordoned"
+
+    (patch,) = apiserver.bodies("PATCH", "/nodes/gpu-a")
+    node = as_model(patch, "V1Node")
+    assert node.spec.unschedulable is True
+    assert [(t.key, t.value, t.effect) for t in node.spec.taints] == [
+        ("nvidia.com/gpu", "present", "NoSchedule"),
+        ("guard.io/suspect", reason_tag(REASON), "NoSchedule"),
+    ]
+    assert node.metadata.annotations == {
+        ANNOTATION_BEFORE: '{"unschedulable": false}',
+        ANNOTATION_REASON: REASON,
+    }
+    cordon_patch = next(r for r in apiserver.requests if r["method"] == "PATCH")
+    assert cordon_patch["content_type"] == "application/strategic-merge-patch+json"
+    assert cordon_patch["authorization"] == "Bearer guard-token"
+    (status,) = apiserver.bodies("PATCH", "/nodes/gpu-a/status")
+    (condition,) = as_model(status, "V1Node").status.conditions
+    assert (condition.type, condition.status, condition.reason) == (
+        "GuardSuspect",
+        "True",
+        "GuardCordoned",
+    )
+    assert condition.message == REASON
+    (event,) = [as_model(e, "CoreV1Event") for e in apiserver.events]
+    assert (event.involved_object.kind, event.involved_object.name) == ("Node", "gpu-a")
+    assert (event.type, event.reason, event.message) == ("Warning", "GuardCordoned", REASON)
+    assert event.metadata.namespace == "guard"
+
+    kube.cordon("gpu-a", "sent to repair: failed the single-node sweep")  # idempotent
+    taints = apiserver.nodes["gpu-a"]["spec"]["taints"]
+    assert [t["key"] for t in taints] == ["nvidia.com/gpu", "guard.io/suspect"]
+    assert taints[1]["value"] == "sent-to-repair-failed-the-single-node-sweep"
+    assert apiserver.nodes["gpu-a"]["status"]["conditions"][0]["reason"] == "GuardRepair"
+    assert (
+        apiserver.nodes["gpu-a"]["metadata"]["annotations"][ANNOTATION_BEFORE]
+        == '{"unschedulable": false}'
+    )
+
+
+def test_uncordon_removes_only_what_guard_added(
+    apiserver: StandInApiServer, kube: KubernetesScheduler
+) -> None:
+    kube.cordon("gpu-a", REASON)
+    assert kube.uncordon("gpu-a") == "resumed"
+    body = apiserver.bodies("PATCH", "/nodes/gpu-a")[-1]
+    assert body["metadata"]["annotations"] == {ANNOTATION_BEFORE: None, ANNOTATION_REASON: None}
+    node = as_model({"spec": body["spec"]}, "V1Node")  # null annotations: deletions in a patch
+    assert node.spec.unschedulable is False
+    assert [t.key for t in node.spec.taints] == ["nvidia.com/gpu"]
+    assert apiserver.nodes["gpu-a"]["metadata"]["annotations"] == {}
+    (condition,) = apiserver.nodes["gpu-a"]["status"]["conditions"]
+    assert (condition["status"], condition["reason"]) == ("False", "GuardReleased")
+    assert [e["reason"] for e in apiserver.events] == ["GuardCordoned", "GuardReleased"]
+
+    # an administrator's earlier cordon stays after Guard's release
+    apiserver.nodes["gpu-b"]["spec"]["unschedulable"] = True
+    kube.cordon("gpu-b", REASON)
+    assert kube.uncordon("gpu-b") == "foreign"
+    assert apiserver.nodes["gpu-b"]["spec"] == {"unschedulable": True}
+
+
+def test_a_node_guard_did_not_cordon_is_left_alone(
+    apiserver: StandInApiServer, kube: KubernetesScheduler
+) -> None:
+    apiserver.nodes["gpu-b"]["spec"]["unschedulable"] = True  # an administrator's cordon
+    assert kube.uncordon("gpu-b") == "in-service"
+    assert [r["method"] for r in apiserver.requests] == ["GET"]
+    assert apiserver.nodes["gpu-b"]["spec"] == {"unschedulable": True}
+    assert kube.reassert("gpu-b", REASON) == "foreign"  # a restart does not take it over
+
+    apiserver.nodes["gpu-b"]["spec"] = {}
+    kube.cordon("gpu-a", REASON)
+    apiserver.nodes["gpu-a"]["spec"] = {"unschedulable": False}  # an admin undid Guard's cordon
+    before = len(apiserver.requests)
+    assert kube.reassert("gpu-a", REASON) == "resumed-by-other"
+    assert [r["method"] for r in apiserver.requests[before:]] == ["GET"]
+    with pytest.raises(SchedulerError, match="reading node gpu-z: 404"):
+        kube.cordon("gpu-z", "x")
+
+
+def test_cpu_and_control_plane_nodes_are_not_managed(
+    apiserver: StandInApiServer, kube: KubernetesScheduler
+) -> None:
+    assert sorted(kube.inventory() or []) == ["gpu-a", "gpu-b"]
+    assert kube.cordon("cpu-1", REASON) == "ineligible"
+    assert kube.cordon("cp-1", REASON) == "ineligible"
+    assert [r["method"] for r in apiserver.requests if r["method"] != "GET"] == []
+
+
+def test_isolate_lists_or_evicts_the_training_pods_through_the_eviction_api(
+    apiserver: StandInApiServer, kube: KubernetesScheduler
+) -> None:
+    apiserver.pods = {
+        p["metadata"]["name"]: p
+        for p in (
+            pod("trainer-0", "gpu-a"),
+            pod("agent-x", "gpu-a", owner="DaemonSet"),
+            pod("web", "gpu-a", gpus=None),
+            pod("bare", "gpu-a", owner=None),
+            pod("held", "gpu-a", labels={"pdb": "blocks"}),
+            pod("guard-sweep-x", "gpu-a", labels={"app.kubernetes.io/name": "guard-sweep"}),
+        )
+    }
+    listed = kube.isolate("gpu-a", "notify")
+    assert listed == [
+        "train/trainer-0 (Job trainer-0-owner)",
+        "train/bare",
+        "train/held (Job held-owner)",
+    ]
+    assert apiserver.bodies("POST", "/eviction") == []
+
+    kube.cordon("gpu-a", REASON)
+    requeued = kube.isolate("gpu-a", "requeue")
+    assert requeued == [
+        "train/trainer-0 (Job trainer-0-owner) (evicted)",
+        "train/bare (no controller: not evicted)",
+        "train/held (Job held-owner) (eviction refused now by a PodDisruptionBudget)",
+    ]
+    evictions = [as_model(b, "V1Eviction") for b in apiserver.bodies("POST", "/eviction")]
+    assert [(e.metadata.name, e.metadata.namespace) for e in evictions] == [
+        ("trainer-0", "train"),
+        ("held", "train"),
+    ]
+    assert apiserver.pods["trainer-0-r"]["spec"]["nodeName"] == "gpu-b"
+
+
+def test_a_missing_kubeconfig_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"no usable Kubernetes credentials in .*nope.*set orchestrator\.kubeconfig",
+    ):
+        KubernetesScheduler(kubeconfig=str(tmp_path / "nope"))
+
+
+def sweep_line(node: str, passed: bool) -> str:
+    check = SweepCheck(
+        name="gemm_tflops_gpu0",
+        value=700.0 if passed else 300.0,
+        unit="TFLOPS",
+        baseline=650.0,
+        passed=passed,
+    )
+    return SweepResult(
+        id="s1", ts=time.time(), node=node, sweep="single", checks=[check], passed=passed
+    ).model_dump_json()
+
+
+def test_the_sweep_runs_as_a_job_pinned_to_the_node_that_tolerates_guard(
+    apiserver: StandInApiServer, kube: KubernetesScheduler, settings: Settings
+) -> None:
+    settings.orchestrator.executor = "kubernetes"
+    apiserver.sweep_line = sweep_line("gpu-a", passed=True)
+    executor = KubernetesSweepExecutor(
+        kube, image="registry.example/guard:1", job=SweepJob(poll_s=0.05)
+    )
+    checks = executor.run("gpu-a", "single", [], time.time())
+    assert [(c.name, c.passed, c.value) for c in checks] == [("gemm_tflops_gpu0", True, 700.0)]
+
+    (body,) = apiserver.bodies("POST", "/jobs")
+    job = as_model(body, "V1Job")
+    spec = job.spec.template.spec
+    assert spec.node_selector == {"kubernetes.io/hostname": "gpu-a"}
+    assert {(t.key, t.operator, t.effect) for t in spec.tolerations} == {
+        ("guard.io/suspect", "Exists", "NoSchedule"),
+        ("node.kubernetes.io/unschedulable", "Exists", "NoSchedule"),
+    }
+    (container,) = spec.containers
+    assert container.command == ["guard", "sweep", "run", "--json", "--node", "gpu-a"]
+    assert container.resources.limits == {"nvidia.com/gpu": "8"}
+    assert job.spec.backoff_limit == 0
+    assert apiserver.jobs == {}  # deleted after reading its result
+
+    apiserver.sweep_line = "Traceback: no GPU"
+    (bad,) = executor.run("gpu-a", "single", [], time.time())
+    assert bad.name == "sweep_job" and not bad.passed and "without a sweep line" in bad.detail
+    with pytest.raises(ConfigError, match="kube_sweep_image"):
+        make_executor(settings)
+
+
+def test_flag_to_restarted_training_pod_end_to_end(
+    apiserver: StandInApiServer, kube: KubernetesScheduler
+) -> None:
+    apiserver.pods = {"trainer-0": pod("trainer-0", "gpu-a")}
+    apiserver.sweep_line = sweep_line("gpu-a", passed=True)
+    out: list[GuardMessage] = []
+    orch = Orchestrator(
+        OrchestratorSettings(multi_sweep_peers=0, isolate_policy="requeue"),
+        scheduler=kube,
+        executor=KubernetesSweepExecutor(kube, image="guard:1", job=SweepJob(poll_s=0.05)),
+        publish=out.append,
+        inline_sweeps=True,
+    )
+    flagged = time.monotonic()
+    flag = Flag(
+        id="f1",
+        ts=time.time(),
+        node="gpu-a",
+        gpu=3,
+        detector="thermal",
+        category="thermal",
+        severity="critical",
+        score=3.0,
+    )
+    assert orch.handle_flag(flag) == "qualified"
+    orch.tick()
+    assert [m.state for m in out if isinstance(m, NodeState)] == [
+        "suspect",
+        "cordoned",
+        "sweeping",
+        "healthy",
+    ]
+    sweeping = next(m for m in out if isinstance(m, NodeState) and m.state == "sweeping")
+    assert "train/trainer-0 (Job trainer-0-owner) (evicted)" in sweeping.reason
+    assert apiserver.pods["trainer-0-r"]["spec"]["nodeName"] == "gpu-b"
+    restarted_s = apiserver.recreated["trainer-0"] - flagged
+    assert "guard.io/suspect" not in json.dumps(apiserver.nodes["gpu-a"]["spec"])
+    print(
+        "\nflag -> training pod recreated elsewhere (stand-in controller): "
+        f"{restarted_s * 1000:.0f} ms"
+    )
+
+
+RBAC = Path(__file__).resolve().parents[2] / "deploy/kubernetes/orchestrator-rbac.yaml"
+
+
+def _rbac_rules() -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+    import yaml
+
+    docs = list(yaml.safe_load_all(RBAC.read_text()))
+    cluster = [r for d in docs if d["kind"] == "ClusterRole" for r in d["rules"]]
+    namespaced: dict[str, list[dict[str, Any]]] = {}
+    for d in docs:
+        if d["kind"] == "Role":
+            namespaced.setdefault(d["metadata"]["namespace"], []).extend(d["rules"])
+    bound = {d["roleRef"]["name"] for d in docs if d["kind"].endswith("Binding")}
+    assert bound == {d["metadata"]["name"] for d in docs if d["kind"] in ("ClusterRole", "Role")}
+    return cluster, namespaced
+
+
+def _authorization(method: str, path: str) -> tuple[str, str, str, str | None]:
+    """(apiGroup, resource[/subresource], verb, namespace) of a request to the API server."""
+    parts = path.strip("/").split("/")
+    group = "" if parts[0] == "api" else parts[1]
+    rest = parts[2:] if parts[0] == "api" else parts[3:]
+    namespace = None
+    if rest[0] == "namespaces":
+        namespace, rest = rest[1], rest[2:]
+    resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+    named = len(rest) > 1
+    verb = {"GET": "get" if named else "list", "PATCH": "patch", "POST": "create"}.get(
+        method, "delete"
+    )
+    return group, resource, verb, namespace
+
+
+def test_the_shipped_rbac_allows_every_request_guard_makes(
+    apiserver: StandInApiServer, kube: KubernetesScheduler
+) -> None:
+    apiserver.pods = {"trainer-0": pod("trainer-0", "gpu-a")}
+    apiserver.sweep_line = sweep_line("gpu-a", passed=True)
+    kube.inventory()
+    kube.cordon("gpu-a", REASON)
+    kube.isolate("gpu-a", "requeue")
+    KubernetesSweepExecutor(kube, image="guard:1", job=SweepJob(poll_s=0.05)).run(
+        "gpu-a", "single", [], 0.0
+    )
+    kube.uncordon("gpu-a")
+    cluster, namespaced = _rbac_rules()
+    seen = set()
+    for r in apiserver.requests:
+        group, resource, verb, ns = _authorization(r["method"], r["path"])
+        rules = cluster + (namespaced.get(ns, []) if ns else [])
+        allowed = any(
+            group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
+            for rule in rules
+        )
+        assert allowed, f"{r['method']} {r['path']} needs {verb} on {group}/{resource} in {ns}"
+        seen.add((resource, verb))
+    assert {("nodes", "patch"), ("nodes/status", "patch"), ("events", "create")} <= seen
+    assert {("pods/eviction", "create"), ("jobs", "create"), ("pods/log", "get")} <= seen

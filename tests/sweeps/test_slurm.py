@@ -1,0 +1,356 @@
+"""The Slurm adapter and the Slurm sweep executor against a real one-host Slurm 22.05.
+
+``deploy/slurm/slurm.sh start`` runs it (``.ci/run`` does, and exports ``GUARD_CI_SLURM=1``);
+when no Slurm answers, the session starts it with the same script. Never skipped: a missing
+Slurm fails these tests. "The node" is this host (``hostname -s``).
+
+The sweep job runs ``tests/sweeps/slurm_sweep_job.py`` (prints a ``sweep`` message from
+schemas' model, from inside the job) until ``guard sweep run --json`` is merged.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from guard.config import OrchestratorSettings
+from guard.schemas import Flag, GuardMessage, NodeState
+from guard.sweeps.orchestrator import Orchestrator
+from guard.sweeps.slurm import SlurmNode, SlurmScheduler, SlurmSweepExecutor, SweepJob
+
+pytestmark = pytest.mark.slurm
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = Path(__file__).with_name("slurm_sweep_job.py")
+
+
+def _slurm_answers() -> bool:
+    try:
+        done = subprocess.run(
+            ["scontrol", "ping"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and "UP" in done.stdout
+
+
+@pytest.fixture(scope="session")
+def slurm_node() -> Iterator[str]:
+    """The node of the running one-host Slurm; started with deploy/slurm/slurm.sh (and
+    stopped at the end) when none answers, except in CI, where .ci/run must have started it."""
+    os.environ.setdefault("SLURM_CONF", "/var/tmp/guard-slurm/slurm.conf")
+    started = False
+    if not _slurm_answers():
+        if os.environ.get("GUARD_CI_SLURM") == "1":
+            pytest.fail("GUARD_CI_SLURM=1 but no Slurm answers `scontrol ping`: see .ci/run")
+        done = subprocess.run(
+            [str(ROOT / "deploy/slurm/slurm.sh"), "start"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if done.returncode != 0:
+            pytest.fail(
+                "no Slurm answers and deploy/slurm/slurm.sh start failed "
+                f"(exit {done.returncode}): {done.stderr[-2000:]}"
+            )
+        for line in done.stdout.splitlines():
+            name, _, value = line.removeprefix("export ").partition("=")
+            os.environ[name] = value
+        started = True
+    yield os.environ.get("GUARD_CI_SLURM_NODE") or os.uname().nodename.split(".")[0]
+    if started:
+        subprocess.run([str(ROOT / "deploy/slurm/slurm.sh"), "stop"], check=False, timeout=120)
+
+
+def sh(*argv: str) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
+
+
+def node_line(node: str) -> SlurmNode:
+    return SlurmNode.parse(sh("scontrol", "show", "node", "-o", node).strip())
+
+
+def state_and_reason(node: str) -> tuple[str, str]:
+    """State and Reason exactly as ``scontrol show node -o`` prints them (with the stamp)."""
+    line = sh("scontrol", "show", "node", "-o", node).strip()
+    head, _, reason = line.partition(" Reason=")
+    state = next(w for w in head.split() if w.startswith("State="))
+    return state, reason
+
+
+def wait_for(what: str, test, timeout_s: float = 30.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = test()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"{what} not within {timeout_s:g} s")
+
+
+@pytest.fixture
+def node(slurm_node: str) -> Iterator[str]:
+    """The node, idle and in service before and after each test (jobs cancelled, Guard's
+    reservation gone, drains undone)."""
+
+    def clean() -> None:
+        subprocess.run(["scancel", "--full", "-u", "root"], check=False)
+        subprocess.run(
+            ["scontrol", "delete", f"ReservationName=guard-{slurm_node}"],
+            capture_output=True,
+            check=False,
+        )
+        if node_line(slurm_node).drain:
+            sh("scontrol", "update", f"NodeName={slurm_node}", "State=RESUME")
+        wait_for(
+            "an idle node",
+            lambda: (n := node_line(slurm_node)).base == "IDLE" and not n.drain,
+        )
+
+    clean()
+    yield slurm_node
+    clean()
+
+
+def make_orchestrator(
+    node: str,
+    out: list[GuardMessage],
+    *,
+    fail: bool = False,
+    isolate: str = "notify",
+    drain_timeout_s: float = 30.0,
+    listeners: tuple = (),  # type: ignore[type-arg]
+) -> Orchestrator:
+    scheduler = SlurmScheduler(user="root")
+    command = f"{sys.executable} {JOB} --node {{node}}" + (" --fail" if fail else "")
+    executor = SlurmSweepExecutor(
+        scheduler,
+        SweepJob(command, drain_timeout_s=drain_timeout_s, sweep_timeout_s=120, poll_s=0.2),
+    )
+    return Orchestrator(
+        OrchestratorSettings(nodes=[node], multi_sweep_peers=0, isolate_policy=isolate),
+        scheduler=scheduler,
+        executor=executor,
+        publish=out.append,
+        listeners=listeners,
+        inline_sweeps=True,
+    )
+
+
+def critical_flag(node: str) -> Flag:
+    return Flag(
+        id=f"f-{time.time_ns()}",
+        ts=time.time(),
+        node=node,
+        gpu=3,
+        detector="thermal",
+        category="thermal",
+        severity="critical",
+        score=3.0,
+    )
+
+
+def states(out: list[GuardMessage]) -> list[str]:
+    return [m.state for m in out if isinstance(m, NodeState)]
+
+
+def test_flagged_node_is_drained_swept_in_a_slurm_job_on_it_and_resumed(node: str) -> None:
+    seen: dict[str, SlurmNode] = {}
+
+    def at_sweeping(message: GuardMessage) -> None:
+        if isinstance(message, NodeState) and message.state == "sweeping":
+            seen["sweeping"] = node_line(node)  # Guard's drain is on before the sweep starts
+
+    out: list[GuardMessage] = []
+    orch = make_orchestrator(node, out, listeners=(at_sweeping,))
+    assert orch.handle_flag(critical_flag(node)) == "qualified"
+    orch.tick()
+
+    assert states(out) == ["suspect", "cordoned", "sweeping", "healthy"]
+    assert seen["sweeping"].drained_by_guard
+    assert seen["sweeping"].reason.startswith("guard: cordoned for sweep: critical thermal")
+    (sweep,) = [m for m in out if m.kind == "sweep"]
+    assert sweep.passed
+    host = next(c for c in sweep.checks if c.name == "slurm_job_host")
+    assert host.passed and f"on {node} reservation=guard-{node}" in host.detail
+    after = node_line(node)
+    assert not after.drain and after.base == "IDLE" and after.reason == ""
+    assert "guard-" not in sh("scontrol", "show", "reservation")
+
+
+def test_a_failed_sweep_leaves_the_node_drained_for_repair(node: str) -> None:
+    out: list[GuardMessage] = []
+    orch = make_orchestrator(node, out, fail=True)
+    orch.handle_flag(critical_flag(node))
+    orch.tick()
+
+    assert states(out) == ["suspect", "cordoned", "sweeping", "failed", "repair"]
+    after = node_line(node)
+    assert after.drained_by_guard
+    assert after.reason.startswith("guard: sent to repair: failed the single-node sweep")
+    assert "stand_in_check" in after.reason
+    assert "guard-" not in sh("scontrol", "show", "reservation")  # no job can start there
+
+
+def test_an_admin_drained_node_stays_exactly_as_the_admin_left_it(node: str) -> None:
+    sh("scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=bad DIMM, ticket 4711")
+    before = state_and_reason(node)
+    out: list[GuardMessage] = []
+    orch = make_orchestrator(node, out)
+    orch.handle_flag(critical_flag(node))
+    orch.tick()
+    assert states(out)[-1] == "repair"
+    assert "already taken out by someone else in slurm" in out[-1].reason
+    assert state_and_reason(node) == before
+
+    # an operator's release and an orchestrator restart do not touch it either
+    orch.handle_operator(NodeState(ts=time.time(), node=node, state="healthy", actor="operator:x"))
+    assert state_and_reason(node) == before
+    again = make_orchestrator(node, [])
+    again.resume(again.recover(m for m in out if isinstance(m, NodeState)))
+    assert state_and_reason(node) == before
+    assert before[1].startswith("bad DIMM, ticket 4711")
+
+
+def test_a_restart_does_not_drain_again_a_node_someone_resumed(node: str) -> None:
+    out: list[GuardMessage] = []
+    orch = make_orchestrator(node, out, fail=True)
+    orch.handle_flag(critical_flag(node))
+    orch.tick()
+    assert node_line(node).drained_by_guard and states(out)[-1] == "repair"
+
+    sh("scontrol", "update", f"NodeName={node}", "State=RESUME")  # an admin puts it back
+    after: list[GuardMessage] = []
+    restarted = make_orchestrator(node, after)
+    restarted.resume(restarted.recover(m for m in out if isinstance(m, NodeState)))
+    assert not node_line(node).drain
+    assert states(after) == ["healthy"] and "not taken out again" in after[-1].reason
+
+
+def test_the_sweep_waits_for_the_drain_and_a_job_that_stays_sends_the_node_to_repair(
+    node: str,
+) -> None:
+    job = sh("sbatch", "--parsable", "-w", node, "-o", "/dev/null", "--wrap", "sleep 300").strip()
+    wait_for("the job running", lambda: job in sh("squeue", "-h", "-t", "R", "-o", "%i"))
+    out: list[GuardMessage] = []
+    orch = make_orchestrator(node, out, drain_timeout_s=2.0)
+    orch.handle_flag(critical_flag(node))
+    orch.tick()
+
+    sweeping = next(m for m in out if isinstance(m, NodeState) and m.state == "sweeping")
+    assert f"jobs on the node: {job}" in sweeping.reason and "requeued" not in sweeping.reason
+    (sweep,) = [m for m in out if m.kind == "sweep"]
+    assert [c.name for c in sweep.checks] == ["slurm_drain_timeout"]
+    assert f"still runs jobs ({job})" in sweep.checks[0].detail
+    assert states(out)[-1] == "repair"
+    assert job in sh("squeue", "-h", "-t", "R", "-o", "%i")  # the job was left to run
+
+
+def test_requeue_restarts_the_running_job_once_the_node_is_back(node: str) -> None:
+    marker = Path(f"/tmp/guard-requeue-{os.getpid()}-{time.time_ns()}")
+    script = f"echo run$SLURM_RESTART_COUNT >> {marker}; sleep 300"
+    job = sh("sbatch", "--parsable", "-w", node, "-o", "/dev/null", "--wrap", script).strip()
+    wait_for("the job running", marker.exists)
+    out: list[GuardMessage] = []
+    orch = make_orchestrator(node, out, isolate="requeue")
+    flagged = time.monotonic()
+    orch.handle_flag(critical_flag(node))
+    orch.tick()
+
+    sweeping = next(m for m in out if isinstance(m, NodeState) and m.state == "sweeping")
+    assert f"jobs on the node: {job} (requeued)" in sweeping.reason
+    assert states(out)[-1] == "healthy"
+    wait_for(
+        "the requeued job running again",
+        lambda: len(marker.read_text().split()) == 2,
+        timeout_s=120,
+    )
+    restarted_s = time.monotonic() - flagged
+    marker.unlink()
+    shown = sh("scontrol", "show", "job", "-o", job)
+    assert "Restarts=1" in shown and "JobState=RUNNING" in shown
+    print(f"\nflag -> restarted job: {restarted_s:.1f} s (drain, requeue, sweep job, resume)")
+
+
+def test_a_restart_during_a_sweep_drains_again_and_sweeps_once_the_old_job_ended(
+    node: str,
+) -> None:
+    now = time.time()
+    before = [
+        NodeState(ts=now - 3, node=node, state="suspect", prev="healthy", actor="orchestrator"),
+        NodeState(ts=now - 2, node=node, state="cordoned", prev="suspect", actor="orchestrator"),
+        NodeState(ts=now - 1, node=node, state="sweeping", prev="cordoned", actor="orchestrator"),
+    ]
+    # what the orchestrator that died had done: its reservation, the node resumed into it,
+    # and its sweep job still running there
+    sh(
+        "scontrol",
+        "create",
+        f"ReservationName=guard-{node}",
+        "Flags=MAINT,IGNORE_JOBS",
+        "Users=root",
+        f"Nodes={node}",
+        "StartTime=now",
+        "Duration=UNLIMITED",
+    )
+    old_sweep = subprocess.Popen(
+        ["srun", f"--reservation=guard-{node}", "-w", node, "-N1", "sleep", "3"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for("the old sweep running", lambda: sh("squeue", "-h", "-t", "R", "-o", "%i").strip())
+    out: list[GuardMessage] = []
+    restarted = make_orchestrator(node, out)
+    restarted.resume(restarted.recover(before))
+    old_sweep.wait(timeout=30)
+
+    assert states(out) == ["sweeping", "healthy"]
+    assert "restarted after an orchestrator restart" in out[0].reason
+    (sweep,) = [m for m in out if m.kind == "sweep"]
+    assert sweep.passed
+    after = node_line(node)
+    assert not after.drain and after.base == "IDLE"
+    assert "guard-" not in sh("scontrol", "show", "reservation")
+
+
+def test_an_abandoned_sweep_never_reserves_a_node_sent_to_repair(node: str) -> None:
+    slurm = SlurmScheduler(user="root")
+    assert (
+        slurm.cordon(node, "sent to repair: sweep_timeout (no result within 1800 s)") == "drained"
+    )
+    executor = SlurmSweepExecutor(slurm, SweepJob(poll_s=0.2))
+    (check,) = executor.run(node, "single", [], time.time())
+    assert check.name == "slurm_node_not_owned" and "not Guard's to sweep" in check.detail
+    assert node_line(node).drained_by_guard  # still drained, no reservation made
+    assert "guard-" not in sh("scontrol", "show", "reservation")
+    assert slurm.uncordon(node) == "resumed" and not node_line(node).drain
+
+
+def test_agent_names_map_to_slurm_node_names(node: str) -> None:
+    slurm = SlurmScheduler(node_map={"agent-host-7": node}, user="root")
+    command = f"{sys.executable} {JOB} --node {{node}} --fail"
+    out: list[GuardMessage] = []
+    orch = Orchestrator(
+        OrchestratorSettings(nodes=["agent-host-7"], multi_sweep_peers=0),
+        scheduler=slurm,
+        executor=SlurmSweepExecutor(slurm, SweepJob(command, poll_s=0.2)),
+        publish=out.append,
+        inline_sweeps=True,
+    )
+    assert slurm.inventory() == ["agent-host-7"]
+    orch.handle_flag(critical_flag("agent-host-7"))
+    orch.tick()
+    assert states(out) == ["suspect", "cordoned", "sweeping", "failed", "repair"]
+    (sweep,) = [m for m in out if m.kind == "sweep"]
+    assert sweep.node == "agent-host-7"
+    host = next(c for c in sweep.checks if c.name == "slurm_job_host")
+    assert f"on {node} reservation=guard-{node}" in host.detail
+    assert node_line(node).reason.startswith("guard: sent to repair")

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from guard.config import Settings
+from guard.config import Settings, node_name
 from guard.errors import GuardError
 from guard.schemas import (
     CollectiveTiming,
@@ -318,7 +318,7 @@ def run_agent(args: argparse.Namespace, settings: Settings) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     agent = settings.agent
-    node = agent.node or socket.gethostname()
+    node = node_name(agent.node)
     interval = agent.interval_s
     publisher: Any
     if getattr(args, "dry_run", False):

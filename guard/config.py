@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,7 +26,7 @@ from pydantic_settings import (
 from guard.errors import GuardError
 from guard.schemas import CATEGORIES
 
-__all__ = ["ConfigError", "Settings", "load_settings"]
+__all__ = ["NODE_NAME_SOURCES", "ConfigError", "Settings", "load_settings", "node_name"]
 
 
 class ConfigError(GuardError):
@@ -86,7 +88,11 @@ class AgentSettings(Section):
     socket_path: str = "/run/guard/agent.sock"
     spool_dir: str | None = Field(None, description="default <data_dir>/spool")
     spool_max_bytes: int = Field(256 << 20, ge=0)
-    node: str | None = Field(None, description="node name; default the host name")
+    node: str | None = Field(
+        None,
+        description="node name; default $NODE_NAME (Kubernetes spec.nodeName), else "
+        "$SLURMD_NODENAME, else the host name",
+    )
     gpu_source: Literal["nvml", "dcgm", "none"] = "nvml"
     dcgm_url: str = "http://127.0.0.1:9400/metrics"
     sysfs_root: str = "/sys"
@@ -250,6 +256,34 @@ class Settings(BaseSettings):
                         if _is_secret(key):
                             section["extra"][key] = "***"
         return data
+
+
+#: Where a node's name comes from when the configuration does not give it, in order:
+#: the Kubernetes downward API (``spec.nodeName``, the name the Kubernetes adapter cordons),
+#: Slurm's name for the node (``NodeName=``, the name ``scontrol`` drains).
+NODE_NAME_SOURCES = ("NODE_NAME", "SLURMD_NODENAME")
+
+
+def node_name(configured: str | None = None, env: Mapping[str, str] | None = None) -> str:
+    """The name this node's telemetry carries, and the scheduler adapters act on.
+
+    ``configured`` (``agent.node``) wins, else the first of :data:`NODE_NAME_SOURCES` set in
+    ``env`` (default ``os.environ``), else the host name. In a Kubernetes DaemonSet the
+    host name is the pod's, not the node's: export ``NODE_NAME`` from ``spec.nodeName``.
+
+    >>> node_name("gpu-07", {"NODE_NAME": "k8s-node"})
+    'gpu-07'
+    >>> node_name(None, {"NODE_NAME": "", "SLURMD_NODENAME": "gpu-08"})
+    'gpu-08'
+    """
+    if configured:
+        return configured
+    env = os.environ if env is None else env
+    for variable in NODE_NAME_SOURCES:
+        value = env.get(variable, "").strip()
+        if value:
+            return value
+    return socket.gethostname() or "localhost"
 
 
 _CONFIG_FILE: dict[str, Path | None] = {"path": None}

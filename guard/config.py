@@ -118,7 +118,9 @@ class StreamsSettings(Section):
     progress_s: float = Field(10.0, gt=0, description="period of the progress line, s")
     batch_max: int = Field(2000, ge=1, description="most records a worker handles at once")
     batch_within_s: float = Field(0.1, gt=0, description="longest wait to fill a batch, s")
-    web_port: int = Field(6066, ge=0)
+    web_port: int = Field(
+        6066, ge=0, le=65535, description="a worker's /metrics and /healthz port; 0: off"
+    )
 
 
 class OrchestratorSettings(Section):
@@ -201,6 +203,18 @@ class OrchestratorSettings(Section):
     actor: str = Field("orchestrator", description="actor written on node states")
 
 
+class MetricsSettings(Section):
+    """Prometheus ``/metrics`` and ``/healthz`` of each service (streams: ``streams.web_port``)."""
+
+    host: str = Field("0.0.0.0", description="address the metrics endpoints listen on")
+    agent_port: int = Field(9641, ge=0, le=65535, description="guard agent; 0: off")
+    sink_port: int = Field(9642, ge=0, le=65535, description="guard sink; 0: off")
+    orchestrator_port: int = Field(9643, ge=0, le=65535, description="guard orchestrator; 0: off")
+    stale_s: float = Field(
+        60.0, gt=0, description="/healthz fails when a service's loop has not turned for this long"
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="GUARD_",
@@ -216,6 +230,7 @@ class Settings(BaseSettings):
     agent: AgentSettings = Field(default_factory=AgentSettings)
     streams: StreamsSettings = Field(default_factory=StreamsSettings)
     orchestrator: OrchestratorSettings = Field(default_factory=OrchestratorSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
     _toml_file: Path | None = None
 

@@ -38,6 +38,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Top
 
 from guard.config import Settings
 from guard.kafka import dead_letter, make_consumer, make_producer, produce
+from guard.metrics import Metrics
 from guard.schemas import Flag, GuardMessage, NodeState, SchemaError, SweepResult, decode
 
 from .executors import SweepExecutor, make_executor
@@ -214,8 +215,10 @@ class KafkaOrchestrator:
         nodes: Sequence[str] | None = None,
         listeners: Iterable[Callable[[GuardMessage], None]] = (),
         poll_s: float = 0.2,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
+        self.metrics = metrics
         o = settings.orchestrator
         self.webhook: WebhookNotifier | None = None
         listeners = list(listeners)
@@ -276,7 +279,9 @@ class KafkaOrchestrator:
         if self.webhook is not None:
             self.webhook.start()
         states = make_consumer(s, f"{s.orchestrator.group_id}-state", **_EOF)
-        flags = make_consumer(s, s.orchestrator.group_id)
+        flags = make_consumer(
+            s, s.orchestrator.group_id, **(self.metrics.kafka_conf() if self.metrics else {})
+        )
         try:
             self._recover(states)
             self._assign_committed(flags, s.topic("remediation"))
@@ -286,6 +291,8 @@ class KafkaOrchestrator:
                 self._consume_requests(states)
                 self.core.tick()
                 self._producer.poll(0)
+                if self.metrics is not None:
+                    self.metrics.beat()
                 if handled:
                     # States caused by these flags reach the broker before their offsets do.
                     self._producer.flush(30)

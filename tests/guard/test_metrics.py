@@ -1,0 +1,161 @@
+"""Prometheus metrics: a running streams worker's /metrics and /healthz move with its work.
+
+The worker is a real `guard streams` process on the session's broker; the scrape is plain
+HTTP, parsed with prometheus_client's own text parser.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from guard.config import Settings
+from guard.kafka import make_producer, produce
+from guard.metrics import Metrics
+from guard.streams.processing import parse_progress
+
+from ..streams.test_faust_app import gpu_round, streams_worker, wait_for
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of ``/metrics``: (name, sorted labels) -> value; {} while unreachable."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except (urllib.error.URLError, OSError):
+        return {}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def health(port: int) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+            return r.status, r.read().decode().strip()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode().strip()
+
+
+def publish_round(settings: Settings, t0: float, rounds: int, xid_at: int | None) -> int:
+    producer = make_producer(settings)
+    sent = 0
+    for i in range(rounds):
+        for node in ("node-a", "node-b", "node-c"):
+            xid = 5 if (node == "node-b" and i == xid_at) else None
+            for m in gpu_round(t0 + 10 * i, node, xid_gpu=xid):
+                produce(producer, settings, m)
+                sent += 1
+    assert producer.flush(30) == 0
+    return sent
+
+
+@pytest.mark.parametrize("engine", ["native", "faust"])
+def test_a_running_worker_serves_metrics_that_move_with_its_work(
+    kafka_settings: Settings, tmp_path: Path, engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = kafka_settings
+    port = free_port()
+    t0 = time.time() - 300
+    first = publish_round(settings, t0, 6, xid_at=None)
+    log = tmp_path / "worker.log"
+    with streams_worker(settings, log, engine, GUARD_STREAMS_WEB_PORT=str(port)):
+        wait_for(lambda: scrape(port).get(("guard_records_total", ())) == first, log, 120)
+        before = scrape(port)
+        assert before[("guard_messages_total", (("kind", "gpu"),))] == first
+        assert before[("guard_up", (("service", "streams"),))] == 1
+        wait_for(lambda: health(port) == (200, "ok"), log, 30)  # the loop beats
+
+        more = publish_round(settings, t0 + 60, 6, xid_at=3)
+        producer = make_producer(settings)
+        producer.produce(settings.topic("gpu"), b"\xff not json", b"node-a")
+        producer.produce(settings.topic("gpu"), b'{"kind": "gpu", "ts": "x"}', b"node-a")
+        assert producer.flush(30) == 0
+        total = first + more + 2
+
+        def flagged() -> bool:
+            got = scrape(port)
+            return (
+                got.get(("guard_records_total", ())) == total
+                and got.get(
+                    ("guard_flags_total", (("category", "gpu_error"), ("severity", "critical"))), 0
+                )
+                >= 1
+            )
+
+        wait_for(flagged, log, 120)
+        after = scrape(port)
+        assert after[("guard_messages_total", (("kind", "gpu"),))] == first + more
+        assert after[("guard_dead_letters_total", (("reason", "not_json"),))] == 1
+        assert after[("guard_dead_letters_total", (("reason", "invalid_field"),))] == 1
+        assert after[("guard_findings_total", ())] > before.get(("guard_findings_total", ()), 0)
+        assert ("guard_checkpoints_restored_total", ()) in after
+
+        # consumer lag per partition of the gpu topic: there, and nothing left behind
+        def caught_up() -> bool:
+            gpu = settings.topic("gpu")
+            lags = [
+                v
+                for (name, labels), v in scrape(port).items()
+                if name == "guard_consumer_lag" and ("topic", gpu) in labels
+            ]
+            return len(lags) == settings.kafka.telemetry_partitions and not any(lags)
+
+        wait_for(caught_up, log, 60)
+        assert ("guard_checkpoints_refused_total", ()) in after
+
+        # the progress line reads the same counters as the scrape
+        def reported() -> dict[str, int]:
+            lines = log.read_text(errors="replace").splitlines()
+            reports = [r for r in map(parse_progress, lines) if r is not None]
+            return reports[-1] if reports else {}
+
+        wait_for(lambda: reported().get("telemetry") == total, log, 30)
+        line, now = reported(), scrape(port)
+        assert line["flags"] == sum(v for k, v in now.items() if k[0] == "guard_flags_total")
+        assert line["dead_letters"] == 2
+
+
+def test_healthz_fails_when_the_loop_stops_beating() -> None:
+    metrics = Metrics("sink", stale_s=0.2, startup_s=0.2)
+    server = metrics.serve(free_port(), "127.0.0.1")
+    assert server is not None
+    try:
+        assert health(server.port) == (200, "starting")
+        time.sleep(0.3)
+        code, why = health(server.port)
+        assert code == 503 and "no progress since the start" in why
+        metrics.beat()
+        assert health(server.port) == (200, "ok")
+        time.sleep(0.3)
+        code, why = health(server.port)
+        assert code == 503 and "no progress for" in why
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as r:
+            assert r.headers["Content-Type"].startswith("text/plain")
+    finally:
+        server.close()
+
+
+def test_a_taken_port_is_logged_not_fatal(caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert Metrics("agent").serve(port, "127.0.0.1", "metrics.agent_port") is None
+    assert "metrics.agent_port" in caplog.text and str(port) in caplog.text
+    assert Metrics("agent").serve(0) is None  # 0: off

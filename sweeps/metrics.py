@@ -84,6 +84,12 @@ def observe_orchestrator(metrics: Metrics, orchestrator: Any) -> None:
         "cordons put off by the cap",
         lambda: core.stats.get("cordons_deferred", 0),
     )
+    m.counter(
+        "guard_dead_letters_total",
+        "records sent to the dead-letter topic, by reason",
+        lambda: {(r,): n for r, n in dict(orchestrator.dead_reasons).items()},
+        ("reason",),
+    )
     webhook = orchestrator.webhook
     for name, doc, attr in (
         ("guard_webhook_failures_total", "webhooks given up after every retry", "failed"),

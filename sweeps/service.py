@@ -27,6 +27,7 @@ In-process use (``guard demo``)::
 
 from __future__ import annotations
 
+import collections
 import getpass
 import logging
 import threading
@@ -38,7 +39,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Top
 
 from guard.config import Settings
 from guard.kafka import dead_letter, make_consumer, make_producer, produce
-from guard.metrics import Metrics
+from guard.metrics import Metrics, dead_letter_reason
 from guard.schemas import Flag, GuardMessage, NodeState, SchemaError, SweepResult, decode
 
 from .executors import SweepExecutor, make_executor
@@ -219,6 +220,7 @@ class KafkaOrchestrator:
     ) -> None:
         self.settings = settings
         self.metrics = metrics
+        self.dead_reasons: collections.Counter[str] = collections.Counter()
         o = settings.orchestrator
         self.webhook: WebhookNotifier | None = None
         listeners = list(listeners)
@@ -373,4 +375,5 @@ class KafkaOrchestrator:
     def _dead_letter(self, record: Message, error: Exception) -> None:
         source = f"{record.topic()}/{record.partition()}/{record.offset()}"
         log.warning("dead-lettering %s: %s", source, error)
+        self.dead_reasons[dead_letter_reason(error)] += 1
         dead_letter(self._producer, self.settings, record.value(), error, source, record.key())

@@ -11,15 +11,29 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from guard.agents.daemon import AgentDaemon, JobTracker
+from guard.agents.metrics import observe_agent
+from guard.agents.nic import NicCollector
+from guard.agents.publisher import Publisher
 from guard.config import Settings
 from guard.kafka import make_producer, produce
 from guard.metrics import Metrics
+from guard.streams.metrics import observe_sink
 from guard.streams.processing import parse_progress
+from guard.streams.sink import ClickHouseSink
+from guard.sweeps.executors import SimulatedSweepExecutor
+from guard.sweeps.metrics import observe_orchestrator
+from guard.sweeps.scheduler import DryRunScheduler
+from guard.sweeps.service import KafkaOrchestrator
 
+from ..agents.fake_sysfs import make_fake_sysfs
 from ..streams.test_faust_app import gpu_round, streams_worker, wait_for
+from ..sweeps.helpers import NODES, flag, wait_until
+from ..sweeps.test_service import send, slow_gpu
 
 
 def free_port() -> int:
@@ -159,3 +173,95 @@ def test_a_taken_port_is_logged_not_fatal(caplog: pytest.LogCaptureFixture) -> N
         assert Metrics("agent").serve(port, "127.0.0.1", "metrics.agent_port") is None
     assert "metrics.agent_port" in caplog.text and str(port) in caplog.text
     assert Metrics("agent").serve(0) is None  # 0: off
+
+
+def test_sink_metrics_count_rows_by_table_and_dead_letters(
+    kafka_settings: Settings, store: tuple[Any, Settings]
+) -> None:
+    client, settings = store
+    settings.kafka = kafka_settings.kafka
+    settings.clickhouse.batch_seconds = 0.5
+    t0 = time.time() - 60
+    sent = publish_round(settings, t0, 2, xid_at=None)
+    producer = make_producer(settings)
+    producer.produce(settings.topic("gpu"), b'{"kind": "gpu", "ts": "soon"}', b"node-a")
+    assert producer.flush(30) == 0
+    metrics = Metrics("sink")
+    sink = ClickHouseSink(settings, client, group_id="sink-metrics", metrics=metrics)
+    observe_sink(metrics, sink.stats)
+    try:
+        deadline = time.monotonic() + 60
+        while sink.stats.stored < sent and time.monotonic() < deadline:
+            sink.step(0.2)
+    finally:
+        sink.close()
+    assert metrics.value("guard_sink_rows_total", table="gpu_samples") == sent
+    assert metrics.value("guard_records_total") == sent + 1
+    assert metrics.value("guard_dead_letters_total", reason="invalid_field") == 1
+    assert metrics.value("guard_sink_batches_total") == sink.stats.batches >= 1
+    assert metrics.health() == (True, "ok")  # the loop beat
+
+
+def test_orchestrator_metrics_follow_states_sweeps_and_webhook_failures(
+    kafka_settings: Settings,
+) -> None:
+    s = kafka_settings
+    s.orchestrator.webhook_url = f"http://127.0.0.1:{free_port()}/hook"  # nobody listens
+    s.orchestrator.webhook_retries = 0
+    now = time.time()
+    faulty = flag("node-005", "f-5", now - 2)
+    send(s, faulty, flag("node-010", "f-10", now - 1), faulty, raw=b"\xff not a flag")
+    metrics = Metrics("orchestrator")
+    orch = KafkaOrchestrator(
+        s,
+        scheduler=DryRunScheduler(),
+        executor=SimulatedSweepExecutor([slow_gpu("node-005")], seed=3),
+        nodes=NODES,
+        poll_s=0.05,
+        metrics=metrics,
+    )
+    observe_orchestrator(metrics, orch)
+    orch.start()
+    try:
+        assert orch.ready.wait(60) and orch.error is None
+        wait_until(lambda: metrics.value("guard_nodes", state="healthy") == 1)
+        wait_until(lambda: metrics.value("guard_nodes", state="repair") == 1)
+        wait_until(lambda: (metrics.value("guard_webhook_failures_total") or 0) >= 4)
+    finally:
+        orch.stop()
+    value = metrics.value
+    assert value("guard_sweeps_total", sweep="single", result="failed") == 1
+    assert value("guard_sweeps_total", sweep="single", result="passed") == 1
+    assert value("guard_sweeps_total", sweep="multi", result="passed") == 1
+    assert value("guard_cordoned_nodes") == 0  # one released, one in repair (not on the cap)
+    assert value("guard_cordon_cap") == orch.core.policy.cordon_limit(len(NODES))
+    assert value("guard_flags_received_total", outcome="duplicate") == 1
+    assert value("guard_dead_letters_total", reason="not_json") == 1
+    assert value("guard_node_transitions_total", state="cordoned") == 2
+    assert value("guard_webhook_deliveries_total") == 0
+
+
+def test_agent_metrics_count_published_kinds_and_the_spool(
+    settings: Settings, tmp_path: Path
+) -> None:
+    settings.kafka.bootstrap = f"127.0.0.1:{free_port()}"  # nobody listens: all is spooled
+    settings.agent.delivery_timeout_s = 1.0
+    nic = NicCollector("node-a", str(make_fake_sysfs(tmp_path / "sys")))
+    publisher = Publisher(settings, probe_s=0.5)
+    daemon = AgentDaemon("node-a", publisher, [nic.sample], JobTracker("job-1"), None, 0.1)
+    metrics = Metrics("agent")
+    daemon.metrics = metrics
+    observe_agent(metrics, daemon)
+    try:
+        published = sum(daemon.cycle() for _ in range(5))
+        wait_until(lambda: publisher.state == "offline", tick=publisher.poll)
+        wait_until(lambda: len(publisher.spool) == published, tick=publisher.poll)
+    finally:
+        publisher.close(timeout_s=1.0)
+    assert metrics.value("guard_messages_total", kind="nic") == published > 0
+    assert metrics.value("guard_agent_cycles_total") == 5
+    assert metrics.value("guard_agent_records_total", outcome="published") == published
+    assert metrics.value("guard_agent_spool_records") == len(publisher.spool) == published
+    assert metrics.value("guard_agent_spool_bytes") == publisher.spool.size_bytes > 0
+    assert metrics.value("guard_agent_spool_dropped_total") == 0
+    assert metrics.health() == (True, "ok")

@@ -32,6 +32,7 @@ from guard.sweeps.service import KafkaOrchestrator
 
 from ..agents.fake_sysfs import make_fake_sysfs
 from ..streams.test_faust_app import gpu_round, streams_worker, wait_for
+from ..streams.test_sink import _publish, _run_until
 from ..sweeps.helpers import NODES, flag, wait_until
 from ..sweeps.test_service import send, slow_gpu
 
@@ -180,19 +181,14 @@ def test_sink_metrics_count_rows_by_table_and_dead_letters(
 ) -> None:
     client, settings = store
     settings.kafka = kafka_settings.kafka
-    settings.clickhouse.batch_seconds = 0.5
-    t0 = time.time() - 60
-    sent = publish_round(settings, t0, 2, xid_at=None)
-    producer = make_producer(settings)
-    producer.produce(settings.topic("gpu"), b'{"kind": "gpu", "ts": "soon"}', b"node-a")
-    assert producer.flush(30) == 0
+    messages = [m for t in (0, 10) for m in gpu_round(time.time() - 60 + t, "node-a")]
+    sent = len(messages)
+    _publish(settings, messages, garbage=b'{"kind": "gpu", "ts": "soon"}')
     metrics = Metrics("sink")
     sink = ClickHouseSink(settings, client, group_id="sink-metrics", metrics=metrics)
     observe_sink(metrics, sink.stats)
     try:
-        deadline = time.monotonic() + 60
-        while sink.stats.stored < sent and time.monotonic() < deadline:
-            sink.step(0.2)
+        _run_until(sink, lambda: sink.stats.stored == sent and not sink.sealed)
     finally:
         sink.close()
     assert metrics.value("guard_sink_rows_total", table="gpu_samples") == sent

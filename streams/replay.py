@@ -147,15 +147,19 @@ def retime_shift(retime: str, span: Span | None, speed: float, now: float) -> fl
 
 
 def retimed(message: GuardMessage, shift: float) -> GuardMessage:
-    """``message`` with every event time moved by ``shift`` seconds."""
-    if not shift:
-        return message
-    update = {
-        name: value + shift
-        for name in TIME_FIELDS
-        if (value := getattr(message, name, None)) is not None
-    }
-    return message.model_copy(update=update)
+    """``message`` with every event time moved by ``shift`` seconds, in place.
+
+    The replayer owns the messages it has just parsed. The values go straight into the
+    model's ``__dict__`` (where pydantic keeps them; a float plus a float needs no
+    validation): ``model_copy`` took as long as parsing the message, ``setattr`` a third.
+    """
+    if shift:
+        fields = message.__dict__
+        for name in TIME_FIELDS:
+            value = fields.get(name)
+            if value is not None:
+                fields[name] = value + shift
+    return message
 
 
 class JsonlSource:

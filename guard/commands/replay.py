@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from guard.config import Settings
-from guard.errors import GuardError, UsageError
+from guard.errors import EXIT_INTERRUPTED, GuardError, UsageError
 
 __all__ = ["register"]
 
@@ -97,7 +97,7 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
             "with --retime keep, records stamped more than 1 h ahead are refused by Kafka 4.x "
             "and old ones fall to retention: use --retime now"
         )
-    return 0
+    return EXIT_INTERRUPTED if stats.interrupted else 0
 
 
 def _run_with_bar(replayer: Any, source: Any, args: argparse.Namespace, stop: Any) -> Any:

@@ -53,3 +53,12 @@ def test_agent_samples_carry_the_resolved_node_name(
     lines = [line for line in capfdbinary.readouterr().out.splitlines() if line.startswith(b"{")]
     nodes = {parse_message(line).node for line in lines}
     assert lines and nodes == {expected}
+
+
+def test_the_examples_in_node_names_docstring_run() -> None:
+    import doctest
+
+    import guard.config
+
+    result = doctest.testmod(guard.config)
+    assert result.attempted >= 2 and result.failed == 0

@@ -261,3 +261,12 @@ def test_agent_metrics_count_published_kinds_and_the_spool(
     assert metrics.value("guard_agent_spool_bytes") == publisher.spool.size_bytes > 0
     assert metrics.value("guard_agent_spool_dropped_total") == 0
     assert metrics.health() == (True, "ok")
+
+
+def test_the_examples_in_the_metrics_docstrings_run() -> None:
+    import doctest
+
+    import guard.metrics
+
+    result = doctest.testmod(guard.metrics)
+    assert result.attempted >= 5 and result.failed == 0

@@ -186,3 +186,12 @@ def test_clickhouse_source_rebuilds_the_stored_messages_in_event_time_order(
     assert span is not None and span.count == len(inside)
     assert (span.first, span.last) == (t0 + 1, max(m.ts for m in inside))
     assert list(ClickHouseSource(client, db, ReplayFilter(nodes=frozenset())).messages()) == []
+
+
+def test_the_examples_in_the_replay_docstrings_run() -> None:
+    import doctest
+
+    import guard.streams.replay
+
+    result = doctest.testmod(guard.streams.replay)
+    assert result.attempted >= 3 and result.failed == 0

@@ -7,12 +7,13 @@ The families read the counters the progress lines print (:class:`StreamsCounters
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from guard.metrics import Metrics
 
-from .processing import StreamsCounters
-from .sink import SinkStats
+if TYPE_CHECKING:  # the sink's module imports the ClickHouse client; a worker needs neither
+    from .processing import StreamsCounters
+    from .sink import SinkStats
 
 __all__ = ["faust_lag", "observe_sink", "observe_streams"]
 

@@ -22,6 +22,7 @@ same publisher instead, in real time or sped up (``--speed``).
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import logging
 import os
@@ -35,8 +36,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from guard.config import Settings
+from guard.config import Settings, node_name
 from guard.errors import GuardError
+from guard.metrics import Metrics
 from guard.schemas import (
     CollectiveTiming,
     GuardMessage,
@@ -185,6 +187,8 @@ class AgentDaemon:
         self.interval_s = interval_s
         self.cycles = 0
         self.collector_errors = 0
+        self.kinds: collections.Counter[str] = collections.Counter()  # published, by kind
+        self.metrics: Metrics | None = None
 
     def cycle(self, ts: float | None = None) -> int:
         """One sampling cycle; returns the number of messages published."""
@@ -202,8 +206,11 @@ class AgentDaemon:
                 continue
             for message in samples:
                 self.publisher.publish(message)
+                self.kinds[message.kind] += 1
                 count += 1
         self.cycles += 1
+        if self.metrics is not None:
+            self.metrics.beat()
         count += self.forward_clients()
         self.publisher.poll()
         return count
@@ -220,6 +227,7 @@ class AgentDaemon:
             if message.job:
                 self.jobs.report(message.job)
             self.publisher.publish(message)
+            self.kinds[message.kind] += 1
             count += 1
 
     def run(self, stop: threading.Event) -> None:
@@ -318,7 +326,7 @@ def run_agent(args: argparse.Namespace, settings: Settings) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     agent = settings.agent
-    node = agent.node or socket.gethostname()
+    node = node_name(agent.node)
     interval = agent.interval_s
     publisher: Any
     if getattr(args, "dry_run", False):
@@ -350,18 +358,30 @@ def run_agent(args: argparse.Namespace, settings: Settings) -> int:
                 exc,
             )
         daemon = AgentDaemon(node, publisher, collectors, jobs, listener, interval)
+        server = None if getattr(args, "once", False) else _serve_metrics(daemon, settings)
         try:
             if getattr(args, "once", False):
                 daemon.cycle()
             else:
                 daemon.run(stop)
         finally:
+            if server is not None:
+                server.close()
             if listener is not None:
                 listener.stop()
             for closer in closers:
                 closer.close()
         log.info("agent stopping: %s", daemon.status())
         return 0
+
+
+def _serve_metrics(daemon: AgentDaemon, settings: Settings) -> Any:
+    from .metrics import observe_agent
+
+    daemon.metrics = Metrics("agent", stale_s=max(settings.metrics.stale_s, 3 * daemon.interval_s))
+    observe_agent(daemon.metrics, daemon)
+    m = settings.metrics
+    return daemon.metrics.serve(m.agent_port, m.host, "metrics.agent_port")
 
 
 def run_simulated(

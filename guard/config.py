@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,7 +26,7 @@ from pydantic_settings import (
 from guard.errors import GuardError
 from guard.schemas import CATEGORIES
 
-__all__ = ["ConfigError", "Settings", "load_settings"]
+__all__ = ["NODE_NAME_SOURCES", "ConfigError", "Settings", "load_settings", "node_name"]
 
 
 class ConfigError(GuardError):
@@ -86,7 +88,11 @@ class AgentSettings(Section):
     socket_path: str = "/run/guard/agent.sock"
     spool_dir: str | None = Field(None, description="default <data_dir>/spool")
     spool_max_bytes: int = Field(256 << 20, ge=0)
-    node: str | None = Field(None, description="node name; default the host name")
+    node: str | None = Field(
+        None,
+        description="node name; default $NODE_NAME (Kubernetes spec.nodeName), else "
+        "$SLURMD_NODENAME, else the host name",
+    )
     gpu_source: Literal["nvml", "dcgm", "none"] = "nvml"
     dcgm_url: str = "http://127.0.0.1:9400/metrics"
     sysfs_root: str = "/sys"
@@ -112,7 +118,9 @@ class StreamsSettings(Section):
     progress_s: float = Field(10.0, gt=0, description="period of the progress line, s")
     batch_max: int = Field(2000, ge=1, description="most records a worker handles at once")
     batch_within_s: float = Field(0.1, gt=0, description="longest wait to fill a batch, s")
-    web_port: int = Field(6066, ge=0)
+    web_port: int = Field(
+        6066, ge=0, le=65535, description="a worker's /metrics and /healthz port; 0: off"
+    )
 
 
 class OrchestratorSettings(Section):
@@ -233,6 +241,18 @@ class OrchestratorSettings(Section):
     actor: str = Field("orchestrator", description="actor written on node states")
 
 
+class MetricsSettings(Section):
+    """Prometheus ``/metrics`` and ``/healthz`` of each service (streams: ``streams.web_port``)."""
+
+    host: str = Field("0.0.0.0", description="address the metrics endpoints listen on")
+    agent_port: int = Field(9641, ge=0, le=65535, description="guard agent; 0: off")
+    sink_port: int = Field(9642, ge=0, le=65535, description="guard sink; 0: off")
+    orchestrator_port: int = Field(9643, ge=0, le=65535, description="guard orchestrator; 0: off")
+    stale_s: float = Field(
+        60.0, gt=0, description="/healthz fails when a service's loop has not turned for this long"
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="GUARD_",
@@ -248,6 +268,7 @@ class Settings(BaseSettings):
     agent: AgentSettings = Field(default_factory=AgentSettings)
     streams: StreamsSettings = Field(default_factory=StreamsSettings)
     orchestrator: OrchestratorSettings = Field(default_factory=OrchestratorSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
     _toml_file: Path | None = None
 
@@ -288,6 +309,34 @@ class Settings(BaseSettings):
                         if _is_secret(key):
                             section["extra"][key] = "***"
         return data
+
+
+#: Where a node's name comes from when the configuration does not give it, in order:
+#: the Kubernetes downward API (``spec.nodeName``, the name the Kubernetes adapter cordons),
+#: Slurm's name for the node (``NodeName=``, the name ``scontrol`` drains).
+NODE_NAME_SOURCES = ("NODE_NAME", "SLURMD_NODENAME")
+
+
+def node_name(configured: str | None = None, env: Mapping[str, str] | None = None) -> str:
+    """The name this node's telemetry carries, and the scheduler adapters act on.
+
+    ``configured`` (``agent.node``) wins, else the first of :data:`NODE_NAME_SOURCES` set in
+    ``env`` (default ``os.environ``), else the host name. In a Kubernetes DaemonSet the
+    host name is the pod's, not the node's: export ``NODE_NAME`` from ``spec.nodeName``.
+
+    >>> node_name("gpu-07", {"NODE_NAME": "k8s-node"})
+    'gpu-07'
+    >>> node_name(None, {"NODE_NAME": "", "SLURMD_NODENAME": "gpu-08"})
+    'gpu-08'
+    """
+    if configured:
+        return configured
+    env = os.environ if env is None else env
+    for variable in NODE_NAME_SOURCES:
+        value = env.get(variable, "").strip()
+        if value:
+            return value
+    return socket.gethostname() or "localhost"
 
 
 _CONFIG_FILE: dict[str, Path | None] = {"path": None}

@@ -28,6 +28,7 @@ from confluent_kafka.admin import NewTopic
 from guard.config import Settings
 from guard.detectors.engine import EngineConfig
 from guard.kafka import dead_letter, make_consumer, make_producer, produce_raw, wait_for_broker
+from guard.metrics import Metrics
 from guard.schemas import encode
 
 from .processing import (
@@ -50,8 +51,14 @@ TABLES = ("node-detectors", "job-detectors", "fusion")
 class NativeWorker:
     """A streams worker on confluent-kafka. ``run(stop)`` until ``stop`` is set."""
 
-    def __init__(self, settings: Settings, engine_config: EngineConfig | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        engine_config: EngineConfig | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         cfg = engine_config or EngineConfig()
+        self.metrics = metrics
         s = self.settings = settings
         st = settings.streams
         self.counters = StreamsCounters()
@@ -83,6 +90,7 @@ class NativeWorker:
                 "fetch.max.bytes": 64 << 20,
                 "max.partition.fetch.bytes": 16 << 20,
                 "queued.max.messages.kbytes": 32768,  # a short queue keeps findings prompt
+                **(metrics.kafka_conf() if metrics else {}),  # consumer lag
             },
         )
 
@@ -150,6 +158,8 @@ class NativeWorker:
                     last_progress = now
                     on_progress(self.counters)
                 self.producer.poll(0)
+                if self.metrics is not None:
+                    self.metrics.beat()
             self._commit()
         finally:
             self.consumer.close()

@@ -13,6 +13,7 @@ import logging
 import pickle
 import time
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ import orjson
 from guard.detectors.engine import EngineConfig, JobDetectors, NodeDetectors
 from guard.detectors.findings import Finding
 from guard.detectors.fusion import JobFusion, NodeFusion
+from guard.metrics import dead_letter_reason
 from guard.schemas import Flag, GuardMessage, SchemaError, decode
 from guard.schemas.topics import JOB_KINDS, NODE_KINDS, TOPIC_BY_KIND
 
@@ -58,12 +60,24 @@ log = logging.getLogger("guard.streams")
 
 @dataclass
 class StreamsCounters:
-    """What a worker did, for progress lines and benchmarks."""
+    """What a worker did, for progress lines, benchmarks and ``/metrics``."""
 
     telemetry: int = 0
     findings: int = 0
     flags: int = 0
     dead_letters: int = 0
+    kinds: Counter[str] = field(default_factory=Counter)  # valid messages by kind
+    flag_classes: Counter[tuple[str, str]] = field(default_factory=Counter)  # category, severity
+    dead_reasons: Counter[str] = field(default_factory=Counter)
+
+    def totals(self) -> dict[str, int]:
+        """The four running totals of a progress line."""
+        return {
+            "telemetry": self.telemetry,
+            "findings": self.findings,
+            "flags": self.flags,
+            "dead_letters": self.dead_letters,
+        }
 
 
 def progress_line(worker: str, event: str = "progress", **counts: int) -> str:
@@ -295,6 +309,7 @@ class TelemetryProcessor:
         found: list[Finding] = []
         bad: list[tuple[int, SchemaError]] = []
         latest: dict[str, float] = {}
+        kinds = self.counters.kinds
         n = 0
         for n, (topic, partition, value) in enumerate(records, 1):
             try:
@@ -302,6 +317,7 @@ class TelemetryProcessor:
             except SchemaError as exc:
                 bad.append((n - 1, exc))
                 continue
+            kinds[message.kind] += 1
             key = self.key_of(message)
             if key is None:
                 continue
@@ -310,6 +326,7 @@ class TelemetryProcessor:
                 latest[key] = message.ts
         self.counters.telemetry += n
         self.counters.dead_letters += len(bad)
+        self.counters.dead_reasons.update(dead_letter_reason(exc) for _, exc in bad)
         self.state.checkpoint_due(latest)
         found += self.clock.advance(latest)
         self.counters.findings += len(found)
@@ -352,4 +369,5 @@ class FusionProcessor:
                 flags.append(flag)
         self.state.checkpoint_due({key for _, key, _ in decoded})
         self.counters.flags += len(flags)
+        self.counters.flag_classes.update((f.category, f.severity) for f in flags)
         return flags

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from guard.config import Settings
 from guard.kafka import TOPIC_BY_KIND, dead_letter, make_consumer, make_producer
+from guard.metrics import Metrics, dead_letter_reason
 from guard.schemas import GuardMessage, SchemaError, decode
 from guard.store import insert_messages
 
@@ -68,6 +70,7 @@ class SinkStats:
     batches: int = 0
     insert_failures: int = 0
     rows_by_table: dict[str, int] = field(default_factory=dict)
+    dead_reasons: Counter[str] = field(default_factory=Counter)
 
 
 class ClickHouseSink:
@@ -86,11 +89,14 @@ class ClickHouseSink:
         insert: Callable[[list[GuardMessage], str], dict[str, int]] | None = None,
         max_buffer_rows: int | None = None,
         retry_backoff_s: tuple[float, float] = (0.5, 30.0),
+        metrics: Metrics | None = None,
     ):
         self.settings = settings
         self.topics = sink_topics(settings)
+        self.metrics = metrics
+        lag = metrics.kafka_conf() if metrics else {}
         self.consumer = consumer or make_consumer(
-            settings, group_id, list(self.topics), on_revoke=self._on_revoke
+            settings, group_id, list(self.topics), on_revoke=self._on_revoke, **lag
         )
         self.producer = make_producer(settings)
         self._insert = insert or (
@@ -131,6 +137,8 @@ class ClickHouseSink:
             self.consumer.poll(0)  # keep the group membership alive while paused
             time.sleep(min(poll_s, 0.1))
         self._flush_due()
+        if self.metrics is not None:
+            self.metrics.beat()
 
     def drain(self, timeout_s: float) -> bool:
         """Store everything buffered, retrying until ``timeout_s``. True when all stored."""
@@ -173,6 +181,7 @@ class ClickHouseSink:
                 record.key(),
             )
             self.stats.dead_letters += 1
+            self.stats.dead_reasons[dead_letter_reason(exc)] += 1
         # A dead-lettered record still advances the offsets: it must not block the partition.
         self.open.add(message, topic, partition, offset)
 

@@ -27,6 +27,7 @@ In-process use (``guard demo``)::
 
 from __future__ import annotations
 
+import collections
 import getpass
 import logging
 import threading
@@ -38,6 +39,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Top
 
 from guard.config import Settings
 from guard.kafka import dead_letter, make_consumer, make_producer, produce
+from guard.metrics import Metrics, dead_letter_reason
 from guard.schemas import Flag, GuardMessage, NodeState, SchemaError, SweepResult, decode
 
 from .executors import SweepExecutor, make_executor
@@ -214,8 +216,11 @@ class KafkaOrchestrator:
         nodes: Sequence[str] | None = None,
         listeners: Iterable[Callable[[GuardMessage], None]] = (),
         poll_s: float = 0.2,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
+        self.metrics = metrics
+        self.dead_reasons: collections.Counter[str] = collections.Counter()
         o = settings.orchestrator
         self.webhook: WebhookNotifier | None = None
         listeners = list(listeners)
@@ -276,7 +281,9 @@ class KafkaOrchestrator:
         if self.webhook is not None:
             self.webhook.start()
         states = make_consumer(s, f"{s.orchestrator.group_id}-state", **_EOF)
-        flags = make_consumer(s, s.orchestrator.group_id)
+        flags = make_consumer(
+            s, s.orchestrator.group_id, **(self.metrics.kafka_conf() if self.metrics else {})
+        )
         try:
             self._recover(states)
             self._assign_committed(flags, s.topic("remediation"))
@@ -286,6 +293,8 @@ class KafkaOrchestrator:
                 self._consume_requests(states)
                 self.core.tick()
                 self._producer.poll(0)
+                if self.metrics is not None:
+                    self.metrics.beat()
                 if handled:
                     # States caused by these flags reach the broker before their offsets do.
                     self._producer.flush(30)
@@ -366,4 +375,5 @@ class KafkaOrchestrator:
     def _dead_letter(self, record: Message, error: Exception) -> None:
         source = f"{record.topic()}/{record.partition()}/{record.offset()}"
         log.warning("dead-lettering %s: %s", source, error)
+        self.dead_reasons[dead_letter_reason(error)] += 1
         dead_letter(self._producer, self.settings, record.value(), error, source, record.key())

@@ -157,7 +157,9 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
     p = add("agent", cmd_agent, "node agent: sample GPUs and NICs, forward job timings to Kafka")
-    p.add_argument("--node", help="node name (default: the host name)")
+    p.add_argument(
+        "--node", help="node name (default: $NODE_NAME, $SLURMD_NODENAME, the host name)"
+    )
     p.add_argument("--job", help="job label (default: Slurm env, then what clients report)")
     p.add_argument("--interval", type=float, default=None, help="seconds (default from config)")
     p.add_argument("--socket", help="Unix datagram socket of the training client")

@@ -65,7 +65,9 @@ def _show(message: Any) -> None:
 
 def cmd_orchestrator(args: argparse.Namespace, settings: Settings) -> int:
     from guard.kafka import wait_for_broker
+    from guard.metrics import Metrics
     from guard.shutdown import stop_on_signals
+    from guard.sweeps.metrics import observe_orchestrator
     from guard.sweeps.service import KafkaOrchestrator
 
     configure_logging(args.log_level)
@@ -79,13 +81,17 @@ def cmd_orchestrator(args: argparse.Namespace, settings: Settings) -> int:
         executor, clock = _simulated(args, settings)
     elif o.executor == "simulated" and o.simulated_truth is None:
         raise UsageError("the simulated executor needs --truth TRUTH.json")
+    metrics = Metrics("orchestrator", stale_s=settings.metrics.stale_s)
     with stop_on_signals() as stop:
         try:
             orchestrator = KafkaOrchestrator(
-                settings, executor=executor, clock=clock, listeners=[_show]
+                settings, executor=executor, clock=clock, listeners=[_show], metrics=metrics
             )
         except ValueError as exc:
             raise GuardError(str(exc)) from None
+        observe_orchestrator(metrics, orchestrator)
+        m = settings.metrics
+        server = metrics.serve(m.orchestrator_port, m.host, "metrics.orchestrator_port")
         print(
             f"orchestrator: scheduler {orchestrator.core.scheduler.name}, executor "
             f"{type(orchestrator.core.executor).__name__}, flags from "
@@ -98,6 +104,9 @@ def cmd_orchestrator(args: argparse.Namespace, settings: Settings) -> int:
             orchestrator.run(stop)
         except (RuntimeError, TimeoutError) as exc:
             raise GuardError(str(exc)) from exc
+        finally:
+            if server is not None:
+                server.close()
     return 0
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
-from dataclasses import asdict
 from typing import Any
 
 from guard.config import Settings
@@ -27,22 +26,32 @@ def _report(worker: str, event: str = "progress", **counts: int) -> None:
 
 def _report_streams(counters: Any, checkpoints: dict[str, int]) -> None:
     # telemetry, findings, flags, dead_letters; keys resumed from checkpoints, and refused
-    _report("streams", **asdict(counters), **checkpoints)
+    _report("streams", **counters.totals(), **checkpoints)
 
 
 def cmd_streams(args: argparse.Namespace, settings: Settings) -> int:
     from guard.kafka import create_topics
+    from guard.metrics import Metrics
 
     create_topics(settings)  # the input topics must exist before the workers subscribe
     apply_options(settings, args, {"streams.engine": "engine"})
+    metrics = Metrics("streams", stale_s=settings.metrics.stale_s)
     if settings.streams.engine == "native":
-        return _run_native(settings, args.log_level or "info")
+        return _run_native(settings, args.log_level or "info", metrics)
     import faust
 
     from guard.streams.faust_app import create_app
+    from guard.streams.metrics import faust_lag, observe_streams
 
     app = create_app(settings)
     counters = app.guard_counters  # type: ignore[attr-defined]
+    observe_streams(metrics, counters, app.guard_checkpoint_totals)  # type: ignore[attr-defined]
+    _serve(metrics, settings.streams.web_port, settings, "streams.web_port")
+
+    @app.timer(interval=min(settings.streams.progress_s, 5.0))
+    async def heartbeat() -> None:
+        metrics.lag = faust_lag(app.consumer)
+        metrics.beat()
 
     @app.timer(interval=settings.streams.progress_s)
     async def progress() -> None:
@@ -54,36 +63,54 @@ def cmd_streams(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _run_native(settings: Settings, log_level: str) -> int:
+def _serve(metrics: Any, port: int, settings: Settings, setting: str) -> Any:
+    return metrics.serve(port, settings.metrics.host, setting)
+
+
+def _run_native(settings: Settings, log_level: str, metrics: Any) -> int:
     from guard.shutdown import stop_on_signals
+    from guard.streams.metrics import observe_streams
     from guard.streams.native import NativeWorker
 
     configure_logging(log_level)
     with stop_on_signals() as stop:
-        worker = NativeWorker(settings)
+        worker = NativeWorker(settings, metrics=metrics)
+        observe_streams(metrics, worker.counters, worker.checkpoint_totals)
+        server = _serve(metrics, settings.streams.web_port, settings, "streams.web_port")
 
         def report(counters: Any) -> None:
             _report_streams(counters, worker.checkpoint_totals())
 
-        worker.run(stop, on_progress=report)
+        try:
+            worker.run(stop, on_progress=report)
+        finally:
+            if server is not None:
+                server.close()
     return 0
 
 
 def cmd_sink(args: argparse.Namespace, settings: Settings) -> int:
     from guard.kafka import create_topics
+    from guard.metrics import Metrics
     from guard.shutdown import stop_on_signals
     from guard.store import connect, migrate
+    from guard.streams.metrics import observe_sink
     from guard.streams.sink import ClickHouseSink
 
     configure_logging(args.log_level)
     create_topics(settings)
     client = connect(settings)
     migrate(client, settings)
+    metrics = Metrics("sink", stale_s=settings.metrics.stale_s)
     with stop_on_signals() as stop:
-        sink = ClickHouseSink(settings, client, group_id=args.group)
+        sink = ClickHouseSink(settings, client, group_id=args.group, metrics=metrics)
+        observe_sink(metrics, sink.stats)
+        server = _serve(metrics, settings.metrics.sink_port, settings, "metrics.sink_port")
         ticker = threading.Thread(target=_report_sink, args=(sink, stop, settings), daemon=True)
         ticker.start()
         stats = sink.run(stop)
+    if server is not None:
+        server.close()
     client.close()
     _report("sink", "stopped", stored=stats.stored, dead_letters=stats.dead_letters)
     return 0

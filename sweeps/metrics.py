@@ -1,0 +1,99 @@
+"""What the sweep orchestrator shows on ``/metrics``: node states, the cordon cap, sweeps
+by result, flags by outcome, webhook deliveries.
+
+Read at scrape time from the orchestrator's own records and counters, plus a listener that
+counts the sweep results and node states it publishes; see :mod:`guard.metrics`.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from guard.metrics import Metrics
+from guard.schemas import NODE_STATES, GuardMessage, NodeState, SweepResult
+
+__all__ = ["observe_orchestrator"]
+
+
+class _Published:
+    """An orchestrator listener: sweep results by kind and result, transitions by state."""
+
+    def __init__(self) -> None:
+        self.sweeps: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.transitions: collections.Counter[str] = collections.Counter()
+
+    def __call__(self, message: GuardMessage) -> None:
+        if isinstance(message, SweepResult):
+            self.sweeps[(message.sweep, "passed" if message.passed else "failed")] += 1
+        elif isinstance(message, NodeState):
+            self.transitions[message.state] += 1
+
+
+def observe_orchestrator(metrics: Metrics, orchestrator: Any) -> None:
+    """``orchestrator``: a :class:`~guard.sweeps.service.KafkaOrchestrator`."""
+    core = orchestrator.core
+    published = _Published()
+    core.listeners.append(published)
+    m = metrics
+
+    def states() -> dict[tuple[str, ...], float]:
+        counts = collections.Counter(s.state for s in core.snapshot().values())
+        return {(state,): counts.get(state, 0) for state in NODE_STATES}
+
+    def out_of_pool() -> int:
+        return sum(core.policy.counts_against_cap(s.state) for s in core.snapshot().values())
+
+    def stat(prefix: str) -> dict[tuple[str, ...], float]:
+        items = dict(core.stats).items()
+        return {(k.removeprefix(prefix),): n for k, n in items if k.startswith(prefix)}
+
+    m.gauge("guard_nodes", "nodes Guard has acted on, by state", states, ("state",))
+    m.gauge(
+        "guard_cordoned_nodes",
+        "nodes out of the pool on suspicion (counted against the cap)",
+        out_of_pool,
+    )
+    m.gauge(
+        "guard_cordon_cap",
+        "most nodes out of the pool on suspicion at once",
+        lambda: core.policy.cordon_limit(core.cluster_size()),
+    )
+    m.counter(
+        "guard_sweeps_total",
+        "sweeps finished, by sweep and result",
+        lambda: {k: float(n) for k, n in dict(published.sweeps).items()},
+        ("sweep", "result"),
+    )
+    m.counter(
+        "guard_node_transitions_total",
+        "node states published, by state",
+        lambda: {(s,): n for s, n in dict(published.transitions).items()},
+        ("state",),
+    )
+    m.counter(
+        "guard_flags_received_total", "flags by outcome", lambda: stat("flags_"), ("outcome",)
+    )
+    m.counter(
+        "guard_scheduler_errors_total",
+        "cordon/uncordon calls the scheduler refused (retried)",
+        lambda: core.stats.get("scheduler_errors", 0),
+    )
+    m.counter(
+        "guard_cordons_deferred_total",
+        "cordons put off by the cap",
+        lambda: core.stats.get("cordons_deferred", 0),
+    )
+    m.counter(
+        "guard_dead_letters_total",
+        "records sent to the dead-letter topic, by reason",
+        lambda: {(r,): n for r, n in dict(orchestrator.dead_reasons).items()},
+        ("reason",),
+    )
+    webhook = orchestrator.webhook
+    for name, doc, attr in (
+        ("guard_webhook_failures_total", "webhooks given up after every retry", "failed"),
+        ("guard_webhook_deliveries_total", "webhooks delivered", "delivered"),
+        ("guard_webhook_dropped_total", "webhooks dropped from a full queue", "dropped"),
+    ):
+        m.counter(name, doc, lambda attr=attr: getattr(webhook, attr, 0) if webhook else 0)

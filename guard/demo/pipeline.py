@@ -113,6 +113,8 @@ def worker_env(settings: Settings, **overrides: str) -> dict[str, str]:
         "GUARD_STREAMS_PROGRESS_S": str(s.streams.progress_s),
         "GUARD_STREAMS_CHECKPOINT_S": str(s.streams.checkpoint_s),
         "GUARD_STREAMS_ENGINE": s.streams.engine,
+        # Several workers on one host: a shared metrics port would fail for all but the first.
+        "GUARD_STREAMS_WEB_PORT": "0",
         **overrides,
     }
 

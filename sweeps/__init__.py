@@ -6,29 +6,32 @@
 - :mod:`.service`: :class:`KafkaOrchestrator` (``guard orchestrator``) and the reads and
   operator requests behind ``guard node``.
 - :mod:`.scheduler`: dry-run, Slurm and Kubernetes adapters.
-- :mod:`.executors`: the simulated and the local-subprocess sweep executors.
+- :mod:`.executors`: the ssh, commands and (demo) simulated sweep executors.
+- :mod:`.checks`: the checks ``guard sweep run`` runs on the node; :mod:`.baselines`: floors
+  and the fleet median.
 - :mod:`.webhook`: signed Alertmanager-shaped notifications.
 
 See docs/orchestrator.md.
 """
 
-from .executors import LocalSubprocessExecutor, SimulatedFault, SimulatedSweepExecutor
+from .executors import CommandExecutor, SimulatedFault, SimulatedSweepExecutor, SshExecutor
 from .orchestrator import NodeSummary, Orchestrator, SimulatedClock
 from .scheduler import DryRunScheduler, KubernetesScheduler, SlurmScheduler
 from .service import KafkaOrchestrator, read_node_states, read_sweeps, request_operator_action
 from .webhook import WebhookNotifier
 
 __all__ = [
+    "CommandExecutor",
     "DryRunScheduler",
     "KafkaOrchestrator",
     "KubernetesScheduler",
-    "LocalSubprocessExecutor",
     "NodeSummary",
     "Orchestrator",
     "SimulatedClock",
     "SimulatedFault",
     "SimulatedSweepExecutor",
     "SlurmScheduler",
+    "SshExecutor",
     "WebhookNotifier",
     "read_node_states",
     "read_sweeps",

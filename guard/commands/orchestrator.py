@@ -66,6 +66,7 @@ def _show(message: Any) -> None:
 def cmd_orchestrator(args: argparse.Namespace, settings: Settings) -> int:
     from guard.kafka import wait_for_broker
     from guard.shutdown import stop_on_signals
+    from guard.sweeps.executors import NO_EXECUTOR_HINT
     from guard.sweeps.service import KafkaOrchestrator
 
     configure_logging(args.log_level)
@@ -86,10 +87,14 @@ def cmd_orchestrator(args: argparse.Namespace, settings: Settings) -> int:
             )
         except ValueError as exc:
             raise GuardError(str(exc)) from None
+        executor_name = (
+            type(orchestrator.core.executor).__name__
+            if orchestrator.core.executor is not None
+            else f"none ({NO_EXECUTOR_HINT})"
+        )
         print(
             f"orchestrator: scheduler {orchestrator.core.scheduler.name}, executor "
-            f"{type(orchestrator.core.executor).__name__}, flags from "
-            f"{settings.topic('remediation')}",
+            f"{executor_name}, flags from {settings.topic('remediation')}",
             file=sys.stderr,
             flush=True,
         )

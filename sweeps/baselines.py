@@ -225,6 +225,9 @@ def _fleet_note(
     return f"{max(below, 0):.1%} below the {text}" if below > 0 else f"at or above the {text}"
 
 
+_FIELDS = ("name", "value", "unit", "baseline", "passed", "detail")
+
+
 def sweeps_from_clickhouse(client: Any, database: str, limit: int = 2000) -> list[SweepResult]:
     """The latest ``limit`` passing sweeps in ClickHouse's sweeps table, oldest first."""
     rows = client.query(
@@ -241,9 +244,10 @@ def sweeps_from_clickhouse(client: Any, database: str, limit: int = 2000) -> lis
                 sweep=sweep,
                 peers=list(peers),
                 passed=True,
+                # named tuples come back as dicts (or tuples, by client settings)
                 checks=[
-                    SweepCheck(
-                        name=c[0], value=c[1], unit=c[2], baseline=c[3], passed=c[4], detail=c[5]
+                    SweepCheck.model_validate(
+                        c if isinstance(c, dict) else dict(zip(_FIELDS, c, strict=True))
                     )
                     for c in checks
                 ],

@@ -215,7 +215,8 @@ class OrchestratorSettings(Section):
 class SweepSettings(Section):
     """``guard sweep run`` on the node: what the node should have, durations, baselines."""
 
-    soak_s: float = Field(120.0, gt=0, description="thermal/power (CPU: throughput) soak, s")
+    soak_s: float = Field(120.0, gt=0, description="GPU thermal/power soak (GEMM on all GPUs), s")
+    cpu_soak_s: float = Field(30.0, gt=0, description="CPU host: sustained-matmul soak, s")
     expected_gpus: int | None = Field(None, ge=0, description="GPUs this node should have")
     expected_bus_ids: list[str] = Field(
         default_factory=list, description="PCI bus ids the GPUs should have (nvidia-smi -q)"

@@ -105,6 +105,7 @@ def _context(args: argparse.Namespace, settings: Settings, node: str) -> tuple[A
         expected_cpus=s.expected_cpus,
         expected_nic_gbps=s.expected_nic_gbps,
         soak_s=args.soak_s if args.soak_s is not None else s.soak_s,
+        cpu_soak_s=args.soak_s if args.soak_s is not None else s.cpu_soak_s,
         peers=[p for p in (args.peers or "").split(",") if p],
         rendezvous=args.rendezvous,
         node_rank=args.node_rank,
@@ -207,5 +208,7 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--peers", help="multi: the other nodes of the all-reduce, comma-separated")
     p.add_argument("--rendezvous", help="multi: HOST:PORT of node rank 0 (the swept node)")
     p.add_argument("--node-rank", type=int, default=0, help="multi: 0 on the swept node")
-    p.add_argument("--soak-s", type=float, help="soak duration, s (default: sweep.soak_s)")
+    p.add_argument(
+        "--soak-s", type=float, help="soak duration, s (default: sweep.soak_s, CPU: cpu_soak_s)"
+    )
     add_log_level(p, "warning")

@@ -11,7 +11,7 @@ applies the baselines (:mod:`guard.sweeps.baselines`) and returns the ``sweep`` 
 Example
 -------
 >>> from guard.sweeps.baselines import FleetBaseline
->>> ctx = CheckContext(node="n1", soak_s=0.3, scale=1.0)
+>>> ctx = CheckContext(node="n1")
 >>> checks = select_checks(["cpu_count"], gpu=False, sweep="single")
 >>> result = run_sweep(ctx, checks, FleetBaseline({}), sweep="single")
 >>> result.kind, [c.name for c in result.checks], result.checks[0].detail.startswith("CPU path")

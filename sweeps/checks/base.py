@@ -86,6 +86,7 @@ class CheckContext:
     expected_cpus: int | None = None
     expected_nic_gbps: float | None = None
     soak_s: float = 120.0
+    cpu_soak_s: float = 30.0
     scale: float = 1.0
     peers: Sequence[str] = ()
     rendezvous: str | None = None

@@ -2,7 +2,7 @@
 
 - :class:`CpuMatmulCheck` — float32 matrix multiply throughput, GFLOPS (warm-up, median).
 - :class:`CpuMemoryBandwidthCheck` — a large array copy, GB/s (bytes read + written).
-- :class:`CpuSoakCheck` — sustained matmul for ``ctx.soak_s`` seconds; fails when the last
+- :class:`CpuSoakCheck` — sustained matmul for ``ctx.cpu_soak_s`` seconds; fails when the last
   third runs clearly slower than the first (a host that throttles under load).
 - :class:`CpuCountCheck` — CPUs this process can use against what the node should have.
 
@@ -108,7 +108,7 @@ class CpuMemoryBandwidthCheck:
 
 
 class CpuSoakCheck:
-    """Sustained matmul for ``ctx.soak_s`` x ``ctx.scale`` s in windows of ``window_s``.
+    """Sustained matmul for ``ctx.cpu_soak_s`` x ``ctx.scale`` s in windows of ``window_s``.
 
     The value is the median window's GFLOPS (judged against the fleet); the check fails by
     itself when the last third's median is below ``min_ratio`` of the first third's.
@@ -120,7 +120,7 @@ class CpuSoakCheck:
         self.size, self.window_s, self.min_ratio = size, window_s, min_ratio
 
     def run(self, ctx: CheckContext) -> list[CheckResult]:
-        duration = ctx.seconds(ctx.soak_s)
+        duration = ctx.seconds(ctx.cpu_soak_s)
         window = min(self.window_s, duration / 6)
         rng = np.random.default_rng(1)
         a = rng.random((self.size, self.size), dtype=np.float32)

@@ -93,8 +93,9 @@ def test_judging_more_than_five_percent_below_the_fleet_or_under_the_floor() -> 
 
 def test_past_sweeps_come_back_from_clickhouse(store: tuple[Any, Settings]) -> None:
     client, settings = store
-    sweeps = [past_sweep(f"n{i}", [700 + i], ts=NOW + i) for i in range(4)]
-    sweeps.append(past_sweep("n9", [1.0], passed=False, ts=NOW + 9))
+    now = time.time()  # recent: older rows may already be past the tables' TTL
+    sweeps = [past_sweep(f"n{i}", [700 + i], ts=now - 10 + i) for i in range(4)]
+    sweeps.append(past_sweep("n9", [1.0], passed=False, ts=now - 1))
     insert_messages(client, settings, sweeps)
     back = sweeps_from_clickhouse(client, settings.clickhouse.database)
     assert [s.node for s in back] == ["n0", "n1", "n2", "n3"]  # passing only, oldest first

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from guard.agents.nic import NicCollector
+from guard.config import Settings
 from guard.schemas import SweepResult, decode
 from guard.sweeps.baselines import FleetBaseline
 from guard.sweeps.checks import CPU_NOTE, CheckContext, run_sweep, select_checks
@@ -22,6 +23,7 @@ from guard.sweeps.checks.cpu import (
     CpuSoakCheck,
 )
 from guard.sweeps.checks.network import NicCheck
+from guard.sweeps.service import read_sweeps
 
 from ..agents.fake_sysfs import make_fake_sysfs, write
 
@@ -29,7 +31,7 @@ GUARD = [sys.executable, "-m", "guard.cli"]
 
 
 def test_cpu_checks_measure_this_host() -> None:
-    ctx = CheckContext(node="n1", soak_s=0.6)
+    ctx = CheckContext(node="n1", cpu_soak_s=0.6)
     [matmul] = CpuMatmulCheck(size=512, runs=3).run(ctx)
     [memory] = CpuMemoryBandwidthCheck(mib=32, runs=3).run(ctx)
     [soak] = CpuSoakCheck(size=256, window_s=0.1).run(ctx)
@@ -51,7 +53,7 @@ def test_a_soak_that_slows_down_fails_by_itself() -> None:
     timer = threading.Timer(1.5, take_the_cpus)
     timer.start()
     try:
-        [soak] = CpuSoakCheck(size=256, window_s=0.25).run(CheckContext(node="n1", soak_s=4.5))
+        [soak] = CpuSoakCheck(size=256, window_s=0.25).run(CheckContext(node="n1", cpu_soak_s=4.5))
     finally:
         timer.cancel()
         for hog in hogs:
@@ -145,3 +147,25 @@ def test_guard_sweep_run_table_and_usage_errors() -> None:
     assert unknown.returncode == 2 and "unknown CPU check(s) gemm_bf16" in unknown.stderr
     multi = run_guard("--sweep", "multi")
     assert multi.returncode == 2 and "--sweep multi needs --peers" in multi.stderr
+
+
+@pytest.mark.kafka
+def test_published_sweeps_become_the_next_sweeps_fleet_baseline(kafka_settings: Settings) -> None:
+    env = {
+        "GUARD_KAFKA_BOOTSTRAP": kafka_settings.kafka.bootstrap,
+        "GUARD_KAFKA_TOPIC_PREFIX": kafka_settings.kafka.topic_prefix,
+        "GUARD_SWEEP_FLEET_SOURCE": "topic",
+        "GUARD_SWEEP_FLEET_MIN_SWEEPS": "2",
+    }
+    for node in ("peer-a", "peer-b"):
+        done = run_guard(
+            "--json", "--publish", "--node", node, "--checks", "cpu_count,cpu_memory", env=env
+        )
+        assert done.returncode == 0, done.stderr
+        assert f"published to {kafka_settings.topic('sweeps')}" in done.stderr
+    published = read_sweeps(kafka_settings, timeout_s=30)
+    assert sorted(s.node for s in published) == ["peer-a", "peer-b"]
+    done = run_guard("--json", "--node", "me", "--checks", "cpu_count,cpu_memory", env=env)
+    memory = decode(done.stdout.strip(), "sweep").checks[1]  # type: ignore[attr-defined]
+    assert "passing cpu:" in memory.detail and "sweeps" in memory.detail, memory.detail
+    assert memory.baseline is not None and memory.baseline > 0

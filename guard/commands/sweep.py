@@ -170,6 +170,7 @@ def cmd_sweep_run(args: argparse.Namespace, settings: Settings) -> int:
         sweep=args.sweep,
         tolerance=settings.sweep.fleet_tolerance,
         on_result=done,
+        min_sweeps=settings.sweep.fleet_min_sweeps,
     )
     if args.json:
         sys.stdout.write(encode(result).decode() + "\n")

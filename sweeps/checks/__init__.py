@@ -121,6 +121,7 @@ def run_sweep(
     sweep: str = "single",
     tolerance: float = 0.05,
     on_result: Callable[[CheckResult], None] = lambda r: None,
+    min_sweeps: int = 3,
 ) -> SweepResult:
     """Run ``checks`` on this host, judge them against the baselines; the ``sweep`` message."""
     from ..baselines import judge  # baselines reads the checks' base: import it late
@@ -138,7 +139,7 @@ def run_sweep(
     results: list[CheckResult] = []
     for i, check in enumerate(checks):
         got = [failed_start[i]] if i in failed_start else run_timed(check, ctx)
-        judge(got, sku, fleet, tolerance)
+        judge(got, sku, fleet, tolerance, min_sweeps)
         if sku.startswith("cpu:"):
             for r in got:
                 r.detail = f"{CPU_NOTE}; {r.detail}" if r.detail else CPU_NOTE

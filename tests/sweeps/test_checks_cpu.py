@@ -35,9 +35,9 @@ def test_cpu_checks_measure_this_host() -> None:
     [matmul] = CpuMatmulCheck(size=512, runs=3).run(ctx)
     [memory] = CpuMemoryBandwidthCheck(mib=32, runs=3).run(ctx)
     [soak] = CpuSoakCheck(size=256, window_s=0.1).run(ctx)
-    assert matmul.value > 0.5 and matmul.unit == "GFLOPS" and matmul.judged
-    assert memory.value > 0.1 and memory.unit == "GB/s"
-    assert soak.value > 0.5 and "windows of 0.10 s over 0.6 s" in soak.detail
+    assert matmul.value > 0 and matmul.unit == "GFLOPS" and matmul.judged
+    assert memory.value > 0 and memory.unit == "GB/s"
+    assert soak.value > 0 and "windows of 0.10 s over 0.6 s" in soak.detail, soak.detail
     assert "median of 3 after a warm-up" in matmul.detail
 
 
@@ -47,7 +47,7 @@ def test_a_soak_that_slows_down_fails_by_itself() -> None:
     hogs: list[subprocess.Popen[bytes]] = []
 
     def take_the_cpus() -> None:
-        for _ in range(3 * (os.cpu_count() or 1)):
+        for _ in range(8 * (os.cpu_count() or 1)):  # outnumber whatever else runs here
             hogs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
 
     timer = threading.Timer(1.5, take_the_cpus)

@@ -217,6 +217,12 @@ class SweepSettings(Section):
 
     soak_s: float = Field(120.0, gt=0, description="GPU thermal/power soak (GEMM on all GPUs), s")
     cpu_soak_s: float = Field(30.0, gt=0, description="CPU host: sustained-matmul soak, s")
+    cpu_soak_min_ratio: float = Field(
+        0.75,
+        gt=0,
+        le=1,
+        description="CPU soak fails when its last third runs below this fraction of its first",
+    )
     expected_gpus: int | None = Field(None, ge=0, description="GPUs this node should have")
     expected_bus_ids: list[str] = Field(
         default_factory=list, description="PCI bus ids the GPUs should have (nvidia-smi -q)"

@@ -106,6 +106,7 @@ def _context(args: argparse.Namespace, settings: Settings, node: str) -> tuple[A
         expected_nic_gbps=s.expected_nic_gbps,
         soak_s=args.soak_s if args.soak_s is not None else s.soak_s,
         cpu_soak_s=args.soak_s if args.soak_s is not None else s.cpu_soak_s,
+        cpu_soak_min_ratio=s.cpu_soak_min_ratio,
         peers=[p for p in (args.peers or "").split(",") if p],
         rendezvous=args.rendezvous,
         node_rank=args.node_rank,

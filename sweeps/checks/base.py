@@ -87,6 +87,7 @@ class CheckContext:
     expected_nic_gbps: float | None = None
     soak_s: float = 120.0
     cpu_soak_s: float = 30.0
+    cpu_soak_min_ratio: float = 0.75
     scale: float = 1.0
     peers: Sequence[str] = ()
     rendezvous: str | None = None

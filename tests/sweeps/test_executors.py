@@ -361,3 +361,41 @@ def test_without_an_executor_a_flagged_node_stays_cordoned_and_says_what_to_conf
     assert orch.state_of("n1") == "cordoned" and not [m for m in out if m.kind == "sweep"]
     assert scheduler.cordoned == {"n1"}
     assert NO_EXECUTOR_HINT in caplog.text
+
+
+@pytest.mark.parametrize("cpus,end", [(None, "healthy"), ("4096", "repair")])
+def test_a_flagged_node_is_swept_over_ssh_and_released_or_sent_to_repair_by_its_result(
+    fake_ssh: Path,
+    no_fleet: None,
+    monkeypatch: pytest.MonkeyPatch,
+    cpus: str | None,
+    end: str,
+) -> None:
+    if cpus:
+        monkeypatch.setenv("GUARD_SWEEP_EXPECTED_CPUS", cpus)
+    out: list = []
+    scheduler = DryRunScheduler()
+    orch = Orchestrator(
+        OrchestratorSettings(nodes=[f"n{i}" for i in range(8)], multi_sweep_peers=0),
+        scheduler=scheduler,
+        executor=ssh_executor(fake_ssh, ["cpu_count"]),
+        publish=out.append,
+        clock=lambda: 100.0,
+        inline_sweeps=True,
+    )
+    flag = Flag(
+        id="f1",
+        ts=99.0,
+        node="n3",
+        detector="peer",
+        category="straggler",
+        severity="critical",
+        score=5.0,
+    )
+    orch.handle_flag(flag)
+    orch.tick()
+    [sweep] = [m for m in out if m.kind == "sweep"]
+    assert [c.name for c in sweep.checks] == ["cpu_count"] and sweep.passed is (end == "healthy")
+    assert orch.state_of("n3") == end
+    assert scheduler.cordoned == (set() if end == "healthy" else {"n3"})
+    assert (fake_ssh.parent / "calls").read_text().startswith("n3 ")

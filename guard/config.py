@@ -174,16 +174,32 @@ class OrchestratorSettings(Section):
     )
     nodes: list[str] = Field(default_factory=list, description="node inventory (sweep peers)")
     # sweeps
-    executor: Literal["local", "simulated", "slurm", "kubernetes"] = Field(
-        "local",
-        description="local: run sweep_checks as commands; simulated: from a truth file; slurm: "
-        "sweep_command as a Slurm job on the node, in Guard's maintenance reservation; "
-        "kubernetes: sweep_command in a Job pinned to the node",
+    executor: Literal["none", "ssh", "commands", "simulated", "slurm", "kubernetes"] = Field(
+        "none",
+        description="where sweeps run: none (flagged nodes stay cordoned until one is "
+        "configured), ssh (`guard sweep run --json` on the node over ssh), commands "
+        "(sweep_checks), simulated (the demo's truth file), slurm (sweep_command as a Slurm job "
+        "on the node, in Guard's maintenance reservation), kubernetes (sweep_command in a Job "
+        "pinned to the node)",
     )
     sweep_checks: list[dict[str, Any]] = Field(
         default_factory=list,
-        description="local executor checks: {name, command, unit, baseline, min|max, sweep, "
-        "timeout_s, pattern}; empty: the built-in host checks",
+        description="commands executor checks: {name, command, unit, baseline, min|max, sweep, "
+        "timeout_s, pattern}; {node} and {peers} are substituted (e.g. srun -w {node} ...)",
+    )
+    ssh_command: list[str] = Field(
+        default_factory=lambda: ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"],
+        description="ssh executor: the ssh command before the node's name",
+    )
+    remote_guard: str = Field(
+        "guard", description="ssh executor: the guard command on the nodes (path or name)"
+    )
+    remote_checks: list[str] = Field(
+        default_factory=list,
+        description="ssh executor: --checks for the single-node sweep (empty: all of the host's)",
+    )
+    rendezvous_port: int = Field(
+        29500, ge=1, le=65535, description="ssh executor: the multi-node all-reduce's TCP port"
     )
     simulated_truth: str | None = Field(
         None, description="simulator TRUTH.json for the simulated executor"
@@ -253,6 +269,41 @@ class MetricsSettings(Section):
     )
 
 
+class SweepSettings(Section):
+    """``guard sweep run`` on the node: what the node should have, durations, baselines."""
+
+    soak_s: float = Field(120.0, gt=0, description="GPU thermal/power soak (GEMM on all GPUs), s")
+    cpu_soak_s: float = Field(30.0, gt=0, description="CPU host: sustained-matmul soak, s")
+    cpu_soak_min_ratio: float = Field(
+        0.75,
+        gt=0,
+        le=1,
+        description="CPU soak fails when its last third runs below this fraction of its first",
+    )
+    expected_gpus: int | None = Field(None, ge=0, description="GPUs this node should have")
+    expected_bus_ids: list[str] = Field(
+        default_factory=list, description="PCI bus ids the GPUs should have (nvidia-smi -q)"
+    )
+    expected_cpus: int | None = Field(None, ge=1, description="CPUs this node should have")
+    expected_nic_gbps: float | None = Field(
+        None, gt=0, description="rate every RDMA port should run at; when set, NICs must exist"
+    )
+    fleet_source: Literal["auto", "clickhouse", "topic", "none"] = Field(
+        "auto",
+        description="where the fleet baseline's past sweeps come from; auto: ClickHouse when "
+        "clickhouse.dsn is set, else the sweeps topic",
+    )
+    fleet_window: int = Field(20, ge=1, description="last passing sweeps per SKU in the median")
+    fleet_min_sweeps: int = Field(3, ge=1, description="sweeps the fleet median needs to judge")
+    fleet_tolerance: float = Field(
+        0.05, gt=0, lt=1, description="fail when this fraction below the fleet median"
+    )
+    ib_write_bw: str = Field("ib_write_bw", description="perftest's ib_write_bw executable")
+    rdma_devices: list[str] = Field(
+        default_factory=list, description="RDMA devices for ib_write_bw (default: all found)"
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="GUARD_",
@@ -269,6 +320,7 @@ class Settings(BaseSettings):
     streams: StreamsSettings = Field(default_factory=StreamsSettings)
     orchestrator: OrchestratorSettings = Field(default_factory=OrchestratorSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    sweep: SweepSettings = Field(default_factory=SweepSettings)
 
     _toml_file: Path | None = None
 

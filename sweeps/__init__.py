@@ -7,13 +7,15 @@
   operator requests behind ``guard node``.
 - :mod:`.scheduler`: the adapter interface and the dry-run adapter; :mod:`.slurm` and
   :mod:`.kubernetes`: the Slurm (drain, reservation, sweep job, requeue) and Kubernetes adapters.
-- :mod:`.executors`: the simulated and the local-subprocess sweep executors.
+- :mod:`.executors`: the ssh, commands and (demo) simulated sweep executors.
+- :mod:`.checks`: the checks ``guard sweep run`` runs on the node; :mod:`.baselines`: floors
+  and the fleet median.
 - :mod:`.webhook`: signed Alertmanager-shaped notifications.
 
 See docs/orchestrator.md.
 """
 
-from .executors import LocalSubprocessExecutor, SimulatedFault, SimulatedSweepExecutor
+from .executors import CommandExecutor, SimulatedFault, SimulatedSweepExecutor, SshExecutor
 from .kubernetes import KubernetesScheduler
 from .orchestrator import NodeSummary, Orchestrator, SimulatedClock
 from .scheduler import DryRunScheduler
@@ -22,10 +24,10 @@ from .slurm import SlurmScheduler, SlurmSweepExecutor
 from .webhook import WebhookNotifier
 
 __all__ = [
+    "CommandExecutor",
     "DryRunScheduler",
     "KafkaOrchestrator",
     "KubernetesScheduler",
-    "LocalSubprocessExecutor",
     "NodeSummary",
     "Orchestrator",
     "SimulatedClock",
@@ -33,6 +35,7 @@ __all__ = [
     "SimulatedSweepExecutor",
     "SlurmScheduler",
     "SlurmSweepExecutor",
+    "SshExecutor",
     "WebhookNotifier",
     "read_node_states",
     "read_sweeps",

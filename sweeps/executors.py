@@ -4,12 +4,18 @@ An executor is anything with ``sweep_kinds`` (the sweeps it can run, ``single`` 
 ``multi``) and ``run(node, sweep, peers, now) -> list[SweepCheck]``. It may block for as
 long as the sweep takes: the orchestrator calls it from a worker thread.
 
-- :class:`SimulatedSweepExecutor` answers from the simulator's ground truth (``guard
+- :class:`SimulatedSweepExecutor` (the demo's) answers from the simulator's ground truth (``guard
   simulate --truth``): a node with an active fault fails the checks that fault would fail
   on real hardware; a healthy node passes with realistic noise. For ``guard demo``.
-- :class:`LocalSubprocessExecutor` runs real check commands and parses a number from
+- :class:`SshExecutor` runs ``guard sweep run --json`` on the node over ssh and parses its
+  one ``sweep`` line (:func:`parse_sweep_output`, shared with the Slurm executor).
+- :class:`CommandExecutor` runs a site's own check commands and parses a number from
   their output (``{node}``, ``{peers}``, ``{peer}`` are substituted into the command, so
   ``srun -w {node} ...`` or ``ssh {node} ...`` run a check on the node itself).
+
+There is no default executor: without one (``orchestrator.executor = "none"``) the
+orchestrator keeps flagged nodes cordoned and says what to configure. The simulated
+executor is for ``guard demo`` and the simulated cluster only.
 
 Example
 -------
@@ -32,7 +38,6 @@ import random
 import re
 import shlex
 import subprocess
-import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -42,17 +47,19 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from guard.config import ConfigError, Settings
-from guard.schemas import SweepCheck, stable_id
+from guard.schemas import SchemaError, SweepCheck, SweepResult, decode, stable_id
 from guard.schemas.truth import Fault, Truth, ramped_slowdown
 
 __all__ = [
-    "DEFAULT_LOCAL_CHECKS",
+    "NO_EXECUTOR_HINT",
     "CheckCommand",
-    "LocalSubprocessExecutor",
+    "CommandExecutor",
     "SimulatedFault",
     "SimulatedSweepExecutor",
+    "SshExecutor",
     "SweepExecutor",
     "make_executor",
+    "parse_sweep_output",
 ]
 
 
@@ -342,32 +349,16 @@ class CheckCommand(BaseModel):
         return float(numbers[-1]) if numbers else None
 
 
-_GEMM = (
-    "import time, numpy as np; n = 1024; a = np.random.rand(n, n).astype(np.float32); "
-    "b = a.copy(); a @ b; t = time.perf_counter(); [a @ b for _ in range(5)]; "
-    "print(5 * 2 * n**3 / (time.perf_counter() - t) / 1e9)"
-)
-
-#: Used when ``orchestrator.sweep_checks`` is empty: a host matrix-multiply sanity check.
-#: Real GPU checks (dcgmi diag, nccl-tests, ib_write_bw) are configured per site.
-DEFAULT_LOCAL_CHECKS: tuple[dict[str, Any], ...] = (
-    {
-        "name": "host_gemm_gflops",
-        "command": [sys.executable, "-c", _GEMM],
-        "unit": "GFLOPS",
-        "min": 1.0,
-        "timeout_s": 120.0,
-    },
-)
-
-
-class LocalSubprocessExecutor:
-    """Runs each configured check command and judges the number it prints."""
+class CommandExecutor:
+    """Runs each configured check command (``orchestrator.sweep_checks``) and judges the
+    number it prints; a site's own checks, on the node through ``srun -w {node}`` or ssh."""
 
     def __init__(self, checks: Iterable[CheckCommand | dict[str, Any]]) -> None:
         self.checks = [c if isinstance(c, CheckCommand) else CheckCommand(**c) for c in checks]
         if not self.checks:
-            raise ValueError("the local executor needs at least one check")
+            raise ValueError(
+                "the commands executor needs at least one check in orchestrator.sweep_checks"
+            )
         self.sweep_kinds = tuple(k for k in ("single", "multi") if self._of(k))
 
     def _of(self, sweep: str) -> list[CheckCommand]:
@@ -420,8 +411,134 @@ class LocalSubprocessExecutor:
         )
 
 
-def make_executor(settings: Settings) -> SweepExecutor:
-    """The executor ``settings.orchestrator.executor`` names."""
+# --- ssh: `guard sweep run --json` on the node ------------------------------------------------
+
+
+def parse_sweep_output(
+    node: str, argv: Sequence[str], returncode: int, stdout: str, stderr: str
+) -> list[SweepCheck]:
+    """The checks of the one ``sweep`` JSON line ``guard sweep run --json`` printed on ``node``.
+
+    Anything else — no line, a line for another node, an exit status other than 0 (passed)
+    or 1 (a check failed) — is a failed check that says what happened, so that nothing passes
+    untested. Shared by the executors that run the command remotely (ssh, Slurm).
+    """
+    result: SweepResult | None = None
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("{"):
+            try:
+                decoded = decode(line, "sweep")
+            except SchemaError:
+                continue
+            result = decoded if isinstance(decoded, SweepResult) else None
+            break
+    command = shlex.join(argv)
+    tail = (stderr or stdout).strip()[-500:]
+    if result is None:
+        why = f"{command} exited {returncode} without a sweep line"
+        if returncode == 255 and argv and Path(argv[0]).name == "ssh":
+            why = f"ssh could not run the sweep on {node} (exit 255)"
+        return [SweepCheck(name="sweep_error", passed=False, detail=f"{why}: {tail}"[:4000])]
+    checks = list(result.checks)
+    if result.node != node:
+        checks.append(
+            SweepCheck(
+                name="sweep_node_mismatch",
+                passed=False,
+                detail=f"the sweep line is for {result.node}, not {node}: is the host name "
+                f"the node name? ({command})",
+            )
+        )
+    if returncode not in (0, 1) or not checks:
+        checks.append(
+            SweepCheck(name="sweep_error", passed=False, detail=f"exited {returncode}: {tail}")
+        )
+    return checks
+
+
+class SshExecutor:
+    """Runs ``guard sweep run --json`` on the node over ssh (bare metal without a scheduler).
+
+    A multi-node sweep starts the command on the node (rank 0, the all-reduce's rendezvous)
+    and on every peer at once; the node's line is the result, and a peer that fails adds a
+    failed check naming it.
+    """
+
+    sweep_kinds: tuple[str, ...] = ("single", "multi")
+
+    def __init__(
+        self,
+        ssh: Sequence[str] = ("ssh", "-o", "BatchMode=yes"),
+        guard: str = "guard",
+        checks: Sequence[str] = (),
+        timeout_s: float = 1800.0,
+        rendezvous_port: int = 29500,
+    ) -> None:
+        self.ssh, self.guard, self.checks = list(ssh), guard, list(checks)
+        self.timeout_s, self.rendezvous_port = timeout_s, rendezvous_port
+
+    def command(self, node: str, sweep: str, peers: Sequence[str], rank: int = 0) -> list[str]:
+        remote = [self.guard, "sweep", "run", "--json", "--node", node]
+        if sweep == "multi":
+            members = [p for p in peers if p != node]
+            remote += ["--sweep", "multi", "--peers", ",".join(members), "--node-rank", str(rank)]
+            remote += ["--rendezvous", f"{peers[0] if rank else node}:{self.rendezvous_port}"]
+        elif self.checks:
+            remote += ["--checks", ",".join(self.checks)]
+        return [*self.ssh, node, shlex.join(remote)]
+
+    def run(self, node: str, sweep: str, peers: Sequence[str], now: float) -> list[SweepCheck]:
+        if sweep == "single":
+            return self._one(node, self.command(node, "single", []))
+        members = [node, *peers]
+        argvs = [
+            self.command(m, "multi", [node, *[p for p in members if p != m]], rank)
+            for rank, m in enumerate(members)
+        ]
+        procs = [self._start(a) for a in argvs]
+        outputs = [self._wait(p) for p in procs]
+        checks = parse_sweep_output(node, argvs[0], *outputs[0])
+        for member, argv, (code, out, err) in zip(members[1:], argvs[1:], outputs[1:], strict=True):
+            if code not in (0, 1):
+                failed = parse_sweep_output(member, argv, code, out, err)
+                for check in failed:
+                    if not check.passed:
+                        checks.append(check.model_copy(update={"name": f"peer_{check.name}"}))
+        return checks
+
+    def _one(self, node: str, argv: list[str]) -> list[SweepCheck]:
+        return parse_sweep_output(node, argv, *self._wait(self._start(argv)))
+
+    @staticmethod
+    def _start(argv: list[str]) -> subprocess.Popen[str] | OSError:
+        try:
+            return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        except OSError as exc:
+            return exc
+
+    def _wait(self, proc: subprocess.Popen[str] | OSError) -> tuple[int, str, str]:
+        if isinstance(proc, OSError):
+            return 127, "", f"could not start it: {proc}"
+        try:
+            out, err = proc.communicate(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            return 124, out, f"timed out after {self.timeout_s:g} s; {err}"
+        return proc.returncode, out, err
+
+
+#: What the orchestrator logs and writes on node states when no executor is configured.
+NO_EXECUTOR_HINT = (
+    "no sweep executor configured: set orchestrator.executor (GUARD_ORCHESTRATOR_EXECUTOR) "
+    "to slurm (a Slurm job on the node), kubernetes (a Job pinned to the node), ssh (guard "
+    "sweep run on the node over ssh) or commands (orchestrator.sweep_checks); "
+    "the node stays cordoned until then"
+)
+
+
+def make_executor(settings: Settings) -> SweepExecutor | None:
+    """The executor ``settings.orchestrator.executor`` names; None for ``none``."""
     o = settings.orchestrator
     if o.executor == "simulated":
         if not o.simulated_truth:
@@ -448,4 +565,10 @@ def make_executor(settings: Settings) -> SweepExecutor:
             o.kube_sweep_image,
             SweepJob.from_settings(o, poll_s=2.0),
         )
-    return LocalSubprocessExecutor(o.sweep_checks or DEFAULT_LOCAL_CHECKS)
+    if o.executor == "ssh":
+        return SshExecutor(
+            o.ssh_command, o.remote_guard, o.remote_checks, o.sweep_timeout_s, o.rendezvous_port
+        )
+    if o.executor == "commands":
+        return CommandExecutor(o.sweep_checks)
+    return None

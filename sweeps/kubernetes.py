@@ -48,8 +48,9 @@ from typing import Any
 from guard.config import ConfigError, OrchestratorSettings
 from guard.schemas import SweepCheck
 
+from .executors import parse_sweep_output
 from .scheduler import SchedulerError
-from .slurm import SweepJob, checks_from_output
+from .slurm import SweepJob
 
 __all__ = [
     "ANNOTATION_BEFORE",
@@ -442,7 +443,7 @@ class KubernetesSweepExecutor:
             self.job_manifest(node, name, gpus),
         )
         try:
-            return self._wait_and_read(ns, name)
+            return self._wait_and_read(ns, name, node)
         finally:
             call(
                 f"deleting Job {name}",
@@ -452,7 +453,7 @@ class KubernetesSweepExecutor:
                 propagation_policy="Background",
             )
 
-    def _wait_and_read(self, ns: str, name: str) -> list[SweepCheck]:
+    def _wait_and_read(self, ns: str, name: str, node: str) -> list[SweepCheck]:
         call = self.scheduler._call
         deadline = time.monotonic() + self.job.sweep_timeout_s
         while True:
@@ -475,4 +476,4 @@ class KubernetesSweepExecutor:
             return [SweepCheck(name="sweep_job", passed=False, detail=f"Job {name} left no pod")]
         pod = pods.items[0].metadata.name
         logs = call(f"reading the log of {pod}", api.read_namespaced_pod_log, pod, ns)
-        return checks_from_output(f"Job {name}", 0 if status.succeeded else 1, logs, "")
+        return parse_sweep_output(node, [f"job/{name}"], 0 if status.succeeded else 1, logs, "")

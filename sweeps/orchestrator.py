@@ -60,7 +60,7 @@ from guard.schemas import (
     stable_id,
 )
 
-from .executors import SweepExecutor
+from .executors import NO_EXECUTOR_HINT, SweepExecutor
 from .policy import SweepPolicy
 from .scheduler import SchedulerAdapter, SchedulerError
 from .states import (
@@ -128,6 +128,8 @@ class Orchestrator:
         The ``orchestrator`` section of the settings (policy and sweep parameters).
     scheduler, executor
         Where cordons and sweeps go (:mod:`guard.sweeps.scheduler`, :mod:`guard.sweeps.executors`).
+        ``executor=None``: no sweep can run, so a cordoned node stays cordoned (its reason
+        and the log say what to configure) — nothing passes a sweep it did not get.
     publish
         Receives every node state and sweep result, in order (Kafka producer, list, ...).
     clock
@@ -146,7 +148,7 @@ class Orchestrator:
         settings: OrchestratorSettings,
         *,
         scheduler: SchedulerAdapter,
-        executor: SweepExecutor,
+        executor: SweepExecutor | None,
         publish: Publish,
         clock: Callable[[], float] = time.time,
         nodes: Sequence[str] | None = None,
@@ -179,6 +181,8 @@ class Orchestrator:
         )
         self.stats: collections.Counter[str] = collections.Counter()
         self._warned_time_base = False
+        if executor is None:
+            log.warning("%s", NO_EXECUTOR_HINT)
 
     # --- inputs -------------------------------------------------------------------------------
 
@@ -324,7 +328,7 @@ class Orchestrator:
                 if rec.state == "cordoned" and rec.node not in self._jobs:
                     if rec.to_repair:
                         self._send_to_repair(rec, rec.reason.split(": ", 1)[-1])
-                    elif rec.node not in self._scheduler_todo:
+                    elif rec.node not in self._scheduler_todo and self.executor is not None:
                         self._start_sweep(rec, "single", [])
                 elif (
                     rec.state == "suspect"
@@ -496,7 +500,8 @@ class Orchestrator:
                 continue
             evidence = rec.reason.split(": ", 1)[-1].split("; cap")[0]
             prefix = REASON_CORDONED_FOR_REPAIR if rec.to_repair else "cordoned for sweep"
-            self._transition(rec, "cordoned", f"{prefix}: {evidence}")
+            unswept = "" if rec.to_repair or self.executor is not None else f"; {NO_EXECUTOR_HINT}"
+            self._transition(rec, "cordoned", f"{prefix}: {evidence}{unswept}")
             out += 1
             cordoned = self._call_scheduler(rec.node, "cordon", rec.reason)
             if cordoned in ("foreign", "ineligible"):
@@ -518,6 +523,12 @@ class Orchestrator:
     def _start_sweep(
         self, rec: NodeRecord, sweep: str, peers: list[str], restarted: bool = False, note: str = ""
     ) -> None:
+        if self.executor is None:
+            log.warning("%s stays %s: %s", rec.node, rec.state, NO_EXECUTOR_HINT)
+            self.stats["sweeps_unconfigured"] += 1
+            if rec.state == "sweeping":  # a sweep interrupted by a restart cannot go on
+                self._transition(rec, "sweeping", f"sweep not resumed: {NO_EXECUTOR_HINT}")
+            return
         if sweep == "single":
             what = "single-node sweep"
             reason = f"{what} (restarted after an orchestrator restart)" if restarted else what
@@ -541,6 +552,7 @@ class Orchestrator:
     def _run_executor(
         self, node: str, sweep: str, peers: list[str], now: float
     ) -> list[SweepCheck]:
+        assert self.executor is not None  # _start_sweep runs none without one
         try:
             return self.executor.run(node, sweep, peers, now)
         except Exception as exc:
@@ -587,7 +599,7 @@ class Orchestrator:
             self._transition(rec, "failed", f"failed the {job.sweep}-node sweep: {summary}")
             self._send_to_repair(rec, f"failed the {job.sweep}-node sweep ({summary})")
             return
-        if job.sweep == "single" and "multi" in self.executor.sweep_kinds:
+        if job.sweep == "single" and self.executor and "multi" in self.executor.sweep_kinds:
             peers = self._choose_peers(rec.node)
             if peers:
                 self._start_sweep(rec, "multi", peers)

@@ -47,8 +47,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from guard.config import OrchestratorSettings
-from guard.schemas import SweepCheck, SweepResult
+from guard.schemas import SweepCheck
 
+from .executors import parse_sweep_output
 from .scheduler import SchedulerError
 
 __all__ = [
@@ -59,7 +60,6 @@ __all__ = [
     "SlurmScheduler",
     "SlurmSweepExecutor",
     "SweepJob",
-    "checks_from_output",
 ]
 
 log = logging.getLogger(__name__)
@@ -414,26 +414,4 @@ class SlurmSweepExecutor:
         except (OSError, subprocess.TimeoutExpired) as exc:
             return [SweepCheck(name="sweep_job", passed=False, detail=f"{shlex.join(argv)}: {exc}")]
         log.info("sweep job on %s took %.1f s", node, time.monotonic() - started)
-        return checks_from_output(shlex.join(argv), done.returncode, done.stdout, done.stderr)
-
-
-def checks_from_output(what: str, returncode: int, stdout: str, stderr: str) -> list[SweepCheck]:
-    """The checks of the last ``sweep`` line of a sweep's output (``guard sweep run --json``
-    exits 1 when a check failed: that is a verdict, not an error)."""
-    for line in reversed(stdout.strip().splitlines()):
-        if line.lstrip().startswith("{"):
-            try:
-                return list(SweepResult.model_validate_json(line).checks) or [
-                    SweepCheck(name="sweep_job", passed=False, detail="the sweep ran no check")
-                ]
-            except ValueError as exc:
-                detail = f"not a sweep message ({exc.__class__.__name__}): {line[:300]}"
-                return [SweepCheck(name="sweep_job", passed=False, detail=detail)]
-    tail = (stderr or stdout).strip()[-500:]
-    return [
-        SweepCheck(
-            name="sweep_job",
-            passed=False,
-            detail=f"{what} exited {returncode} without a sweep line: {tail}",
-        )
-    ]
+        return parse_sweep_output(node, argv, done.returncode, done.stdout, done.stderr)

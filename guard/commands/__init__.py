@@ -19,6 +19,7 @@ from guard.commands import (
     orchestrator,
     replay,
     streams,
+    sweep,
 )
 
 __all__ = ["register_all"]
@@ -26,5 +27,5 @@ __all__ = ["register_all"]
 
 def register_all(sub: Any, add: Any) -> None:
     # The order is the order of `guard --help`.
-    for module in (demo, base, agents, evaluation, orchestrator, nodes, streams, replay):
+    for module in (demo, base, agents, evaluation, orchestrator, nodes, sweep, streams, replay):
         module.register(sub, add)

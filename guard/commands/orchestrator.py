@@ -67,6 +67,7 @@ def cmd_orchestrator(args: argparse.Namespace, settings: Settings) -> int:
     from guard.kafka import wait_for_broker
     from guard.metrics import Metrics
     from guard.shutdown import stop_on_signals
+    from guard.sweeps.executors import NO_EXECUTOR_HINT
     from guard.sweeps.metrics import observe_orchestrator
     from guard.sweeps.service import KafkaOrchestrator
 
@@ -92,10 +93,14 @@ def cmd_orchestrator(args: argparse.Namespace, settings: Settings) -> int:
         observe_orchestrator(metrics, orchestrator)
         m = settings.metrics
         server = metrics.serve(m.orchestrator_port, m.host, "metrics.orchestrator_port")
+        executor_name = (
+            type(orchestrator.core.executor).__name__
+            if orchestrator.core.executor is not None
+            else f"none ({NO_EXECUTOR_HINT})"
+        )
         print(
             f"orchestrator: scheduler {orchestrator.core.scheduler.name}, executor "
-            f"{type(orchestrator.core.executor).__name__}, flags from "
-            f"{settings.topic('remediation')}",
+            f"{executor_name}, flags from {settings.topic('remediation')}",
             file=sys.stderr,
             flush=True,
         )

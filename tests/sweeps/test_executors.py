@@ -1,4 +1,6 @@
-"""Sweep executors: the simulated one against the simulator's faults, the local one for real."""
+"""Sweep executors: the simulated one against the simulator's faults; the commands and ssh
+ones for real (ssh stood in for by a script that runs the remote command here); and no
+executor at all, which keeps flagged nodes cordoned."""
 
 from __future__ import annotations
 
@@ -8,13 +10,20 @@ from pathlib import Path
 
 import pytest
 
+from guard.config import OrchestratorSettings, Settings
+from guard.schemas import Flag
 from guard.sweeps.executors import (
-    DEFAULT_LOCAL_CHECKS,
+    NO_EXECUTOR_HINT,
     CheckCommand,
-    LocalSubprocessExecutor,
+    CommandExecutor,
     SimulatedFault,
     SimulatedSweepExecutor,
+    SshExecutor,
+    make_executor,
+    parse_sweep_output,
 )
+from guard.sweeps.orchestrator import Orchestrator
+from guard.sweeps.scheduler import DryRunScheduler
 
 NOW = 1_767_226_500.0
 PY = sys.executable
@@ -160,8 +169,8 @@ def test_the_truth_file_is_read(tmp_path: Path) -> None:
     assert len([c for c in ex.run("node-000", "single", [], NOW) if c.name.startswith("gemm")]) == 4
 
 
-def test_local_checks_run_real_commands_and_judge_their_numbers() -> None:
-    ex = LocalSubprocessExecutor(
+def test_command_checks_run_real_commands_and_judge_their_numbers() -> None:
+    ex = CommandExecutor(
         [
             {
                 "name": "bw",
@@ -195,8 +204,8 @@ def test_local_checks_run_real_commands_and_judge_their_numbers() -> None:
     assert (peers.value, peers.passed) == (2.0, True)
 
 
-def test_local_checks_fail_on_errors_timeouts_and_missing_numbers() -> None:
-    ex = LocalSubprocessExecutor(
+def test_command_checks_fail_on_errors_timeouts_and_missing_numbers() -> None:
+    ex = CommandExecutor(
         [
             CheckCommand(
                 name="exit", command=[PY, "-c", "import sys; sys.exit('no GPU found')"], min=0
@@ -216,8 +225,177 @@ def test_local_checks_fail_on_errors_timeouts_and_missing_numbers() -> None:
     assert "could not run" in results["missing"].detail
 
 
-def test_a_check_needs_a_bound_and_the_default_check_runs() -> None:
+def test_a_check_needs_a_bound_and_the_commands_executor_needs_checks() -> None:
     with pytest.raises(ValueError, match="needs a min or a max"):
         CheckCommand(name="x", command="true")
-    [gemm] = LocalSubprocessExecutor(DEFAULT_LOCAL_CHECKS).run("localhost", "single", [], 0.0)
-    assert gemm.name == "host_gemm_gflops" and gemm.passed and gemm.value > 1.0
+    with pytest.raises(ValueError, match=r"at least one check in orchestrator\.sweep_checks"):
+        CommandExecutor([])
+
+
+GUARD_ON_NODE = str(Path(sys.executable).parent / "guard")
+
+
+@pytest.fixture
+def fake_ssh(tmp_path: Path) -> Path:
+    """ssh at the network boundary: runs the remote command here, as the named node would;
+    the host ``unreachable`` fails as ssh does (exit 255)."""
+    script = tmp_path / "ssh"
+    script.write_text(
+        "#!/bin/sh\n"
+        'node="$1"; shift\n'
+        'if [ "$node" = unreachable ]; then\n'
+        '  echo "ssh: connect to host unreachable port 22: No route to host" >&2; exit 255\n'
+        "fi\n"
+        'echo "$node $*" >> "$(dirname "$0")/calls"\n'
+        'exec sh -c "$*"\n'
+    )
+    script.chmod(0o755)
+    return script
+
+
+def ssh_executor(fake_ssh: Path, checks: list[str]) -> SshExecutor:
+    return SshExecutor([str(fake_ssh)], GUARD_ON_NODE, checks, timeout_s=240)
+
+
+@pytest.fixture
+def no_fleet(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GUARD_SWEEP_FLEET_SOURCE", "none")
+
+
+def test_the_ssh_executor_runs_guard_sweep_run_on_the_node_and_reads_its_line(
+    fake_ssh: Path, no_fleet: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checks = ssh_executor(fake_ssh, ["cpu_count", "cpu_memory"]).run("cpu-node-3", "single", [], 0)
+    assert [c.name for c in checks] == ["cpu_count", "cpu_memory_bandwidth_gbps"]
+    assert all(c.passed for c in checks) and checks[1].value > 0
+    calls = (fake_ssh.parent / "calls").read_text()
+    assert calls.startswith(
+        f"cpu-node-3 {GUARD_ON_NODE} sweep run --json --node cpu-node-3 --checks "
+        "cpu_count,cpu_memory"
+    )
+    monkeypatch.setenv("GUARD_SWEEP_EXPECTED_CPUS", "4096")
+    failed = ssh_executor(fake_ssh, ["cpu_count"]).run("cpu-node-3", "single", [], 0)
+    assert [(c.name, c.passed) for c in failed] == [("cpu_count", False)]
+    assert "expected 4096" in failed[0].detail
+
+
+def test_the_ssh_executor_fails_what_it_could_not_test(fake_ssh: Path, no_fleet: None) -> None:
+    [down] = ssh_executor(fake_ssh, ["cpu_count"]).run("unreachable", "single", [], 0)
+    assert (down.name, down.passed) == ("sweep_error", False)
+    assert "ssh could not run the sweep on unreachable (exit 255)" in down.detail
+    assert "No route to host" in down.detail
+    [bad] = ssh_executor(fake_ssh, ["gemm_bf16"]).run("cpu-node-3", "single", [], 0)
+    assert bad.name == "sweep_error" and "exited 2 without a sweep line" in bad.detail
+    assert "unknown CPU check(s) gemm_bf16" in bad.detail
+
+
+def test_parse_sweep_output_trusts_only_a_line_for_this_node() -> None:
+    line = (
+        '{"kind":"sweep","v":1,"ts":1.0,"node":"n2","id":"s1","sweep":"single",'
+        '"checks":[{"name":"cpu_count","value":2,"unit":"count","passed":true}],"passed":true}'
+    )
+    [ok] = parse_sweep_output("n2", ["ssh", "n2"], 0, f"noise\n{line}\n", "")
+    assert ok.passed and ok.name == "cpu_count"
+    checks = parse_sweep_output("n1", ["ssh", "n1"], 0, line, "")
+    assert [c.name for c in checks] == ["cpu_count", "sweep_node_mismatch"]
+    assert "the sweep line is for n2, not n1" in checks[1].detail
+    crashed = parse_sweep_output("n2", ["srun", "-w", "n2"], 137, line, "Killed")
+    assert [c.name for c in crashed][-1] == "sweep_error" and "exited 137: Killed" in (
+        crashed[-1].detail
+    )
+    [garbage] = parse_sweep_output("n2", ["x"], 0, '{"kind": "sweep"}\n', "")
+    assert garbage.name == "sweep_error" and not garbage.passed
+
+
+def test_a_multi_node_sweep_starts_the_command_on_the_node_and_every_peer(
+    fake_ssh: Path, no_fleet: None
+) -> None:
+    ex = ssh_executor(fake_ssh, [])
+    assert ex.command("n1", "multi", ["n1", "n2", "n3"], rank=0)[-1] == (
+        f"{GUARD_ON_NODE} sweep run --json --node n1 --sweep multi --peers n2,n3 "
+        "--node-rank 0 --rendezvous n1:29500"
+    )
+    assert ex.command("n3", "multi", ["n1", "n2", "n3"], rank=2)[-1].endswith(
+        "--peers n1,n2 --node-rank 2 --rendezvous n1:29500"
+    )
+    # On this CPU host the multi-node checks cannot measure: they fail, and say why.
+    checks = {c.name: c for c in ex.run("n1", "multi", ["n2"], 0)}
+    assert not checks["gpu_health"].passed and not checks["nccl_multinode_busbw_gbps"].passed
+    assert "NVML is not available" in checks["gpu_health"].detail
+    assert "no GPU backend" in checks["nccl_multinode_busbw_gbps"].detail
+    calls = sorted((fake_ssh.parent / "calls").read_text().splitlines())
+    assert [c.split()[0] for c in calls] == ["n1", "n2"]
+
+
+def test_without_an_executor_a_flagged_node_stays_cordoned_and_says_what_to_configure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    assert make_executor(Settings()) is None  # nothing is the default: no sweep is faked
+    out: list = []
+    scheduler = DryRunScheduler()
+    orch = Orchestrator(
+        OrchestratorSettings(nodes=[f"n{i}" for i in range(8)]),
+        scheduler=scheduler,
+        executor=None,
+        publish=out.append,
+        clock=lambda: 100.0,
+        inline_sweeps=True,
+    )
+    flag = Flag(
+        id="f1",
+        ts=99.0,
+        node="n1",
+        gpu=2,
+        detector="peer",
+        category="straggler",
+        severity="critical",
+        score=5.0,
+    )
+    assert orch.handle_flag(flag) == "qualified"
+    for _ in range(3):
+        orch.tick()
+    states = [m for m in out if m.kind == "node_state"]
+    assert [s.state for s in states] == ["suspect", "cordoned"]
+    assert NO_EXECUTOR_HINT in states[-1].reason
+    assert "set orchestrator.executor" in states[-1].reason
+    assert orch.state_of("n1") == "cordoned" and not [m for m in out if m.kind == "sweep"]
+    assert scheduler.cordoned == {"n1"}
+    assert NO_EXECUTOR_HINT in caplog.text
+
+
+@pytest.mark.parametrize("cpus,end", [(None, "healthy"), ("4096", "repair")])
+def test_a_flagged_node_is_swept_over_ssh_and_released_or_sent_to_repair_by_its_result(
+    fake_ssh: Path,
+    no_fleet: None,
+    monkeypatch: pytest.MonkeyPatch,
+    cpus: str | None,
+    end: str,
+) -> None:
+    if cpus:
+        monkeypatch.setenv("GUARD_SWEEP_EXPECTED_CPUS", cpus)
+    out: list = []
+    scheduler = DryRunScheduler()
+    orch = Orchestrator(
+        OrchestratorSettings(nodes=[f"n{i}" for i in range(8)], multi_sweep_peers=0),
+        scheduler=scheduler,
+        executor=ssh_executor(fake_ssh, ["cpu_count"]),
+        publish=out.append,
+        clock=lambda: 100.0,
+        inline_sweeps=True,
+    )
+    flag = Flag(
+        id="f1",
+        ts=99.0,
+        node="n3",
+        detector="peer",
+        category="straggler",
+        severity="critical",
+        score=5.0,
+    )
+    orch.handle_flag(flag)
+    orch.tick()
+    [sweep] = [m for m in out if m.kind == "sweep"]
+    assert [c.name for c in sweep.checks] == ["cpu_count"] and sweep.passed is (end == "healthy")
+    assert orch.state_of("n3") == end
+    assert scheduler.cordoned == (set() if end == "healthy" else {"n3"})
+    assert (fake_ssh.parent / "calls").read_text().startswith("n3 ")

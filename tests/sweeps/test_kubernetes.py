@@ -463,7 +463,7 @@ def test_the_sweep_runs_as_a_job_pinned_to_the_node_that_tolerates_guard(
 
     apiserver.sweep_line = "Traceback: no GPU"
     (bad,) = executor.run("gpu-a", "single", [], time.time())
-    assert bad.name == "sweep_job" and not bad.passed and "without a sweep line" in bad.detail
+    assert bad.name == "sweep_error" and not bad.passed and "without a sweep line" in bad.detail
     with pytest.raises(ConfigError, match="kube_sweep_image"):
         make_executor(settings)
 

@@ -4,8 +4,9 @@
 when no Slurm answers, the session starts it with the same script. Never skipped: a missing
 Slurm fails these tests. "The node" is this host (``hostname -s``).
 
-The sweep job runs ``tests/sweeps/slurm_sweep_job.py`` (prints a ``sweep`` message from
-schemas' model, from inside the job) until ``guard sweep run --json`` is merged.
+Most tests' sweep job runs ``tests/sweeps/slurm_sweep_job.py`` (prints a ``sweep`` message from
+schemas' model, from inside the job, and a ``slurm_job_host`` check saying where it ran), so that
+a pass or a fail can be chosen; one runs the real ``guard sweep run --json`` (CPU checks) there.
 """
 
 from __future__ import annotations
@@ -125,12 +126,14 @@ def make_orchestrator(
     out: list[GuardMessage],
     *,
     fail: bool = False,
+    command: str | None = None,
     isolate: str = "notify",
     drain_timeout_s: float = 30.0,
     listeners: tuple = (),  # type: ignore[type-arg]
 ) -> Orchestrator:
     scheduler = SlurmScheduler(user="root")
-    command = f"{sys.executable} {JOB} --node {{node}}" + (" --fail" if fail else "")
+    if command is None:
+        command = f"{sys.executable} {JOB} --node {{node}}" + (" --fail" if fail else "")
     executor = SlurmSweepExecutor(
         scheduler,
         SweepJob(command, drain_timeout_s=drain_timeout_s, sweep_timeout_s=120, poll_s=0.2),
@@ -184,6 +187,30 @@ def test_flagged_node_is_drained_swept_in_a_slurm_job_on_it_and_resumed(node: st
     after = node_line(node)
     assert not after.drain and after.base == "IDLE" and after.reason == ""
     assert "guard-" not in sh("scontrol", "show", "reservation")
+
+
+def test_the_real_guard_sweep_run_runs_as_the_slurm_job_and_its_verdict_resumes_the_node(
+    node: str,
+) -> None:
+    guard = Path(sys.executable).with_name("guard")
+    # No fleet yet and no broker needed: judged by the checks' own marks (CPU host: no floor).
+    command = (
+        f"env GUARD_SWEEP_FLEET_SOURCE=none {guard} sweep run --json --node {{node}} "
+        "--checks cpu_count,cpu_matmul,cpu_memory"
+    )
+    out: list[GuardMessage] = []
+    orch = make_orchestrator(node, out, command=command)
+    orch.handle_flag(critical_flag(node))
+    orch.tick()
+
+    (sweep,) = [m for m in out if m.kind == "sweep"]
+    names = {c.name.split(":")[0] for c in sweep.checks}
+    assert {"cpu_count", "cpu_matmul_gflops", "cpu_memory_bandwidth_gbps"} <= names, names
+    assert all("CPU path" in c.detail for c in sweep.checks), sweep.checks
+    assert sweep.passed, sweep.checks
+    assert states(out) == ["suspect", "cordoned", "sweeping", "healthy"]
+    after = node_line(node)
+    assert not after.drain and after.reason == ""
 
 
 def test_a_failed_sweep_leaves_the_node_drained_for_repair(node: str) -> None:

@@ -1,0 +1,256 @@
+"""Verdicts against two baselines: the shipped per-SKU floor and the fleet median.
+
+A throughput result (``judged``) fails when it is under its SKU's floor, or more than
+``fleet_tolerance`` (5 %) below the median of the same check in the last passing sweeps of
+nodes of the same SKU. The detail says which baseline judged it and gives the numbers. A
+CPU host has no floor (its SKU is ``cpu:<model name>``): it is judged against the fleet only.
+
+The floors carry their public source. ``threshold`` entries are pass marks as their source
+uses them (Azure's node health checks); ``typical`` entries are healthy results (SuperBench
+baselines, commonly reported figures) and the floor is ``TYPICAL_FLOOR`` (90 %) of them.
+``verified`` says whether the number was read in its source by whoever wrote it here.
+
+Example
+-------
+>>> from guard.sweeps.checks.base import CheckResult
+>>> r = CheckResult("ib_write_bw_gbps:mlx5_0", 340.0, "Gb/s", judged=True)
+>>> judge([r], "H200", FleetBaseline({}))[0].passed
+False
+>>> for part in r.detail.split("; "):
+...     print(part)
+under the H200 floor of 360 Gb/s (azurehpc-health-checks conf/nd96isr_h200_v5.conf: \
+check_ib_bw_gdr 360)
+no fleet baseline yet
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from guard.schemas import SweepCheck, SweepResult
+
+from .checks.base import CheckResult, family
+
+__all__ = [
+    "FLOORS",
+    "TYPICAL_FLOOR",
+    "FleetBaseline",
+    "Floor",
+    "judge",
+    "sku_of",
+    "sweeps_from_clickhouse",
+]
+
+log = logging.getLogger(__name__)
+
+TYPICAL_FLOOR = 0.9
+_SKU = re.compile(r"(?:^|; )sku=([^;]+)")
+
+_AZNHC = "azurehpc-health-checks conf/"
+_SUPERBENCH = "superbench-results v0.4.0 NDmv4 baseline"
+
+
+@dataclass(frozen=True, slots=True)
+class Floor:
+    value: float
+    unit: str
+    source: str
+    kind: str = "threshold"  # or "typical": the floor is TYPICAL_FLOOR of it
+    verified: bool = True
+
+    @property
+    def floor(self) -> float:
+        return self.value if self.kind == "threshold" else TYPICAL_FLOOR * self.value
+
+    def describe(self) -> str:
+        typical = (
+            f"{TYPICAL_FLOOR:.0%} of a typical {self.value:g}, " if self.kind == "typical" else ""
+        )
+        return f"{typical}{self.source}" + ("" if self.verified else ", unverified")
+
+
+def _aznhc(conf: str, line: str, value: float, unit: str) -> Floor:
+    return Floor(value, unit, f"{_AZNHC}{conf}: {line}")
+
+
+#: Per-SKU floors by check family. The single-node all-reduce floors are Azure's 8-GPU
+#: numbers at 16 GB (H100, H200) and 4 GB (A100) messages; Guard's largest is 8 GB.
+FLOORS: dict[str, dict[str, Floor]] = {
+    "H100 SXM": {
+        "gemm_bf16_tflops": Floor(
+            650, "TFLOPS", "healthy BF16 GEMM as commonly reported (peak 989)", "typical", False
+        ),
+        "nccl_allreduce_busbw_gbps": _aznhc(
+            "nd96isr_h100_v5.conf", "check_nccl_allreduce 460.0 ... 16G", 460, "GB/s"
+        ),
+        "h2d_gbps": _aznhc("nd96isr_h100_v5.conf", "check_cuda_bw 52", 52, "GB/s"),
+        "d2h_gbps": _aznhc("nd96isr_h100_v5.conf", "check_cuda_bw 52", 52, "GB/s"),
+        "ib_write_bw_gbps": _aznhc("nd96isr_h100_v5.conf", "check_ib_bw_gdr 375", 375, "Gb/s"),
+    },
+    "H200": {
+        "nccl_allreduce_busbw_gbps": _aznhc(
+            "nd96isr_h200_v5.conf", "check_nccl_allreduce 431.0 ... 16G", 431, "GB/s"
+        ),
+        "h2d_gbps": Floor(
+            48,
+            "GB/s",
+            f"{_AZNHC}nd96isr_h200_v5.conf: check_gpu_bw 48 335 (first argument)",
+            verified=False,
+        ),
+        "d2h_gbps": Floor(
+            48,
+            "GB/s",
+            f"{_AZNHC}nd96isr_h200_v5.conf: check_gpu_bw 48 335 (first argument)",
+            verified=False,
+        ),
+        "ib_write_bw_gbps": _aznhc("nd96isr_h200_v5.conf", "check_ib_bw_gdr 360", 360, "Gb/s"),
+    },
+    "A100 80GB": {
+        "gemm_fp16_tflops": Floor(275, "TFLOPS", _SUPERBENCH, "typical", False),
+        "gemm_bf16_tflops": Floor(261, "TFLOPS", _SUPERBENCH, "typical", False),
+        "gemm_tf32_tflops": Floor(127, "TFLOPS", _SUPERBENCH, "typical", False),
+        "hbm_copy_gbps": Floor(1371, "GB/s", f"{_SUPERBENCH} (dtod)", "typical", False),
+        "nccl_allreduce_busbw_gbps": _aznhc(
+            "nd96amsr_a100_v4.conf", "check_nccl_allreduce 228.0 ... 4G", 228, "GB/s"
+        ),
+        "h2d_gbps": _aznhc("nd96amsr_a100_v4.conf", "check_cuda_bw 24", 24, "GB/s"),
+        "d2h_gbps": _aznhc("nd96amsr_a100_v4.conf", "check_cuda_bw 24", 24, "GB/s"),
+        "ib_write_bw_gbps": _aznhc("nd96amsr_a100_v4.conf", "check_ib_bw_gdr 185.0", 185, "Gb/s"),
+    },
+}
+
+
+def sku_of(result: SweepResult) -> str | None:
+    """The SKU a sweep ran on: the ``sku=...`` part of its ``gpu_count``/``cpu_count`` detail."""
+    for check in result.checks:
+        if check.name in ("gpu_count", "cpu_count"):
+            found = _SKU.search(check.detail)
+            if found:
+                return found.group(1).strip()
+    return None
+
+
+class FleetBaseline:
+    """Median per check family over the last ``window`` passing sweeps of each SKU."""
+
+    def __init__(self, medians: dict[str, dict[str, tuple[float, int]]], note: str = "") -> None:
+        self.medians = medians  # sku -> family -> (median, sweeps)
+        self.note = note
+
+    @classmethod
+    def from_sweeps(
+        cls, sweeps: Iterable[SweepResult], window: int = 20, exclude_node: str | None = None
+    ) -> FleetBaseline:
+        """From past sweeps, oldest first (the node being swept can be left out)."""
+        by_sku: dict[str, list[SweepResult]] = defaultdict(list)
+        for sweep in sweeps:
+            sku = sku_of(sweep)
+            if sweep.passed and sku and sweep.node != exclude_node:
+                by_sku[sku].append(sweep)
+        medians: dict[str, dict[str, tuple[float, int]]] = {}
+        for sku, passing in by_sku.items():
+            values: dict[str, list[float]] = defaultdict(list)
+            for sweep in passing[-window:]:
+                per_sweep: dict[str, list[float]] = defaultdict(list)
+                for check in sweep.checks:
+                    if check.value is not None:
+                        per_sweep[family(check.name)].append(check.value)
+                for fam, vals in per_sweep.items():
+                    values[fam].append(statistics.median(vals))
+            medians[sku] = {f: (statistics.median(v), len(v)) for f, v in values.items()}
+        return cls(medians)
+
+    def get(self, sku: str, fam: str) -> tuple[float, int] | None:
+        return self.medians.get(sku, {}).get(fam)
+
+
+def judge(
+    results: list[CheckResult],
+    sku: str,
+    fleet: FleetBaseline,
+    tolerance: float = 0.05,
+    min_sweeps: int = 3,
+) -> list[CheckResult]:
+    """Apply the floor and the fleet median to every judged result (in place; returned)."""
+    floors = FLOORS.get(sku, {})
+    for r in results:
+        if not r.judged or r.value is None:
+            continue
+        fam = family(r.name)
+        notes = []
+        floor = floors.get(fam)
+        if floor is not None and floor.unit == r.unit:
+            r.baseline = floor.floor
+            if r.value < floor.floor:
+                r.passed = False
+                where = f"{floor.floor:g} {r.unit} ({floor.describe()})"
+                notes.append(f"under the {sku} floor of {where}")
+            else:
+                notes.append(f"above the {sku} floor of {floor.floor:g} {r.unit}")
+        elif sku.startswith("cpu:"):
+            notes.append("CPU host: no floor, fleet baseline only")
+        else:
+            notes.append(f"no {sku} floor for {fam}")
+        notes.append(_fleet_note(r, sku, fam, fleet, tolerance, min_sweeps))
+        r.detail = "; ".join(n for n in [r.detail, *notes] if n)
+    return results
+
+
+def _fleet_note(
+    r: CheckResult, sku: str, fam: str, fleet: FleetBaseline, tolerance: float, min_sweeps: int
+) -> str:
+    got = fleet.get(sku, fam)
+    if got is None or got[1] < min_sweeps:
+        have = 0 if got is None else got[1]
+        why = f" ({fleet.note})" if fleet.note else ""
+        return (
+            f"no fleet baseline yet{why}"
+            if not have
+            else (f"fleet baseline from {have} sweeps only (needs {min_sweeps})")
+        )
+    med, count = got
+    assert r.value is not None
+    r.baseline = med
+    below = 1 - r.value / med
+    text = f"fleet median {med:g} {r.unit} of {count} passing {sku} sweeps"
+    if below > tolerance:
+        r.passed = False
+        return f"{below:.1%} below the {text} (> {tolerance:.0%} fails)"
+    return f"{max(below, 0):.1%} below the {text}" if below > 0 else f"at or above the {text}"
+
+
+_FIELDS = ("name", "value", "unit", "baseline", "passed", "detail")
+
+
+def sweeps_from_clickhouse(client: Any, database: str, limit: int = 2000) -> list[SweepResult]:
+    """The latest ``limit`` passing sweeps in ClickHouse's sweeps table, oldest first."""
+    rows = client.query(
+        f"SELECT toFloat64(ts), node, id, sweep, peers, checks FROM {database}.sweeps FINAL "
+        f"WHERE passed ORDER BY ts DESC LIMIT {int(limit)}"
+    ).result_rows
+    out = []
+    for ts, node, sweep_id, sweep, peers, checks in reversed(rows):
+        out.append(
+            SweepResult(
+                ts=ts,
+                node=node,
+                id=sweep_id,
+                sweep=sweep,
+                peers=list(peers),
+                passed=True,
+                # named tuples come back as dicts (or tuples, by client settings)
+                checks=[
+                    SweepCheck.model_validate(
+                        c if isinstance(c, dict) else dict(zip(_FIELDS, c, strict=True))
+                    )
+                    for c in checks
+                ],
+            )
+        )
+    return out

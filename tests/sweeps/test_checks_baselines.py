@@ -1,0 +1,114 @@
+"""The two baselines: the shipped per-SKU floors and the fleet median of passing sweeps, read
+from real chDB and from the sweeps topic on a real broker."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from guard.config import Settings
+from guard.kafka import make_producer, produce
+from guard.schemas import SweepCheck, SweepResult
+from guard.store import insert_messages
+from guard.sweeps.baselines import (
+    FLOORS,
+    FleetBaseline,
+    judge,
+    sku_of,
+    sweeps_from_clickhouse,
+)
+from guard.sweeps.checks.base import CheckResult
+from guard.sweeps.service import read_sweeps
+
+NOW = 1_767_226_500.0
+
+
+def past_sweep(
+    node: str, tflops: list[float], sku: str = "H200", passed: bool = True, ts: float = NOW
+) -> SweepResult:
+    checks = [
+        SweepCheck(name="gpu_count", value=8, unit="count", passed=True, detail=f"sku={sku}; 8"),
+        *(
+            SweepCheck(name=f"gemm_bf16_tflops:gpu{i}", value=v, unit="TFLOPS", passed=True)
+            for i, v in enumerate(tflops)
+        ),
+    ]
+    return SweepResult(
+        id=f"s-{node}-{ts}", ts=ts, node=node, sweep="single", checks=checks, passed=passed
+    )
+
+
+def test_every_floor_names_its_source_and_says_when_it_is_unverified() -> None:
+    assert set(FLOORS) == {"H100 SXM", "H200", "A100 80GB"}
+    for sku, floors in FLOORS.items():
+        for fam, floor in floors.items():
+            assert floor.source and floor.unit in ("TFLOPS", "GB/s", "Gb/s"), (sku, fam)
+            assert ("unverified" in floor.describe()) is not floor.verified
+    assert FLOORS["H100 SXM"]["nccl_allreduce_busbw_gbps"].floor == 460
+    assert FLOORS["H200"]["nccl_allreduce_busbw_gbps"].floor == 431
+    assert FLOORS["A100 80GB"]["gemm_fp16_tflops"].floor == pytest.approx(247.5)  # 90 % of 275
+
+
+def test_the_fleet_median_is_per_sku_over_passing_sweeps_and_leaves_the_node_out() -> None:
+    sweeps = [
+        past_sweep("n1", [700, 702, 704]),
+        past_sweep("n2", [710, 712]),
+        past_sweep("n3", [690]),
+        past_sweep("n4", [100], passed=False),  # a failed sweep is no baseline
+        past_sweep("n5", [300], sku="A100 80GB"),
+        past_sweep("me", [900]),  # the node being swept
+    ]
+    fleet = FleetBaseline.from_sweeps(sweeps, exclude_node="me")
+    assert fleet.get("H200", "gemm_bf16_tflops") == (702.0, 3)  # medians 702, 711, 690
+    assert fleet.get("A100 80GB", "gemm_bf16_tflops") == (300.0, 1)
+    assert fleet.get("H100 SXM", "gemm_bf16_tflops") is None
+    window = FleetBaseline.from_sweeps(sweeps, window=1, exclude_node="me")
+    assert window.get("H200", "gemm_bf16_tflops") == (690.0, 1)  # the latest one only
+    assert sku_of(sweeps[0]) == "H200"
+
+
+def test_judging_more_than_five_percent_below_the_fleet_or_under_the_floor() -> None:
+    fleet = FleetBaseline({"H200": {"gemm_bf16_tflops": (702.0, 3)}})
+
+    def verdict(value: float, sku: str = "H200") -> CheckResult:
+        [r] = judge(
+            [CheckResult("gemm_bf16_tflops:gpu0", value, "TFLOPS", judged=True)], sku, fleet
+        )
+        return r
+
+    assert verdict(680).passed  # 3.1 % below
+    slow = verdict(660)  # 6 % below
+    assert not slow.passed and slow.baseline == 702.0
+    assert "6.0% below the fleet median 702 TFLOPS of 3 passing H200 sweeps" in slow.detail
+    assert "no H200 floor for gemm_bf16_tflops" in slow.detail
+    under = judge([CheckResult("h2d_gbps:gpu1", 40.0, "GB/s", judged=True)], "H100 SXM", fleet)[0]
+    assert not under.passed and "under the H100 SXM floor of 52 GB/s" in under.detail
+    assert "check_cuda_bw 52" in under.detail
+    # Unjudged results (counts, temperatures) keep their own verdict.
+    [count] = judge([CheckResult("xid_events", 0.0, "count", passed=True)], "H200", fleet)
+    assert count.passed and count.detail == ""
+
+
+def test_past_sweeps_come_back_from_clickhouse(store: tuple[Any, Settings]) -> None:
+    client, settings = store
+    now = time.time()  # recent: older rows may already be past the tables' TTL
+    sweeps = [past_sweep(f"n{i}", [700 + i], ts=now - 10 + i) for i in range(4)]
+    sweeps.append(past_sweep("n9", [1.0], passed=False, ts=now - 1))
+    insert_messages(client, settings, sweeps)
+    back = sweeps_from_clickhouse(client, settings.clickhouse.database)
+    assert [s.node for s in back] == ["n0", "n1", "n2", "n3"]  # passing only, oldest first
+    assert back[0].checks[1].value == 700 and sku_of(back[0]) == "H200"
+    fleet = FleetBaseline.from_sweeps(back)
+    assert fleet.get("H200", "gemm_bf16_tflops") == (701.5, 4)
+
+
+@pytest.mark.kafka
+def test_past_sweeps_come_back_from_the_sweeps_topic(kafka_settings: Settings) -> None:
+    producer = make_producer(kafka_settings)
+    for i in range(3):
+        produce(producer, kafka_settings, past_sweep(f"n{i}", [720.0 + i], ts=time.time() + i))
+    assert producer.flush(30) == 0
+    fleet = FleetBaseline.from_sweeps(read_sweeps(kafka_settings, timeout_s=30))
+    assert fleet.get("H200", "gemm_bf16_tflops") == (721.0, 3)

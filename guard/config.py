@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,7 +25,7 @@ from pydantic_settings import (
 from guard.errors import GuardError
 from guard.schemas import CATEGORIES
 
-__all__ = ["ConfigError", "Settings", "load_settings"]
+__all__ = ["ConfigError", "Settings", "load_settings", "streams_state_key"]
 
 
 class ConfigError(GuardError):
@@ -113,6 +114,12 @@ class StreamsSettings(Section):
     batch_max: int = Field(2000, ge=1, description="most records a worker handles at once")
     batch_within_s: float = Field(0.1, gt=0, description="longest wait to fill a batch, s")
     web_port: int = Field(6066, ge=0)
+    state_key: SecretStr | None = Field(
+        None,
+        description="secret that signs detector checkpoints on the changelog topics (HMAC-SHA256; "
+        "at least 32 characters, the same for every worker of an app); required unless Kafka "
+        "is on loopback, where one is generated in <home>/streams-state.key",
+    )
 
 
 class OrchestratorSettings(Section):
@@ -268,6 +275,71 @@ def _mask_dsn(dsn: str) -> str:
             creds = creds.split(":", 1)[0] + ":***"
         return f"{scheme}://{creds}@{host}"
     return dsn
+
+
+#: Where embedded mode keeps its generated streams state key, under ``home``.
+STATE_KEY_FILE = "streams-state.key"
+_MIN_STATE_KEY = 32
+
+
+def _on_loopback(bootstrap: str) -> bool:
+    hosts = [b.strip().rsplit(":", 1)[0].strip("[]").lower() for b in bootstrap.split(",")]
+    return all(h in ("localhost", "::1") or h.startswith("127.") for h in hosts if h)
+
+
+def streams_state_key(settings: Settings) -> bytes:
+    """The key that signs detector checkpoints (:mod:`guard.streams.checkpoints`).
+
+    ``streams.state_key`` when set. Without it, a broker on loopback is embedded mode (the
+    demo, tests, one host: only this host can write its topics): a key is generated once in
+    ``<home>/streams-state.key`` (mode 0600) and shared by the workers of that home. A broker
+    anywhere else needs the setting, since every worker of the app must hold the same key.
+    """
+    configured = settings.streams.state_key
+    if configured is not None:
+        key = configured.get_secret_value().encode()
+        if len(key) < _MIN_STATE_KEY:
+            raise ConfigError(
+                f"streams.state_key is {len(key)} characters; use at least {_MIN_STATE_KEY}, "
+                "e.g. from `python -c 'import secrets; print(secrets.token_hex(32))'`"
+            )
+        return key
+    if not _on_loopback(settings.kafka.bootstrap):
+        raise ConfigError(
+            f"streams.state_key is not set and Kafka ({settings.kafka.bootstrap}) is not on "
+            "loopback: detector checkpoints on the changelog topics are signed with it, and "
+            "every streams worker of the app needs the same one. Set [streams] state_key in "
+            "the TOML file or GUARD_STREAMS_STATE_KEY (at least 32 characters, e.g. "
+            "`python -c 'import secrets; print(secrets.token_hex(32))'`), kept like a password"
+        )
+    return _embedded_state_key(settings.home / STATE_KEY_FILE)
+
+
+def _embedded_state_key(path: Path) -> bytes:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        # Written aside and linked into place: of workers starting together one key wins,
+        # and nobody reads a half-written file.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(32))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise ConfigError(
+            f"{path} (the streams state key) is readable by others (mode {mode:o}); "
+            f"run `chmod 600 {path}`"
+        )
+    key = path.read_text().strip().encode()
+    if len(key) < _MIN_STATE_KEY:
+        raise ConfigError(f"{path} holds no usable key; delete it to generate a new one")
+    return key
 
 
 def load_settings(config: str | Path | None = None, **overrides: Any) -> Settings:

@@ -19,13 +19,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from confluent_kafka.admin import NewTopic
 
-from guard.config import Settings
+from guard.config import Settings, streams_state_key
 from guard.detectors.engine import EngineConfig
 from guard.kafka import dead_letter, make_consumer, make_producer, produce_raw, wait_for_broker
 from guard.schemas import encode
@@ -65,6 +65,7 @@ class NativeWorker:
         self.fusion = FusionProcessor(st.checkpoint_s, self.counters)
         self.changelogs = {table: s.topic(f"{st.app_id}-{table}-changelog") for table in TABLES}
         self.restored: dict[str, dict[str, bytes]] = {table: {} for table in TABLES}
+        self.state_key = streams_state_key(s)  # before any connection: a missing key fails fast
         self.producer = make_producer(s, **{"linger.ms": 5})
         for table, state in zip(
             TABLES, (self.node.state, self.job.state, self.fusion.state), strict=True
@@ -96,6 +97,7 @@ class NativeWorker:
         topic = self.changelogs[table]
         store = self.restored[table]
         state.load = store.get
+        state.secret = self.state_key
 
         def save(key: str, partition: int, blob: bytes) -> None:
             store[key] = blob
@@ -177,21 +179,13 @@ class NativeWorker:
             if not batch:
                 continue
             found, bad = processor.process((r.topic(), r.partition(), r.value()) for r in batch)
-            for index, error in bad:
-                r = batch[index]
-                dead_letter(
-                    self.producer,
-                    self.settings,
-                    r.value(),
-                    error,
-                    f"{r.topic()}/{r.partition()}/{r.offset()}",
-                    r.key(),
-                )
+            self._dead_letters(batch, bad)
             self._send_findings(found)
         if findings:
-            flags = self.fusion.process(
+            flags, bad = self.fusion.process(
                 (r.key() or b"", r.partition(), r.value() or b"") for r in findings
             )
+            self._dead_letters(findings, bad)
             for flag in flags:
                 self._produce(
                     self.settings.topic("remediation"),
@@ -199,6 +193,12 @@ class NativeWorker:
                     flag.kafka_key(),
                     timestamp=int(flag.ts * 1000),
                 )
+
+    def _dead_letters(self, batch: list[Message], bad: Iterable[tuple[int, Exception]]) -> None:
+        for index, error in bad:
+            r = batch[index]
+            source = f"{r.topic()}/{r.partition()}/{r.offset()}"
+            dead_letter(self.producer, self.settings, r.value(), error, source, r.key())
 
     def _send_findings(self, found: list[Any]) -> None:
         for f in found:
@@ -252,7 +252,8 @@ class NativeWorker:
                     if error.code() == KafkaError._PARTITION_EOF:
                         pending.discard(record.partition())
                     continue
-                key = (record.key() or b"").decode()
+                # Any bytes can be planted here: a key no node has just never matches.
+                key = (record.key() or b"").decode(errors="replace")
                 if record.value() is None:
                     store.pop(key, None)
                 else:

@@ -1,0 +1,96 @@
+"""A state record planted on a changelog topic (real Kafka) executes nothing and stops nothing.
+
+Someone with ordinary write access to the cluster produces checkpoints under real node keys:
+a forged one, one in the format before checkpoints were signed, one signed with the real key
+(as if it leaked) whose pickle calls ``os.system``, and one under a key that is not UTF-8.
+Each worker engine must refuse them all, count the refusals, start those keys cold and go on
+turning telemetry into flags.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import NewTopic
+
+from guard.config import Settings, streams_state_key
+from guard.kafka import make_producer, produce, wait_for_broker
+from guard.streams.checkpoints import CHECKPOINT_FORMAT, seal
+
+from .planted import RunsCommand
+from .test_faust_app import _latest_progress, gpu_round, read_flags, streams_worker, wait_for
+
+
+def _changelog(settings: Settings, engine: str, app_id: str, table: str) -> str:
+    # faust names a table's changelog after the app id alone; the native worker adds the prefix
+    name = f"{app_id}-{table}-changelog"
+    return name if engine == "faust" else settings.topic(name)
+
+
+def _plant(settings: Settings, engine: str, app_id: str, marker: Path) -> int:
+    """Plant the hostile checkpoints; returns how many a worker should refuse."""
+    evil = zlib.compress(pickle.dumps(RunsCommand(marker)), 1)
+    key = streams_state_key(settings)  # embedded mode: the key the worker will use
+    node_table = {
+        b"node-a": CHECKPOINT_FORMAT + os.urandom(32) + evil,
+        b"node-b": b"guard-state-2:" + evil,
+        b"node-c": seal(key, "node-c", RunsCommand(marker)),
+        b"\xff\xfenode": b"\x00garbage",
+    }
+    fusion_table = {b"node-b": CHECKPOINT_FORMAT + os.urandom(32) + evil}
+    admin = wait_for_broker(settings)
+    topics = {
+        _changelog(settings, engine, app_id, t): records
+        for t, records in (("node-detectors", node_table), ("fusion", fusion_table))
+    }
+    futures = admin.create_topics(
+        [
+            NewTopic(
+                t, settings.kafka.telemetry_partitions, 1, config={"cleanup.policy": "compact"}
+            )
+            for t in topics
+        ]
+    )
+    for future in futures.values():
+        future.result(30)
+    producer = make_producer(settings)  # murmur2: each key on its node's partition
+    for topic, records in topics.items():
+        for k, v in records.items():
+            producer.produce(topic, v, k)
+    assert producer.flush(30) == 0
+    return 4  # node-a, node-b, node-c and fusion's node-b; the odd key matches no node
+
+
+@pytest.mark.parametrize("engine", ["native", "faust"])
+def test_a_planted_state_record_runs_nothing_and_stops_nothing(
+    kafka_settings: Settings, tmp_path: Path, engine: str
+) -> None:
+    settings = kafka_settings
+    app_id = f"planted-{settings.kafka.topic_prefix}"
+    marker = tmp_path / "pwned"
+    refusals = _plant(settings, engine, app_id, marker)
+    producer = make_producer(settings)
+    t0 = time.time() - 120
+    for i in range(12):
+        for node in ("node-a", "node-b", "node-c"):
+            xid = 5 if (node == "node-b" and i == 4) else None
+            for m in gpu_round(t0 + 10 * i, node, xid_gpu=xid):
+                produce(producer, settings, m)
+    assert producer.flush(30) == 0
+
+    log = tmp_path / "worker.log"
+    with streams_worker(settings, log, engine, app_id) as worker:
+        flags = read_flags(settings, want=1, timeout_s=90, worker=worker)
+        wait_for(lambda: _latest_progress(log).get("telemetry", 0) >= 288, log)
+        wait_for(lambda: _latest_progress(log).get("refused", 0) >= refusals, log, 30)
+        assert worker.poll() is None, log.read_text(errors="replace")[-3000:]
+    text = log.read_text(errors="replace")
+    assert not marker.exists(), text[-3000:]
+    assert [(f.node, f.category) for f in flags] == [("node-b", "gpu_error")], text[-3000:]
+    progress = _latest_progress(log)
+    assert (progress["refused"], progress["restored"]) == (refusals, 0), progress

@@ -113,6 +113,11 @@ def worker_env(settings: Settings, **overrides: str) -> dict[str, str]:
         "GUARD_STREAMS_PROGRESS_S": str(s.streams.progress_s),
         "GUARD_STREAMS_CHECKPOINT_S": str(s.streams.checkpoint_s),
         "GUARD_STREAMS_ENGINE": s.streams.engine,
+        **(
+            {"GUARD_STREAMS_STATE_KEY": s.streams.state_key.get_secret_value()}
+            if s.streams.state_key is not None
+            else {}
+        ),
         **overrides,
     }
 

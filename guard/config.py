@@ -13,6 +13,7 @@ import os
 import secrets
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic_settings import (
@@ -25,7 +26,7 @@ from pydantic_settings import (
 from guard.errors import GuardError
 from guard.schemas import CATEGORIES
 
-__all__ = ["ConfigError", "Settings", "load_settings", "streams_state_key"]
+__all__ = ["ConfigError", "Settings", "load_settings", "mask_url", "streams_state_key"]
 
 
 class ConfigError(GuardError):
@@ -244,37 +245,83 @@ class Settings(BaseSettings):
         return f"{self.kafka.topic_prefix}{name}"
 
     def masked(self) -> dict[str, Any]:
-        """The effective settings as plain data, secrets shown as ``***``."""
+        """The effective settings as plain data, every secret shown as ``***``: secret
+        fields, fields and ``extra`` keys named like passwords, secrets, tokens or keys, and
+        the credentials inside URLs and DSNs (``user:***@``, secret query parameters, the
+        path and query of a webhook URL, which is often the credential itself)."""
         data = json.loads(self.model_dump_json())
-        data["clickhouse"]["dsn"] = _mask_dsn(self.clickhouse_dsn)
-        for section in data.values():
-            if isinstance(section, dict):
-                for key in section:
-                    if _is_secret(key) and section[key] is not None:
-                        section[key] = "***"
-                if isinstance(section.get("extra"), dict):
-                    for key in section["extra"]:
-                        if _is_secret(key):
-                            section["extra"][key] = "***"
+        data["clickhouse"]["dsn"] = self.clickhouse_dsn
+        for name, section in data.items():
+            if not isinstance(section, dict):
+                continue
+            model = getattr(self, name)
+            for key, value in section.items():
+                if isinstance(getattr(model, key, None), SecretStr) or (
+                    _is_secret(key) and value is not None
+                ):
+                    section[key] = "***"
+                elif isinstance(value, str):
+                    section[key] = mask_url(value, whole="webhook" in key)
+            if isinstance(section.get("extra"), dict):
+                extra = section["extra"]
+                for key, value in extra.items():
+                    if _is_secret(key):
+                        extra[key] = "***"
+                    elif isinstance(value, str):
+                        extra[key] = mask_url(value)
         return data
 
 
 _CONFIG_FILE: dict[str, Path | None] = {"path": None}
 
 
+_SECRET_WORDS = (
+    "password", "passwd", "secret", "token", "credential", "auth", "sig", "apikey", "jaas",
+    "oauthbearer",
+)  # fmt: skip
+
+
 def _is_secret(key: str) -> bool:
-    return any(word in key.lower() for word in ("password", "secret", "token"))
+    """A setting or parameter name that says it holds a secret (not a key *file*)."""
+    name = key.lower().replace("-", "_")
+    if name.endswith(("_location", "_file", "_path")):
+        return False
+    return any(w in name for w in _SECRET_WORDS) or name in ("key", "api_key", "access_key")
 
 
-def _mask_dsn(dsn: str) -> str:
-    # scheme://user:password@host -> scheme://user:***@host
-    if "://" in dsn and "@" in dsn.split("://", 1)[1]:
-        scheme, rest = dsn.split("://", 1)
-        creds, host = rest.rsplit("@", 1)
-        if ":" in creds:
-            creds = creds.split(":", 1)[0] + ":***"
-        return f"{scheme}://{creds}@{host}"
-    return dsn
+def mask_url(value: str, whole: bool = False) -> str:
+    """``value`` with any credentials in it masked, if it is a URL or DSN.
+
+    >>> mask_url("https://guard:pw@ch:8443/db?user=guard&password=pw")
+    'https://guard:***@ch:8443/db?user=guard&password=***'
+    >>> mask_url("https://alerts.example/hook?token=abc&team=gpu")
+    'https://alerts.example/hook?token=***&team=gpu'
+    >>> mask_url("https://hooks.slack.com/services/T0/B0/XyZ", whole=True)
+    'https://hooks.slack.com/***'
+    >>> mask_url("/run/guard/agent.sock")
+    '/run/guard/agent.sock'
+    """
+    try:
+        parts = urlsplit(value)
+    except ValueError:  # not a URL after all (an odd host:port)
+        return value
+    if not parts.scheme or not parts.netloc:
+        return value
+    netloc = parts.netloc
+    if "@" in netloc:
+        creds, host = netloc.rsplit("@", 1)
+        netloc = (creds.split(":", 1)[0] + ":***" if ":" in creds else "***") + "@" + host
+    if whole:
+        return urlunsplit(
+            (parts.scheme, netloc, "/***" if parts.path or parts.query else "", "", "")
+        )
+    query = "&".join(
+        f"{k}=***" if _is_secret(k) else (f"{k}={v}" if v or "=" in pair else k)
+        for pair in parts.query.split("&")
+        if pair
+        for k, _, v in [pair.partition("=")]
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 #: Where embedded mode keeps its generated streams state key, under ``home``.

@@ -25,7 +25,7 @@ import faust
 from guard.config import Settings, streams_state_key
 from guard.detectors.engine import EngineConfig
 from guard.detectors.findings import Finding
-from guard.kafka import DLQ_ERROR_HEADER, DLQ_SOURCE_HEADER
+from guard.kafka import DLQ_ERROR_HEADER, DLQ_SOURCE_HEADER, faust_broker_settings
 from guard.schemas import SchemaError, encode
 
 from .processing import (
@@ -67,7 +67,7 @@ def _faust_app(settings: Settings) -> faust.App:
     datadir.parent.mkdir(parents=True, exist_ok=True)
     return faust.App(
         settings.streams.app_id,
-        broker=[f"kafka://{b.strip()}" for b in k.bootstrap.split(",")],
+        **faust_broker_settings(settings),  # brokers and SASL/TLS, as every other client
         store="memory://",
         topic_partitions=k.telemetry_partitions,
         topic_replication_factor=k.replication_factor,

@@ -286,16 +286,29 @@ def topic_specs(settings: Settings) -> list[NewTopic]:
 
 def wait_for_broker(settings: Settings, timeout_s: float = 15.0) -> AdminClient:
     """An admin client once the broker answers, else :class:`BrokerUnreachable`."""
-    admin = AdminClient(client_config(settings))
+    refused: list[KafkaError] = []
+
+    def on_error(error: KafkaError) -> None:
+        if error.code() in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
+            refused.append(error)
+
+    admin = AdminClient({**client_config(settings), "error_cb": on_error})
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not refused:
         try:
             admin.list_topics(timeout=min(5.0, max(0.5, deadline - time.monotonic())))
             return admin
         except KafkaException as exc:
             last = exc
-            time.sleep(0.2)
+            admin.poll(0.2)  # serves error_cb: an authentication failure ends the wait
+    if refused:
+        k = settings.kafka
+        raise BrokerUnreachable(
+            f"the broker at {k.bootstrap} refused Guard's credentials ({refused[0].str()}); "
+            f"check kafka.sasl_username ({k.sasl_username}), kafka.sasl_password and "
+            f"kafka.sasl_mechanism ({k.sasl_mechanism}), or GUARD_KAFKA_SASL_*"
+        )
     raise BrokerUnreachable(
         f"no Kafka broker answered at {settings.kafka.bootstrap} within {timeout_s:.0f} s "
         f"({last}); start one with `guard broker` or deploy/kafka/kafka.sh start, "

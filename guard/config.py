@@ -137,8 +137,25 @@ class OrchestratorSettings(Section):
         ge=0,
         description="a node flagged again this soon after passing a sweep goes to repair",
     )
-    webhook_url: str | None = None
-    webhook_secret: SecretStr | None = None
+    webhook_url: str | None = Field(
+        None, description="receiver of node-health notifications (Alertmanager: its base URL)"
+    )
+    webhook_secret: SecretStr | None = Field(
+        None, description="signs each request: X-Guard-Signature: t=<unix>,v1=<HMAC-SHA256>"
+    )
+    webhook_mode: Literal["webhook", "alertmanager"] = Field(
+        "webhook",
+        description="webhook: Alertmanager-v4 webhook messages to webhook_url; alertmanager: "
+        "alerts posted to <webhook_url>/api/v2/alerts and re-sent while active",
+    )
+    grafana_node_url: str = Field(
+        "",
+        description="generatorURL of a node's alert, {node} replaced by its name, e.g. "
+        "https://grafana.example/d/guard-node?var-node={node}",
+    )
+    webhook_resend_s: float = Field(
+        60.0, gt=0, description="alertmanager mode: active alerts are re-sent this often"
+    )
     # policy
     min_severity: Literal["warning", "critical"] = Field(
         "warning", description="weakest flag severity that makes a node suspect (info never does)"

@@ -16,7 +16,6 @@ import pytest
 
 from guard.config import Settings, load_settings
 
-
 #: The broker's address and security (CI runs the Kafka tests against a SASL listener too):
 #: kept from the environment, every other GUARD_* variable is dropped.
 KAFKA_ENV = {

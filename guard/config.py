@@ -115,6 +115,12 @@ class StreamsSettings(Section):
     batch_max: int = Field(2000, ge=1, description="most records a worker handles at once")
     batch_within_s: float = Field(0.1, gt=0, description="longest wait to fill a batch, s")
     web_port: int = Field(6066, ge=0)
+    key_idle_s: float = Field(
+        6 * 3600.0,
+        ge=0,
+        description="a node or job key without input for this long is dropped with its "
+        "checkpoint (bounds memory when names churn); 0 keeps every key",
+    )
     state_key: SecretStr | None = Field(
         None,
         description="secret that signs detector checkpoints on the changelog topics (HMAC-SHA256; "

@@ -55,7 +55,13 @@ def _backed_by(state: KeyedState, table: Any, secret: bytes) -> None:
         table.data[raw] = blob
         table.send_changelog(partition, raw, blob)
 
+    def delete(key: str, partition: int) -> None:
+        raw = key.encode()
+        table.data.pop(raw, None)
+        table.send_changelog(partition, raw, None, value_serializer="raw")  # a tombstone
+
     state.save = save
+    state.delete = delete
 
 
 RAW = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
@@ -170,6 +176,12 @@ class _Wiring:
         async def idle_clock() -> None:
             for processor in self.processors:
                 await self.send_findings(processor.clock.idle())
+
+        @self.app.timer(interval=10.0)
+        async def expire_idle_keys() -> None:
+            for processor in self.processors:
+                processor.expire(self.settings.streams.key_idle_s)
+            self.fusion.state.expire(self.settings.streams.key_idle_s)
 
         @self.app.on_partitions_revoked.connect
         async def on_revoked(app: Any, revoked: set[Any], **kwargs: Any) -> None:

@@ -103,7 +103,12 @@ class NativeWorker:
             store[key] = blob
             self._produce(topic, blob, key.encode(), partition=partition)
 
+        def delete(key: str, partition: int) -> None:
+            store.pop(key, None)
+            self._produce(topic, None, key.encode(), partition=partition)  # a tombstone
+
         state.save = save
+        state.delete = delete
 
     def _create_internal_topics(self) -> None:
         k = self.settings.kafka
@@ -135,7 +140,7 @@ class NativeWorker:
         self, stop: threading.Event, on_progress: Callable[[StreamsCounters], None] | None = None
     ) -> StreamsCounters:
         st = self.settings.streams
-        last_commit = last_idle = last_progress = time.monotonic()
+        last_commit = last_idle = last_progress = last_expire = time.monotonic()
         try:
             while not stop.is_set():
                 records = self.consumer.consume(st.batch_max, st.batch_within_s)
@@ -145,6 +150,9 @@ class NativeWorker:
                 if now - last_idle >= 1.0:
                     last_idle = now
                     self._send_findings(self.node.clock.idle() + self.job.clock.idle())
+                    if now - last_expire >= 10.0:
+                        last_expire = now
+                        self._expire()
                 if now - last_commit >= 2.0:
                     last_commit = now
                     self._commit()
@@ -157,6 +165,12 @@ class NativeWorker:
             self.consumer.close()
             self.producer.flush(30)
         return self.counters
+
+    def _expire(self) -> None:
+        idle_s = self.settings.streams.key_idle_s
+        self.node.expire(idle_s)
+        self.job.expire(idle_s)
+        self.fusion.state.expire(idle_s)
 
     def _handle(self, records: list[Message]) -> None:
         node_batch: list[Message] = []

@@ -110,8 +110,12 @@ class KeyedState:
     every_s: float
     load: Callable[[str], bytes | None] = lambda key: None
     save: Callable[[str, int, bytes], None] = lambda key, partition, blob: None
+    #: ``delete(key, partition)``: forget a key's checkpoint (a tombstone on the changelog)
+    delete: Callable[[str, int], None] = lambda key, partition: None
     live: dict[str, tuple[Any, int]] = field(default_factory=dict)
     saved_at: dict[str, float] = field(default_factory=dict)
+    #: when each key last had input (monotonic), for :meth:`expire`
+    seen: dict[str, float] = field(default_factory=dict)
     secret: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
     restored: int = 0
     #: checkpoints found but not used (another format, a bad signature, unreadable, or not
@@ -136,10 +140,14 @@ class KeyedState:
         return obj
 
     def checkpoint_due(self, keys: Iterable[str], force: bool = False) -> int:
-        """Save the keys whose last checkpoint is older than ``every_s``. Returns how many."""
+        """Save the keys whose last checkpoint is older than ``every_s``. Returns how many.
+
+        Called with the keys of each batch, it also marks them seen (see :meth:`expire`).
+        """
         now = time.monotonic()
         saved = 0
         for key in keys:
+            self.seen[key] = now
             entry = self.live.get(key)
             if entry is None or (not force and now - self.saved_at.get(key, 0.0) < self.every_s):
                 continue
@@ -200,6 +208,22 @@ class KeyedState:
             "refused": sum(s.refused for s in states),
         }
 
+    def expire(self, idle_s: float) -> list[str]:
+        """Drop the keys without input for ``idle_s`` (0: never), their checkpoints with
+        them; returns them. Keeps a worker's memory bounded when key names churn (jobs that
+        ended, nodes renamed, a flood of made-up names)."""
+        if idle_s <= 0:
+            return []
+        cutoff = time.monotonic() - idle_s
+        gone = [k for k, t in self.seen.items() if t < cutoff]
+        for key in gone:
+            del self.seen[key]
+            entry = self.live.pop(key, None)
+            self.saved_at.pop(key, None)
+            if entry is not None:
+                self.delete(key, entry[1])
+        return gone
+
     def forget(self, partitions: set[int]) -> list[str]:
         """Checkpoint, then drop, the keys of ``partitions``; returns them.
 
@@ -211,6 +235,7 @@ class KeyedState:
         for key in keys:
             del self.live[key]
             self.saved_at.pop(key, None)
+            self.seen.pop(key, None)
         return keys
 
 
@@ -301,6 +326,12 @@ class TelemetryProcessor:
 
     def forget(self, partitions: set[int]) -> None:
         self.clock.forget(self.state.forget(partitions))
+
+    def expire(self, idle_s: float) -> int:
+        """Drop keys idle for ``idle_s`` (:meth:`KeyedState.expire`); returns how many."""
+        gone = self.state.expire(idle_s)
+        self.clock.forget(gone)
+        return len(gone)
 
     def key_of(self, message: GuardMessage) -> str | None:
         return message.node if self.level == "node" else message.job

@@ -94,3 +94,49 @@ def test_a_planted_state_record_runs_nothing_and_stops_nothing(
     assert [(f.node, f.category) for f in flags] == [("node-b", "gpu_error")], text[-3000:]
     progress = _latest_progress(log)
     assert (progress["refused"], progress["restored"]) == (refusals, 0), progress
+
+
+@pytest.mark.parametrize("engine", ["native", "faust"])
+def test_idle_keys_expire_with_a_tombstone_on_the_changelog(
+    kafka_settings: Settings, tmp_path: Path, engine: str
+) -> None:
+    from confluent_kafka import TopicPartition
+
+    from guard.kafka import make_consumer
+
+    settings = kafka_settings
+    app_id = f"expiry-{settings.kafka.topic_prefix}"
+    producer = make_producer(settings)
+    t0 = time.time() - 60
+    for i in range(3):
+        for m in gpu_round(t0 + 10 * i, "node-a"):
+            produce(producer, settings, m)
+    assert producer.flush(30) == 0
+    log = tmp_path / "worker.log"
+    with streams_worker(settings, log, engine, app_id, GUARD_STREAMS_KEY_IDLE_S="2") as worker:
+        wait_for(lambda: _latest_progress(log).get("telemetry", 0) >= 24, log)
+        time.sleep(1.5)  # past the 1 s checkpoint period: the next batch saves node-a
+        for m in gpu_round(t0 + 30, "node-a"):
+            produce(producer, settings, m)
+        assert producer.flush(30) == 0
+        wait_for(lambda: _latest_progress(log).get("telemetry", 0) >= 32, log)
+        time.sleep(15)  # idle past key_idle_s, and the 10 s expiry pass
+        assert worker.poll() is None, log.read_text(errors="replace")[-3000:]
+    topic = _changelog(settings, engine, app_id, "node-detectors")
+    reader = make_consumer(settings, "changelog-reader", **{"enable.partition.eof": True})
+    parts = reader.list_topics(topic, timeout=10).topics[topic].partitions
+    reader.assign([TopicPartition(topic, p, 0) for p in parts])
+    values: list[bytes | None] = []
+    eof: set[int] = set()
+    deadline = time.monotonic() + 30
+    while len(eof) < len(parts) and time.monotonic() < deadline:
+        r = reader.poll(0.5)
+        if r is None:
+            continue
+        if r.error():
+            eof.add(r.partition())
+        elif r.key() == b"node-a":
+            values.append(r.value())
+    reader.close()
+    assert values and values[0] is not None, values  # checkpointed while it had input
+    assert values[-1] is None, log.read_text(errors="replace")[-3000:]  # then a tombstone

@@ -257,3 +257,34 @@ def test_records_on_the_findings_topic_that_are_not_findings_are_dead_letters() 
     assert "category" in str(bad[2][1]) and "ts" in str(bad[3][1])
     assert [(f.node, f.category) for f in flags] == [("n1", "gpu_error")]
     assert counters.dead_letters == 6
+
+
+def test_keys_without_input_expire_with_their_checkpoints(monkeypatch: pytest.MonkeyPatch) -> None:
+    from guard.streams import processing
+
+    now = [1000.0]
+    monkeypatch.setattr(processing.time, "monotonic", lambda: now[0])
+    store: dict[str, bytes] = {}
+    deleted: list[tuple[str, int]] = []
+    state = KeyedState(
+        make=lambda key: {"cold": key},
+        every_s=10,
+        load=store.get,
+        save=lambda key, partition, blob: store.__setitem__(key, blob),
+        delete=lambda key, partition: (deleted.append((key, partition)), store.pop(key, None)),
+        secret=SECRET,
+    )
+    names = [f"made-up-{i}" for i in range(100_000)]  # a flood of distinct node names
+    for name in names:
+        state.get(name, 1)
+    state.checkpoint_due(names, force=True)
+    state.get("node-1", 0)["warm"] = True
+    now[0] += 3000
+    state.checkpoint_due(["node-1"], force=True)  # node-1 keeps sending; the others stopped
+    now[0] += 3000
+    assert state.expire(0) == []  # 0: keys never expire
+    assert len(state.expire(3600)) == 100_000
+    assert set(state.live) == {"node-1"} and set(state.seen) == {"node-1"}
+    assert len(deleted) == 100_000 and deleted[0] == ("made-up-0", 1)
+    assert set(store) == {"node-1"}  # their checkpoints went with them
+    assert state.get("made-up-7", 1) == {"cold": "made-up-7"}  # back later: a cold start

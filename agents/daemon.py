@@ -41,15 +41,17 @@ from guard.errors import GuardError
 from guard.metrics import Metrics
 from guard.schemas import (
     CollectiveTiming,
+    Flag,
     GuardMessage,
     SchemaError,
     StepTiming,
     encode,
     parse_message,
+    stable_id,
 )
 from guard.shutdown import stop_on_signals
 
-__all__ = ["AgentDaemon", "ClientListener", "JobTracker", "run_agent"]
+__all__ = ["AgentDaemon", "ClientListener", "ClockNotices", "JobTracker", "run_agent"]
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +169,58 @@ class ClientListener:
                 self.dropped += 1
 
 
+class ClockNotices:
+    """A node whose telemetry the broker refuses for its timestamps is flagged, not silent.
+
+    The broker refuses every record of a host whose clock runs more than
+    ``log.message.timestamp.after.max.ms`` (1 h) ahead, so the node's telemetry stops and
+    nothing would judge it. Instead a warning ``anomaly`` flag (detector ``agent_clock``,
+    evidence ``telemetry_refused``) goes to the remediation topic, its Kafka timestamp taken
+    from the newest record the broker accepted from this agent (else a day back), which the
+    broker accepts whatever this host's clock says. Again every ``every_s`` while refusals go on.
+    """
+
+    DETECTOR = "agent_clock"
+
+    def __init__(self, node: str, every_s: float = 600.0) -> None:
+        self.node = node
+        self.every_s = every_s
+        self.reported = 0  # refusals covered by the last flag
+        self.last_flag = 0.0
+        self.flags = 0
+
+    def check(self, publisher: Any) -> Flag | None:
+        stats = getattr(publisher, "stats", {})
+        refused = int(stats.get("refused_timestamp", 0)) + int(stats.get("refused_invalid", 0))
+        now = time.time()
+        if refused <= self.reported or now - self.last_flag < self.every_s:
+            return None
+        ahead = getattr(publisher, "refused_ahead_s", None)
+        flag = Flag(
+            id=stable_id(self.DETECTOR, self.node, int(now // self.every_s)),
+            ts=now,
+            node=self.node,
+            detector=self.DETECTOR,
+            category="anomaly",
+            severity="warning",
+            score=float(refused),
+            evidence={
+                "telemetry_refused": refused,
+                "refused_for_timestamp": int(stats.get("refused_timestamp", 0)),
+                "reason": "the broker refuses this node's records for their timestamps: its "
+                "clock is more than log.message.timestamp.after.max.ms (1 h) ahead",
+                "record_ahead_of_host_clock_s": round(ahead, 3) if ahead is not None else None,
+            },
+        )
+        accepted = getattr(publisher, "last_accepted_ms", None)
+        stamp = accepted if accepted else int((now - 86400) * 1000)
+        publisher.publish(flag, timestamp_ms=stamp)
+        self.reported, self.last_flag = refused, now
+        self.flags += 1
+        log.warning("%s: %d records refused by the broker; flagged", self.node, refused)
+        return flag
+
+
 class AgentDaemon:
     """Sampling loop: collectors → publisher, plus the training clients' messages."""
 
@@ -189,6 +243,7 @@ class AgentDaemon:
         self.collector_errors = 0
         self.kinds: collections.Counter[str] = collections.Counter()  # published, by kind
         self.metrics: Metrics | None = None
+        self.clock_notices = ClockNotices(node)
 
     def cycle(self, ts: float | None = None) -> int:
         """One sampling cycle; returns the number of messages published."""
@@ -213,6 +268,7 @@ class AgentDaemon:
             self.metrics.beat()
         count += self.forward_clients()
         self.publisher.poll()
+        self.clock_notices.check(self.publisher)
         return count
 
     def forward_clients(self) -> int:
@@ -248,7 +304,11 @@ class AgentDaemon:
                 log.info("agent: %s", self.status())
 
     def status(self) -> dict[str, Any]:
-        status: dict[str, Any] = {"cycles": self.cycles, "collector_errors": self.collector_errors}
+        status: dict[str, Any] = {
+            "cycles": self.cycles,
+            "collector_errors": self.collector_errors,
+            "clock_flags": self.clock_notices.flags,
+        }
         status.update(getattr(self.publisher, "stats", {}))
         if hasattr(self.publisher, "spool"):
             status["spool_pending"] = len(self.publisher.spool)

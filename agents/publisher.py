@@ -77,7 +77,15 @@ class Publisher:
             "replayed": 0,
             "failed": 0,
             "rejected": 0,
+            # refused by the broker for their timestamps (this host's clock far ahead)
+            "refused_timestamp": 0,
+            "refused_invalid": 0,  # refused as invalid records (a refused record's batch-mates)
         }
+        #: how far ahead of this host's clock the first refused record was stamped, s; and
+        #: the newest Kafka timestamp the broker accepted from us (ms), for stamping notices
+        self.refused_ahead_s: float | None = None
+        self._rejected_codes: dict[Any, int] = {}
+        self.last_accepted_ms: int | None = None
         self._held: list[SpoolRecord] = []
         self._next_probe = 0.0
         self._producer: Any = None
@@ -103,10 +111,12 @@ class Publisher:
 
     # --- API -------------------------------------------------------------------------------
 
-    def publish(self, message: GuardMessage) -> None:
+    def publish(self, message: GuardMessage, timestamp_ms: int | None = None) -> None:
+        """Queue ``message``; its Kafka timestamp is its event time unless ``timestamp_ms``."""
         record = to_record(self.settings, message)
         self.stats["published"] += 1
-        self._send(SpoolRecord(record.topic, record.key, record.value, record.timestamp_ms))
+        stamp = record.timestamp_ms if timestamp_ms is None else timestamp_ms
+        self._send(SpoolRecord(record.topic, record.key, record.value, stamp))
 
     def poll(self) -> None:
         """Serve delivery reports, move between states, replay one batch when it is time."""
@@ -181,6 +191,7 @@ class Publisher:
         def report(err: Any, msg: Any) -> None:
             if err is None:
                 self.stats["delivered"] += 1
+                self.last_accepted_ms = max(self.last_accepted_ms or 0, record.timestamp_ms)
                 return
             if _permanent(err):
                 self._reject(record, err)
@@ -205,11 +216,43 @@ class Publisher:
 
     def _reject(self, record: SpoolRecord, err: Any) -> None:
         self.stats["rejected"] += 1
+        code = getattr(err, "code", lambda: None)()
+        if code in (KafkaError.INVALID_TIMESTAMP, KafkaError.INVALID_RECORD):
+            self._refused_timestamp(record, code == KafkaError.INVALID_TIMESTAMP)
+            return
+        # The same error on every record (the batch-mates of a refused record come back as
+        # INVALID_RECORD) is logged on its first time and every 1000th, not per record.
+        seen = self._rejected_codes[code] = self._rejected_codes.get(code, 0) + 1
+        if seen == 1 or seen % 1000 == 0:
+            log.error(
+                "the broker rejected a record for %s for good (%s); dropped it (%d so far, "
+                "%d with this error)",
+                record.topic,
+                err,
+                self.stats["rejected"],
+                seen,
+            )
+
+    def _refused_timestamp(self, record: SpoolRecord, for_timestamp: bool) -> None:
+        """Counted every time, said once: a clock far ahead makes every record refused.
+
+        Kafka refuses a record stamped beyond ``log.message.timestamp.after.max.ms`` (1 h)
+        with INVALID_TIMESTAMP, and its batch (an idempotent producer's, here: all of them)
+        with INVALID_RECORD, which says no more than that the broker failed to validate it.
+        """
+        self.stats["refused_timestamp" if for_timestamp else "refused_invalid"] += 1
+        if self.refused_ahead_s is not None:
+            return
+        self.refused_ahead_s = record.timestamp_ms / 1000 - time.time()
         log.error(
-            "the broker rejected a record for %s for good (%s); dropped it (%d so far)",
+            "the broker refused a record for %s (stamped %.0f s from this host's clock) as %s: "
+            "most likely this host's clock is more than an hour ahead of the broker's (Kafka "
+            "refuses records stamped beyond log.message.timestamp.after.max.ms, 1 h by "
+            "default, and the rest of their batch). Check the clock (NTP/chrony); refused "
+            "records are counted (refused_timestamp, refused_invalid) and the node is flagged",
             record.topic,
-            err,
-            self.stats["rejected"],
+            self.refused_ahead_s,
+            "an invalid timestamp" if for_timestamp else "an invalid record",
         )
 
     def _go_draining(self) -> None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic_settings import (
@@ -26,7 +28,15 @@ from pydantic_settings import (
 from guard.errors import GuardError
 from guard.schemas import CATEGORIES
 
-__all__ = ["NODE_NAME_SOURCES", "ConfigError", "Settings", "load_settings", "node_name"]
+__all__ = [
+    "NODE_NAME_SOURCES",
+    "ConfigError",
+    "Settings",
+    "load_settings",
+    "mask_url",
+    "node_name",
+    "streams_state_key",
+]
 
 
 class ConfigError(GuardError):
@@ -121,6 +131,18 @@ class StreamsSettings(Section):
     web_port: int = Field(
         6066, ge=0, le=65535, description="a worker's /metrics and /healthz port; 0: off"
     )
+    key_idle_s: float = Field(
+        6 * 3600.0,
+        ge=0,
+        description="a node or job key without input for this long is dropped with its "
+        "checkpoint (bounds memory when names churn); 0 keeps every key",
+    )
+    state_key: SecretStr | None = Field(
+        None,
+        description="secret that signs detector checkpoints on the changelog topics (HMAC-SHA256; "
+        "at least 32 characters, the same for every worker of an app); required unless Kafka "
+        "is on loopback, where one is generated in <home>/streams-state.key",
+    )
 
 
 class OrchestratorSettings(Section):
@@ -137,8 +159,25 @@ class OrchestratorSettings(Section):
         ge=0,
         description="a node flagged again this soon after passing a sweep goes to repair",
     )
-    webhook_url: str | None = None
-    webhook_secret: SecretStr | None = None
+    webhook_url: str | None = Field(
+        None, description="receiver of node-health notifications (Alertmanager: its base URL)"
+    )
+    webhook_secret: SecretStr | None = Field(
+        None, description="signs each request: X-Guard-Signature: t=<unix>,v1=<HMAC-SHA256>"
+    )
+    webhook_mode: Literal["webhook", "alertmanager"] = Field(
+        "webhook",
+        description="webhook: Alertmanager-v4 webhook messages to webhook_url; alertmanager: "
+        "alerts posted to <webhook_url>/api/v2/alerts and re-sent while active",
+    )
+    grafana_node_url: str = Field(
+        "",
+        description="generatorURL of a node's alert, {node} replaced by its name, e.g. "
+        "https://grafana.example/d/guard-node?var-node={node}",
+    )
+    webhook_resend_s: float = Field(
+        60.0, gt=0, description="alertmanager mode: active alerts are re-sent this often"
+    )
     # policy
     min_severity: Literal["warning", "critical"] = Field(
         "warning", description="weakest flag severity that makes a node suspect (info never does)"
@@ -348,18 +387,30 @@ class Settings(BaseSettings):
         return f"{self.kafka.topic_prefix}{name}"
 
     def masked(self) -> dict[str, Any]:
-        """The effective settings as plain data, secrets shown as ``***``."""
+        """The effective settings as plain data, every secret shown as ``***``: secret
+        fields, fields and ``extra`` keys named like passwords, secrets, tokens or keys, and
+        the credentials inside URLs and DSNs (``user:***@``, secret query parameters, the
+        path and query of a webhook URL, which is often the credential itself)."""
         data = json.loads(self.model_dump_json())
-        data["clickhouse"]["dsn"] = _mask_dsn(self.clickhouse_dsn)
-        for section in data.values():
-            if isinstance(section, dict):
-                for key in section:
-                    if _is_secret(key) and section[key] is not None:
-                        section[key] = "***"
-                if isinstance(section.get("extra"), dict):
-                    for key in section["extra"]:
-                        if _is_secret(key):
-                            section["extra"][key] = "***"
+        data["clickhouse"]["dsn"] = self.clickhouse_dsn
+        for name, section in data.items():
+            if not isinstance(section, dict):
+                continue
+            model = getattr(self, name)
+            for key, value in section.items():
+                if isinstance(getattr(model, key, None), SecretStr) or (
+                    _is_secret(key) and value is not None
+                ):
+                    section[key] = "***"
+                elif isinstance(value, str):
+                    section[key] = mask_url(value, whole="webhook" in key)
+            if isinstance(section.get("extra"), dict):
+                extra = section["extra"]
+                for key, value in extra.items():
+                    if _is_secret(key):
+                        extra[key] = "***"
+                    elif isinstance(value, str):
+                        extra[key] = mask_url(value)
         return data
 
 
@@ -394,19 +445,118 @@ def node_name(configured: str | None = None, env: Mapping[str, str] | None = Non
 _CONFIG_FILE: dict[str, Path | None] = {"path": None}
 
 
+_SECRET_WORDS = (
+    "password", "passwd", "secret", "token", "credential", "auth", "sig", "apikey", "jaas",
+    "oauthbearer",
+)  # fmt: skip
+
+
 def _is_secret(key: str) -> bool:
-    return any(word in key.lower() for word in ("password", "secret", "token"))
+    """A setting or parameter name that says it holds a secret (not a key *file*)."""
+    name = key.lower().replace("-", "_")
+    if name.endswith(("_location", "_file", "_path")):
+        return False
+    return any(w in name for w in _SECRET_WORDS) or name in ("key", "api_key", "access_key")
 
 
-def _mask_dsn(dsn: str) -> str:
-    # scheme://user:password@host -> scheme://user:***@host
-    if "://" in dsn and "@" in dsn.split("://", 1)[1]:
-        scheme, rest = dsn.split("://", 1)
-        creds, host = rest.rsplit("@", 1)
-        if ":" in creds:
-            creds = creds.split(":", 1)[0] + ":***"
-        return f"{scheme}://{creds}@{host}"
-    return dsn
+def mask_url(value: str, whole: bool = False) -> str:
+    """``value`` with any credentials in it masked, if it is a URL or DSN.
+
+    >>> mask_url("https://guard:pw@ch:8443/db?user=guard&password=pw")
+    'https://guard:***@ch:8443/db?user=guard&password=***'
+    >>> mask_url("https://alerts.example/hook?token=abc&team=gpu")
+    'https://alerts.example/hook?token=***&team=gpu'
+    >>> mask_url("https://hooks.slack.com/services/T0/B0/XyZ", whole=True)
+    'https://hooks.slack.com/***'
+    >>> mask_url("/run/guard/agent.sock")
+    '/run/guard/agent.sock'
+    """
+    try:
+        parts = urlsplit(value)
+    except ValueError:  # not a URL after all (an odd host:port)
+        return value
+    if not parts.scheme or not parts.netloc:
+        return value
+    netloc = parts.netloc
+    if "@" in netloc:
+        creds, host = netloc.rsplit("@", 1)
+        netloc = (creds.split(":", 1)[0] + ":***" if ":" in creds else "***") + "@" + host
+    if whole:
+        return urlunsplit(
+            (parts.scheme, netloc, "/***" if parts.path or parts.query else "", "", "")
+        )
+    query = "&".join(
+        f"{k}=***" if _is_secret(k) else (f"{k}={v}" if v or "=" in pair else k)
+        for pair in parts.query.split("&")
+        if pair
+        for k, _, v in [pair.partition("=")]
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+#: Where embedded mode keeps its generated streams state key, under ``home``.
+STATE_KEY_FILE = "streams-state.key"
+_MIN_STATE_KEY = 32
+
+
+def _on_loopback(bootstrap: str) -> bool:
+    hosts = [b.strip().rsplit(":", 1)[0].strip("[]").lower() for b in bootstrap.split(",")]
+    return all(h in ("localhost", "::1") or h.startswith("127.") for h in hosts if h)
+
+
+def streams_state_key(settings: Settings) -> bytes:
+    """The key that signs detector checkpoints (:mod:`guard.streams.checkpoints`).
+
+    ``streams.state_key`` when set. Without it, a broker on loopback is embedded mode (the
+    demo, tests, one host: only this host can write its topics): a key is generated once in
+    ``<home>/streams-state.key`` (mode 0600) and shared by the workers of that home. A broker
+    anywhere else needs the setting, since every worker of the app must hold the same key.
+    """
+    configured = settings.streams.state_key
+    if configured is not None:
+        key = configured.get_secret_value().encode()
+        if len(key) < _MIN_STATE_KEY:
+            raise ConfigError(
+                f"streams.state_key is {len(key)} characters; use at least {_MIN_STATE_KEY}, "
+                "e.g. from `python -c 'import secrets; print(secrets.token_hex(32))'`"
+            )
+        return key
+    if not _on_loopback(settings.kafka.bootstrap):
+        raise ConfigError(
+            f"streams.state_key is not set and Kafka ({settings.kafka.bootstrap}) is not on "
+            "loopback: detector checkpoints on the changelog topics are signed with it, and "
+            "every streams worker of the app needs the same one. Set [streams] state_key in "
+            "the TOML file or GUARD_STREAMS_STATE_KEY (at least 32 characters, e.g. "
+            "`python -c 'import secrets; print(secrets.token_hex(32))'`), kept like a password"
+        )
+    return _embedded_state_key(settings.home / STATE_KEY_FILE)
+
+
+def _embedded_state_key(path: Path) -> bytes:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        # Written aside and linked into place: of workers starting together one key wins,
+        # and nobody reads a half-written file.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(32))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise ConfigError(
+            f"{path} (the streams state key) is readable by others (mode {mode:o}); "
+            f"run `chmod 600 {path}`"
+        )
+    key = path.read_text().strip().encode()
+    if len(key) < _MIN_STATE_KEY:
+        raise ConfigError(f"{path} holds no usable key; delete it to generate a new one")
+    return key
 
 
 def load_settings(config: str | Path | None = None, **overrides: Any) -> Settings:

@@ -7,6 +7,7 @@ murmur2) expects, and stamp each record with the message's event time.
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from guard.config import Settings
+from guard.config import ConfigError, Settings
 from guard.errors import GuardError
 from guard.schemas import GuardMessage, encode
 
@@ -33,6 +34,7 @@ __all__ = [
     "client_config",
     "create_topics",
     "dead_letter",
+    "faust_broker_settings",
     "make_consumer",
     "make_producer",
     "produce",
@@ -58,8 +60,28 @@ class KafkaRecord:
     timestamp_ms: int
 
 
+def _check_security(settings: Settings) -> None:
+    """A security protocol without what it needs is a clear error, not a hung connection."""
+    k = settings.kafka
+    if k.security_protocol.startswith("SASL_"):
+        missing = [
+            f"kafka.{name}"
+            for name in ("sasl_mechanism", "sasl_username", "sasl_password")
+            if getattr(k, name) is None
+        ]
+        if missing:
+            raise ConfigError(
+                f"kafka.security_protocol is {k.security_protocol} but {', '.join(missing)} "
+                "is not set; set it in the TOML file or as GUARD_KAFKA_SASL_MECHANISM, "
+                "GUARD_KAFKA_SASL_USERNAME, GUARD_KAFKA_SASL_PASSWORD"
+            )
+
+
 def client_config(settings: Settings) -> dict[str, Any]:
-    """librdkafka settings shared by producers, consumers and the admin client."""
+    """librdkafka settings shared by producers, consumers and the admin client: the one
+    place Kafka security (SASL PLAIN/SCRAM, TLS) is turned into client settings; the faust
+    engine gets the same from :func:`faust_broker_settings`."""
+    _check_security(settings)
     k = settings.kafka
     conf: dict[str, Any] = {
         "bootstrap.servers": k.bootstrap,
@@ -79,6 +101,39 @@ def client_config(settings: Settings) -> dict[str, Any]:
     conf.update({key: value for key, value in optional.items() if value is not None})
     conf.update(k.extra)
     return conf
+
+
+def _ssl_context(settings: Settings) -> ssl.SSLContext:
+    k = settings.kafka
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=k.ssl_ca_location)
+    if k.ssl_certificate_location:
+        password = k.ssl_key_password.get_secret_value() if k.ssl_key_password else None
+        context.load_cert_chain(k.ssl_certificate_location, k.ssl_key_location, password)
+    return context
+
+
+def faust_broker_settings(settings: Settings) -> dict[str, Any]:
+    """faust (aiokafka) app settings for the configured brokers and security: ``broker``
+    and ``broker_credentials``, the same protocol, SASL mechanism, user and TLS files as
+    :func:`client_config` gives librdkafka. ``kafka.extra`` is librdkafka's only."""
+    import faust
+
+    k = settings.kafka
+    _check_security(settings)
+    broker = [f"kafka://{b.strip()}" for b in k.bootstrap.split(",") if b.strip()]
+    protocol = k.security_protocol
+    credentials: Any = None
+    context = _ssl_context(settings) if protocol in ("SSL", "SASL_SSL") else None
+    if protocol.startswith("SASL_"):
+        credentials = faust.SASLCredentials(
+            username=k.sasl_username,
+            password=k.sasl_password.get_secret_value() if k.sasl_password else None,
+            mechanism=k.sasl_mechanism,
+            ssl_context=context,
+        )
+    elif context is not None:
+        credentials = faust.SSLCredentials(context)
+    return {"broker": broker, "broker_credentials": credentials}
 
 
 def make_producer(settings: Settings, **overrides: Any) -> Producer:
@@ -231,16 +286,29 @@ def topic_specs(settings: Settings) -> list[NewTopic]:
 
 def wait_for_broker(settings: Settings, timeout_s: float = 15.0) -> AdminClient:
     """An admin client once the broker answers, else :class:`BrokerUnreachable`."""
-    admin = AdminClient(client_config(settings))
+    refused: list[KafkaError] = []
+
+    def on_error(error: KafkaError) -> None:
+        if error.code() in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
+            refused.append(error)
+
+    admin = AdminClient({**client_config(settings), "error_cb": on_error})
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not refused:
         try:
             admin.list_topics(timeout=min(5.0, max(0.5, deadline - time.monotonic())))
             return admin
         except KafkaException as exc:
             last = exc
-            time.sleep(0.2)
+            admin.poll(0.2)  # serves error_cb: an authentication failure ends the wait
+    if refused:
+        k = settings.kafka
+        raise BrokerUnreachable(
+            f"the broker at {k.bootstrap} refused Guard's credentials ({refused[0].str()}); "
+            f"check kafka.sasl_username ({k.sasl_username}), kafka.sasl_password and "
+            f"kafka.sasl_mechanism ({k.sasl_mechanism}), or GUARD_KAFKA_SASL_*"
+        )
     raise BrokerUnreachable(
         f"no Kafka broker answered at {settings.kafka.bootstrap} within {timeout_s:.0f} s "
         f"({last}); start one with `guard broker` or deploy/kafka/kafka.sh start, "

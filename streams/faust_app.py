@@ -22,10 +22,10 @@ from typing import Any
 
 import faust
 
-from guard.config import Settings
+from guard.config import Settings, streams_state_key
 from guard.detectors.engine import EngineConfig
 from guard.detectors.findings import Finding
-from guard.kafka import DLQ_ERROR_HEADER, DLQ_SOURCE_HEADER
+from guard.kafka import DLQ_ERROR_HEADER, DLQ_SOURCE_HEADER, faust_broker_settings
 from guard.schemas import SchemaError, encode
 
 from .processing import (
@@ -41,12 +41,13 @@ from .processing import (
 __all__ = ["create_app"]
 
 
-def _backed_by(state: KeyedState, table: Any) -> None:
+def _backed_by(state: KeyedState, table: Any, secret: bytes) -> None:
     # Keys and values are bytes end to end (key_type = value_type = bytes: raw serializers).
     # faust derives a table's changelog serializers from those types, not from a schema, and
     # falls back on json: with str keys the checkpoints were written raw but read back as
     # json, so recovery failed and a rebalanced worker hung in it.
     state.load = lambda key: table.get(key.encode())
+    state.secret = secret
 
     def save(key: str, partition: int, blob: bytes) -> None:
         # Batches have no current event: write the store and the key's changelog partition.
@@ -54,7 +55,13 @@ def _backed_by(state: KeyedState, table: Any) -> None:
         table.data[raw] = blob
         table.send_changelog(partition, raw, blob)
 
+    def delete(key: str, partition: int) -> None:
+        raw = key.encode()
+        table.data.pop(raw, None)
+        table.send_changelog(partition, raw, None, value_serializer="raw")  # a tombstone
+
     state.save = save
+    state.delete = delete
 
 
 RAW = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
@@ -66,7 +73,7 @@ def _faust_app(settings: Settings) -> faust.App:
     datadir.parent.mkdir(parents=True, exist_ok=True)
     return faust.App(
         settings.streams.app_id,
-        broker=[f"kafka://{b.strip()}" for b in k.bootstrap.split(",")],
+        **faust_broker_settings(settings),  # brokers and SASL/TLS, as every other client
         store="memory://",
         topic_partitions=k.telemetry_partitions,
         topic_replication_factor=k.replication_factor,
@@ -92,6 +99,7 @@ class _Wiring:
         partitions = settings.kafka.telemetry_partitions
         self.app = app
         self.settings = settings
+        self.state_key = streams_state_key(settings)
         self.findings = app.topic(
             settings.topic("findings"), partitions=partitions, internal=True, **RAW
         )
@@ -129,7 +137,7 @@ class _Wiring:
     ) -> None:
         st = self.settings.streams
         processor = TelemetryProcessor(level, topics, cfg, st.checkpoint_s, self.counters)
-        _backed_by(processor.state, self.app.Table(table, **self.table_args))
+        _backed_by(processor.state, self.app.Table(table, **self.table_args), self.state_key)
         self.processors.append(processor)
 
         async def agent(stream: Any) -> None:
@@ -145,11 +153,15 @@ class _Wiring:
 
     def fusion_agent(self) -> None:
         st = self.settings.streams
-        _backed_by(self.fusion.state, self.app.Table("fusion", **self.table_args))
+        _backed_by(self.fusion.state, self.app.Table("fusion", **self.table_args), self.state_key)
 
         async def fusion(stream: Any) -> None:
             async for events in stream.take_events(st.batch_max, st.batch_within_s):
-                flags = self.fusion.process((e.key, e.message.partition, e.value) for e in events)
+                flags, bad = self.fusion.process(
+                    (e.key or b"", e.message.partition, e.value or b"") for e in events
+                )
+                for index, error in bad:
+                    await self.dead_letter(events[index], error)
                 for flag in flags:
                     await self.remediation.send(
                         key=flag.kafka_key(), value=encode(flag), timestamp=flag.ts
@@ -164,6 +176,12 @@ class _Wiring:
         async def idle_clock() -> None:
             for processor in self.processors:
                 await self.send_findings(processor.clock.idle())
+
+        @self.app.timer(interval=10.0)
+        async def expire_idle_keys() -> None:
+            for processor in self.processors:
+                processor.expire(self.settings.streams.key_idle_s)
+            self.fusion.state.expire(self.settings.streams.key_idle_s)
 
         @self.app.on_partitions_revoked.connect
         async def on_revoked(app: Any, revoked: set[Any], **kwargs: Any) -> None:

@@ -19,13 +19,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from confluent_kafka.admin import NewTopic
 
-from guard.config import Settings
+from guard.config import Settings, streams_state_key
 from guard.detectors.engine import EngineConfig
 from guard.kafka import dead_letter, make_consumer, make_producer, produce_raw, wait_for_broker
 from guard.metrics import Metrics
@@ -72,6 +72,7 @@ class NativeWorker:
         self.fusion = FusionProcessor(st.checkpoint_s, self.counters)
         self.changelogs = {table: s.topic(f"{st.app_id}-{table}-changelog") for table in TABLES}
         self.restored: dict[str, dict[str, bytes]] = {table: {} for table in TABLES}
+        self.state_key = streams_state_key(s)  # before any connection: a missing key fails fast
         self.producer = make_producer(s, **{"linger.ms": 5})
         for table, state in zip(
             TABLES, (self.node.state, self.job.state, self.fusion.state), strict=True
@@ -104,12 +105,18 @@ class NativeWorker:
         topic = self.changelogs[table]
         store = self.restored[table]
         state.load = store.get
+        state.secret = self.state_key
 
         def save(key: str, partition: int, blob: bytes) -> None:
             store[key] = blob
             self._produce(topic, blob, key.encode(), partition=partition)
 
+        def delete(key: str, partition: int) -> None:
+            store.pop(key, None)
+            self._produce(topic, None, key.encode(), partition=partition)  # a tombstone
+
         state.save = save
+        state.delete = delete
 
     def _create_internal_topics(self) -> None:
         k = self.settings.kafka
@@ -141,7 +148,7 @@ class NativeWorker:
         self, stop: threading.Event, on_progress: Callable[[StreamsCounters], None] | None = None
     ) -> StreamsCounters:
         st = self.settings.streams
-        last_commit = last_idle = last_progress = time.monotonic()
+        last_commit = last_idle = last_progress = last_expire = time.monotonic()
         try:
             while not stop.is_set():
                 records = self.consumer.consume(st.batch_max, st.batch_within_s)
@@ -151,6 +158,9 @@ class NativeWorker:
                 if now - last_idle >= 1.0:
                     last_idle = now
                     self._send_findings(self.node.clock.idle() + self.job.clock.idle())
+                    if now - last_expire >= 10.0:
+                        last_expire = now
+                        self._expire()
                 if now - last_commit >= 2.0:
                     last_commit = now
                     self._commit()
@@ -165,6 +175,12 @@ class NativeWorker:
             self.consumer.close()
             self.producer.flush(30)
         return self.counters
+
+    def _expire(self) -> None:
+        idle_s = self.settings.streams.key_idle_s
+        self.node.expire(idle_s)
+        self.job.expire(idle_s)
+        self.fusion.state.expire(idle_s)
 
     def _handle(self, records: list[Message]) -> None:
         node_batch: list[Message] = []
@@ -187,21 +203,13 @@ class NativeWorker:
             if not batch:
                 continue
             found, bad = processor.process((r.topic(), r.partition(), r.value()) for r in batch)
-            for index, error in bad:
-                r = batch[index]
-                dead_letter(
-                    self.producer,
-                    self.settings,
-                    r.value(),
-                    error,
-                    f"{r.topic()}/{r.partition()}/{r.offset()}",
-                    r.key(),
-                )
+            self._dead_letters(batch, bad)
             self._send_findings(found)
         if findings:
-            flags = self.fusion.process(
+            flags, bad = self.fusion.process(
                 (r.key() or b"", r.partition(), r.value() or b"") for r in findings
             )
+            self._dead_letters(findings, bad)
             for flag in flags:
                 self._produce(
                     self.settings.topic("remediation"),
@@ -209,6 +217,12 @@ class NativeWorker:
                     flag.kafka_key(),
                     timestamp=int(flag.ts * 1000),
                 )
+
+    def _dead_letters(self, batch: list[Message], bad: Iterable[tuple[int, Exception]]) -> None:
+        for index, error in bad:
+            r = batch[index]
+            source = f"{r.topic()}/{r.partition()}/{r.offset()}"
+            dead_letter(self.producer, self.settings, r.value(), error, source, r.key())
 
     def _send_findings(self, found: list[Any]) -> None:
         for f in found:
@@ -262,7 +276,8 @@ class NativeWorker:
                     if error.code() == KafkaError._PARTITION_EOF:
                         pending.discard(record.partition())
                     continue
-                key = (record.key() or b"").decode()
+                # Any bytes can be planted here: a key no node has just never matches.
+                key = (record.key() or b"").decode(errors="replace")
                 if record.value() is None:
                     store.pop(key, None)
                 else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-import pickle
+import os
 import time
 import zlib
 from collections import Counter
@@ -19,13 +19,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
+from pydantic import TypeAdapter, ValidationError
 
 from guard.detectors.engine import EngineConfig, JobDetectors, NodeDetectors
 from guard.detectors.findings import Finding
 from guard.detectors.fusion import JobFusion, NodeFusion
 from guard.metrics import dead_letter_reason
-from guard.schemas import Flag, GuardMessage, SchemaError, decode
+from guard.schemas import CATEGORIES, SEVERITY_RANK, Flag, GuardMessage, SchemaError, decode
 from guard.schemas.topics import JOB_KINDS, NODE_KINDS, TOPIC_BY_KIND
+
+from .checkpoints import CHECKPOINT_FORMAT, CheckpointRefused, seal, unseal
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -50,10 +53,9 @@ Record = tuple[str, int, bytes | None]
 #: records over 1 MB by default, and a refused checkpoint would stop the worker.
 CHUNK_BYTES = 512 * 1024
 _MANIFEST = b"guard-chunks:"
-#: Leads every checkpoint. Bumped when detector classes move or change shape (2: the
-#: restructure renamed modules and classes): a checkpoint of another format starts cold
-#: instead of failing to unpickle, or unpickling into objects the code no longer fits.
-CHECKPOINT_FORMAT = b"guard-state-2:"
+#: Most parts a manifest may name (512 MB of state): a forged manifest cannot make a
+#: worker look up billions of keys.
+MAX_CHUNKS = 1024
 
 log = logging.getLogger("guard.streams")
 
@@ -113,17 +115,25 @@ class KeyedState:
 
     ``load(key)`` returns the last checkpoint's bytes (or None); ``save(key, partition,
     blob)`` stores one. The partition travels with each object so that a rebalance can
-    forget exactly what moved away.
+    forget exactly what moved away. Checkpoints are sealed with ``secret``
+    (:mod:`guard.streams.checkpoints`): the workers set the configured streams state key;
+    the default, a random key, reads back only what this object wrote.
     """
 
     make: Callable[[str], Any]
     every_s: float
     load: Callable[[str], bytes | None] = lambda key: None
     save: Callable[[str, int, bytes], None] = lambda key, partition, blob: None
+    #: ``delete(key, partition)``: forget a key's checkpoint (a tombstone on the changelog)
+    delete: Callable[[str, int], None] = lambda key, partition: None
     live: dict[str, tuple[Any, int]] = field(default_factory=dict)
     saved_at: dict[str, float] = field(default_factory=dict)
+    #: when each key last had input (monotonic), for :meth:`expire`
+    seen: dict[str, float] = field(default_factory=dict)
+    secret: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
     restored: int = 0
-    #: checkpoints found but not used (another format, or unreadable): those keys start cold
+    #: checkpoints found but not used (another format, a bad signature, unreadable, or not
+    #: this table's kind of object): those keys start cold
     refused: int = 0
 
     def get(self, key: str, partition: int) -> Any:
@@ -144,10 +154,14 @@ class KeyedState:
         return obj
 
     def checkpoint_due(self, keys: Iterable[str], force: bool = False) -> int:
-        """Save the keys whose last checkpoint is older than ``every_s``. Returns how many."""
+        """Save the keys whose last checkpoint is older than ``every_s``. Returns how many.
+
+        Called with the keys of each batch, it also marks them seen (see :meth:`expire`).
+        """
         now = time.monotonic()
         saved = 0
         for key in keys:
+            self.seen[key] = now
             entry = self.live.get(key)
             if entry is None or (not force and now - self.saved_at.get(key, 0.0) < self.every_s):
                 continue
@@ -157,9 +171,7 @@ class KeyedState:
         return saved
 
     def _store(self, key: str, partition: int, obj: Any) -> None:
-        blob = CHECKPOINT_FORMAT + zlib.compress(
-            pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), 1
-        )
+        blob = seal(self.secret, key, obj)
         if len(blob) <= CHUNK_BYTES:
             self.save(key, partition, blob)
             return
@@ -172,21 +184,34 @@ class KeyedState:
         blob = self.load(key)
         if blob is None:
             return None
-        if blob.startswith(_MANIFEST):
-            parts = [self.load(f"{key}\x1f{i}") for i in range(int(blob[len(_MANIFEST) :]))]
-            if any(p is None for p in parts):
+        try:
+            blob = self._assemble(key, blob)
+            if blob is None:
                 return None  # an incomplete checkpoint: start cold rather than wrong
-            blob = b"".join(p for p in parts if p is not None)
-        if not blob.startswith(CHECKPOINT_FORMAT):
-            why = "it is not in this version's checkpoint format"
-        else:
-            try:
-                return pickle.loads(zlib.decompress(blob[len(CHECKPOINT_FORMAT) :]))
-            except Exception as exc:  # corrupt bytes, or classes this code no longer has
-                why = f"it cannot be read ({type(exc).__name__}: {exc})"
+            obj = unseal(self.secret, key, blob)
+            cold = self.make(key)
+            if type(obj) is not type(cold):
+                raise CheckpointRefused(
+                    f"it holds a {type(obj).__name__}, not a {type(cold).__name__}"
+                )
+            return obj
+        except CheckpointRefused as exc:
+            why = str(exc)
         self.refused += 1
         log.warning("checkpoint of %r refused: %s; that key starts cold", key, why)
         return None
+
+    def _assemble(self, key: str, blob: bytes) -> bytes | None:
+        """The whole checkpoint of ``key`` from its first record (a manifest or all of it)."""
+        if not blob.startswith(_MANIFEST):
+            return blob
+        count = blob[len(_MANIFEST) :]
+        if not count.isdigit() or not 0 < int(count) <= MAX_CHUNKS:
+            raise CheckpointRefused(f"its manifest names {count[:20]!r} parts")
+        parts = [self.load(f"{key}\x1f{i}") for i in range(int(count))]
+        if any(p is None for p in parts):
+            return None
+        return b"".join(p for p in parts if p is not None)
 
     @staticmethod
     def totals(states: Iterable[KeyedState]) -> dict[str, int]:
@@ -196,6 +221,22 @@ class KeyedState:
             "restored": sum(s.restored for s in states),
             "refused": sum(s.refused for s in states),
         }
+
+    def expire(self, idle_s: float) -> list[str]:
+        """Drop the keys without input for ``idle_s`` (0: never), their checkpoints with
+        them; returns them. Keeps a worker's memory bounded when key names churn (jobs that
+        ended, nodes renamed, a flood of made-up names)."""
+        if idle_s <= 0:
+            return []
+        cutoff = time.monotonic() - idle_s
+        gone = [k for k, t in self.seen.items() if t < cutoff]
+        for key in gone:
+            del self.seen[key]
+            entry = self.live.pop(key, None)
+            self.saved_at.pop(key, None)
+            if entry is not None:
+                self.delete(key, entry[1])
+        return gone
 
     def forget(self, partitions: set[int]) -> list[str]:
         """Checkpoint, then drop, the keys of ``partitions``; returns them.
@@ -208,6 +249,7 @@ class KeyedState:
         for key in keys:
             del self.live[key]
             self.saved_at.pop(key, None)
+            self.seen.pop(key, None)
         return keys
 
 
@@ -299,6 +341,12 @@ class TelemetryProcessor:
     def forget(self, partitions: set[int]) -> None:
         self.clock.forget(self.state.forget(partitions))
 
+    def expire(self, idle_s: float) -> int:
+        """Drop keys idle for ``idle_s`` (:meth:`KeyedState.expire`); returns how many."""
+        gone = self.state.expire(idle_s)
+        self.clock.forget(gone)
+        return len(gone)
+
     def key_of(self, message: GuardMessage) -> str | None:
         return message.node if self.level == "node" else message.job
 
@@ -342,8 +390,23 @@ def encode_finding(finding: Finding) -> bytes:
     return orjson.dumps(asdict(finding))
 
 
+_FINDING = TypeAdapter(Finding)
+
+
 def decode_finding(raw: bytes) -> Finding:
-    return Finding(**orjson.loads(raw))
+    """A finding off the internal findings topic, which anyone who can produce can write to:
+    anything but a well-typed finding of a known category and severity is a SchemaError."""
+    try:
+        finding = _FINDING.validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or None
+        raise SchemaError(first["msg"], "finding", field) from None
+    if finding.category not in CATEGORIES:
+        raise SchemaError(f"unknown category {finding.category!r}", "finding", "category")
+    if finding.severity not in SEVERITY_RANK:
+        raise SchemaError(f"unknown severity {finding.severity!r}", "finding", "severity")
+    return finding
 
 
 class FusionProcessor:
@@ -356,12 +419,19 @@ class FusionProcessor:
         )
         self.counters = counters
 
-    def process(self, records: Iterable[tuple[bytes, int, bytes]]) -> list[Flag]:
-        """``records``: (key, partition, value) of findings."""
-        decoded = sorted(
-            ((decode_finding(value), key.decode(), partition) for key, partition, value in records),
-            key=lambda item: item[0].ts,
-        )
+    def process(
+        self, records: Iterable[tuple[bytes, int, bytes]]
+    ) -> tuple[list[Flag], list[tuple[int, SchemaError]]]:
+        """``records``: (key, partition, value) of findings. Returns the flags, and the batch
+        positions of records that were not findings (for the dead-letter topic)."""
+        decoded: list[tuple[Finding, str, int]] = []
+        bad: list[tuple[int, SchemaError]] = []
+        for n, (key, partition, value) in enumerate(records):
+            try:
+                decoded.append((decode_finding(value), key.decode(), partition))
+            except (SchemaError, UnicodeDecodeError) as exc:
+                bad.append((n, exc if isinstance(exc, SchemaError) else SchemaError(str(exc))))
+        decoded.sort(key=lambda item: item[0].ts)
         flags: list[Flag] = []
         for finding, key, partition in decoded:
             flag = self.state.get(key, partition).update(finding)
@@ -370,4 +440,6 @@ class FusionProcessor:
         self.state.checkpoint_due({key for _, key, _ in decoded})
         self.counters.flags += len(flags)
         self.counters.flag_classes.update((f.category, f.severity) for f in flags)
-        return flags
+        self.counters.dead_letters += len(bad)
+        self.counters.dead_reasons.update(dead_letter_reason(exc) for _, exc in bad)
+        return flags, bad

@@ -232,6 +232,9 @@ class KafkaOrchestrator:
                 backoff_s=o.webhook_backoff_s,
                 timeout_s=o.webhook_timeout_s,
                 max_queue=o.webhook_queue,
+                mode=o.webhook_mode,
+                generator_url=o.grafana_node_url,
+                resend_s=o.webhook_resend_s,
             )
             listeners.append(self.webhook)
         self._producer = make_producer(settings)

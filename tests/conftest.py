@@ -16,6 +16,23 @@ import pytest
 
 from guard.config import Settings, load_settings
 
+#: The broker's address and security (CI runs the Kafka tests against a SASL listener too):
+#: kept from the environment, every other GUARD_* variable is dropped.
+KAFKA_ENV = {
+    f"GUARD_KAFKA_{name}"
+    for name in (
+        "BOOTSTRAP",
+        "SECURITY_PROTOCOL",
+        "SASL_MECHANISM",
+        "SASL_USERNAME",
+        "SASL_PASSWORD",
+        "SSL_CA_LOCATION",
+        "SSL_CERTIFICATE_LOCATION",
+        "SSL_KEY_LOCATION",
+        "SSL_KEY_PASSWORD",
+    )
+}
+
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
@@ -33,7 +50,7 @@ def kafka_bootstrap() -> Iterator[str]:
 def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     """Settings with a private data directory and topic prefix; Kafka not started."""
     for name in list(os.environ):
-        if name.startswith("GUARD_") and name != "GUARD_KAFKA_BOOTSTRAP":
+        if name.startswith("GUARD_") and name not in KAFKA_ENV:
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
     return load_settings(

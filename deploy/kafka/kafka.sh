@@ -6,9 +6,15 @@
 #                                  prints the bootstrap address (also in $GUARD_CI_KAFKA_DIR/bootstrap)
 #   deploy/kafka/kafka.sh stop     stop it (SIGTERM, then SIGKILL after 30 s) and delete its data
 #   deploy/kafka/kafka.sh status   running or not, and where
+#   deploy/kafka/kafka.sh sasl-env print the GUARD_KAFKA_* settings of its SASL listener (eval them)
+#
+# Besides the PLAINTEXT listener the broker has a SASL_PLAINTEXT listener with SCRAM-SHA-256
+# (the user is created at storage format time, KRaft's `--add-scram`) and PLAIN, on loopback.
 #
 # Environment: GUARD_CI_KAFKA_DIR (work folder, default deploy/kafka/.run), GUARD_CI_KAFKA_PORT
-# (default: a free port), KAFKA_HEAP_OPTS (default -Xms256m -Xmx768m), GUARD_CI_KAFKA_START_TIMEOUT (s, 120).
+# (default: a free port), GUARD_CI_KAFKA_SASL_PORT (default: a free port),
+# GUARD_CI_KAFKA_SASL_USER / GUARD_CI_KAFKA_SASL_PASSWORD (default guard / a random one, kept in
+# the work folder), KAFKA_HEAP_OPTS (default -Xms256m -Xmx768m), GUARD_CI_KAFKA_START_TIMEOUT (s, 120).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -38,18 +44,26 @@ is_running() { [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
 start() {
   if is_running; then log "already running (pid $(cat "$pidfile"))"; cat "$dir/bootstrap"; return; fi
   resolve_jars
-  local port="${GUARD_CI_KAFKA_PORT:-$(free_port)}" cport
+  local port="${GUARD_CI_KAFKA_PORT:-$(free_port)}" cport sport user password
   cport="$(free_port)"
-  rm -rf "$dir/data" "$dir/logs"; mkdir -p "$dir/data" "$dir/logs"
-  cat > "$dir/server.properties" <<PROPS
+  sport="${GUARD_CI_KAFKA_SASL_PORT:-$(free_port)}"
+  user="${GUARD_CI_KAFKA_SASL_USER:-guard}"
+  password="${GUARD_CI_KAFKA_SASL_PASSWORD:-$(python3 -c 'import secrets; print(secrets.token_hex(16))')}"
+  rm -rf "$dir/data" "$dir/logs" "$dir/server.properties" "$dir/sasl.env"; mkdir -p "$dir/data" "$dir/logs"
+  (umask 077; printf 'GUARD_KAFKA_BOOTSTRAP=127.0.0.1:%s\nGUARD_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT\nGUARD_KAFKA_SASL_MECHANISM=SCRAM-SHA-256\nGUARD_KAFKA_SASL_USERNAME=%s\nGUARD_KAFKA_SASL_PASSWORD=%s\n' \
+     "$sport" "$user" "$password" > "$dir/sasl.env")
+  (umask 077; cat > "$dir/server.properties" <<PROPS
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$cport
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
+listeners=PLAINTEXT://127.0.0.1:$port,SASL_PLAINTEXT://127.0.0.1:$sport,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port,SASL_PLAINTEXT://127.0.0.1:$sport
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT
+sasl.enabled.mechanisms=SCRAM-SHA-256,PLAIN
+listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_$user="$password";
 log.dirs=$dir/data
 num.partitions=1
 auto.create.topics.enable=true
@@ -62,6 +76,7 @@ share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 log.retention.check.interval.ms=60000
 PROPS
+  )
   cat > "$dir/log4j2.properties" <<PROPS
 status = warn
 appender.file.type = File
@@ -78,7 +93,8 @@ PROPS
   local cluster_id
   cluster_id="$(java -cp "$cp" "${java_opts[@]}" kafka.tools.StorageTool random-uuid)"
   java -cp "$cp" "${java_opts[@]}" kafka.tools.StorageTool format \
-       -t "$cluster_id" -c "$dir/server.properties" >"$dir/logs/format.log" 2>&1 \
+       -t "$cluster_id" -c "$dir/server.properties" \
+       --add-scram "SCRAM-SHA-256=[name=$user,password=$password]" >"$dir/logs/format.log" 2>&1 \
     || { log "storage format failed:"; cat "$dir/logs/format.log" >&2; exit 1; }
   local t0=$SECONDS
   nohup java -cp "$cp" "${java_opts[@]}" kafka.Kafka "$dir/server.properties" \
@@ -97,7 +113,7 @@ PROPS
     fi
     sleep 0.5
   done
-  log "Apache Kafka up at 127.0.0.1:$port after $((SECONDS - t0)) s (pid $(cat "$pidfile"))"
+  log "Apache Kafka up at 127.0.0.1:$port (SASL_PLAINTEXT/SCRAM-SHA-256 at 127.0.0.1:$sport) after $((SECONDS - t0)) s (pid $(cat "$pidfile"))"
   echo "127.0.0.1:$port"
 }
 
@@ -115,9 +131,15 @@ status() {
   if is_running; then echo "running pid $(cat "$pidfile") at $(cat "$dir/bootstrap")"; else echo "not running"; return 1; fi
 }
 
+sasl_env() {
+  is_running || { log "not running: start it first"; exit 1; }
+  sed 's/^/export /' "$dir/sasl.env"
+}
+
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
   status) status ;;
-  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+  sasl-env) sasl_env ;;
+  *) echo "usage: $0 start|stop|status|sasl-env" >&2; exit 2 ;;
 esac

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import TopicPartition
+from pydantic import SecretStr
 
 from guard.agents.simulator import ClusterSimulator, FaultSpec, SimConfig
 from guard.broker import EmbeddedBroker
@@ -99,6 +100,27 @@ class DemoConfig:
         return max(1.0, min(20.0, self.workers * rate / per_sim_second))
 
 
+def _secured(s: Settings) -> dict[str, str]:
+    """The Kafka security and the streams state key of ``s``, as a worker's environment."""
+    k = s.kafka
+    values: dict[str, Any] = {
+        "GUARD_KAFKA_SECURITY_PROTOCOL": k.security_protocol,
+        "GUARD_KAFKA_SASL_MECHANISM": k.sasl_mechanism,
+        "GUARD_KAFKA_SASL_USERNAME": k.sasl_username,
+        "GUARD_KAFKA_SASL_PASSWORD": k.sasl_password,
+        "GUARD_KAFKA_SSL_CA_LOCATION": k.ssl_ca_location,
+        "GUARD_KAFKA_SSL_CERTIFICATE_LOCATION": k.ssl_certificate_location,
+        "GUARD_KAFKA_SSL_KEY_LOCATION": k.ssl_key_location,
+        "GUARD_KAFKA_SSL_KEY_PASSWORD": k.ssl_key_password,
+        "GUARD_STREAMS_STATE_KEY": s.streams.state_key,
+    }
+    return {
+        name: v.get_secret_value() if isinstance(v, SecretStr) else str(v)
+        for name, v in values.items()
+        if v is not None
+    }
+
+
 def worker_env(settings: Settings, **overrides: str) -> dict[str, str]:
     """Environment of a ``guard streams`` subprocess that shares ``settings``."""
     s = settings
@@ -115,6 +137,7 @@ def worker_env(settings: Settings, **overrides: str) -> dict[str, str]:
         "GUARD_STREAMS_ENGINE": s.streams.engine,
         # Several workers on one host: a shared metrics port would fail for all but the first.
         "GUARD_STREAMS_WEB_PORT": "0",
+        **_secured(s),
         **overrides,
     }
 

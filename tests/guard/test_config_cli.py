@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,32 @@ def test_db_migrate_command(settings: object, capsys: pytest.CaptureFixture[str]
         check=True,
     ).stdout
     assert "gpu_1m_mv" in out and "chdb://" in out
+
+
+def test_config_show_masks_every_secret_and_the_credentials_in_urls(
+    settings: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secrets = {
+        "GUARD_ORCHESTRATOR_WEBHOOK_URL": "https://hooks.example/services/T0/B0/hooktoken1",
+        "GUARD_STREAMS_STATE_KEY": "statekey" * 5,
+        "GUARD_KAFKA_SASL_PASSWORD": "saslpass1",
+        "GUARD_KAFKA_SSL_KEY_PASSWORD": "sslkeypass1",
+        "GUARD_CLICKHOUSE_DSN": "https://guard:chpass1@ch:8443/?password=chpass2&x=1",
+        "GUARD_AGENT_DCGM_URL": "http://exporter:9400/metrics?access_token=dcgmtoken1",
+        "GUARD_KAFKA_EXTRA": '{"sasl.oauthbearer.client.secret": "oauth1", '
+        '"sasl.jaas.config": "user=x password=jaas1", "socket.keepalive.enable": true}',
+    }
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    assert main(["config", "show"]) == 0
+    out = capsys.readouterr().out
+    for leaked in ("hooktoken1", "statekey", "saslpass1", "sslkeypass1", "chpass1", "chpass2"):
+        assert leaked not in out
+    for leaked in ("dcgmtoken1", "oauth1", "jaas1"):
+        assert leaked not in out
+    shown = json.loads(out)
+    assert shown["orchestrator"]["webhook_url"] == "https://hooks.example/***"
+    assert shown["clickhouse"]["dsn"] == "https://guard:***@ch:8443/?password=***&x=1"
+    assert shown["agent"]["dcgm_url"] == "http://exporter:9400/metrics?access_token=***"
+    assert shown["kafka"]["extra"]["socket.keepalive.enable"] is True
+    assert shown["kafka"]["bootstrap"] == os.environ.get("GUARD_KAFKA_BOOTSTRAP", "127.0.0.1:9092")

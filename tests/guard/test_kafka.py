@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from confluent_kafka import TopicPartition
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from guard.config import Settings
+from guard.config import ConfigError, Settings
 from guard.kafka import (
     DLQ_ERROR_HEADER,
     TOPIC_BY_KIND,
+    BrokerUnreachable,
+    client_config,
     create_topics,
     dead_letter,
+    faust_broker_settings,
     make_consumer,
     make_producer,
     produce,
     to_record,
+    wait_for_broker,
 )
 from guard.schemas import SchemaError, decode, parse_message
 
@@ -108,3 +113,46 @@ def test_topics_are_created_once_with_their_configs(kafka_settings: Settings) ->
         kafka_settings,
         parse_message(b'{"kind":"node_state","ts":1,"node":"n1","state":"cordoned"}'),
     ).topic == kafka_settings.topic("node-state")
+
+
+def test_faust_clients_use_the_same_security_settings(kafka_settings: Settings) -> None:
+    """The faust engine's clients (aiokafka) get protocol, SASL and TLS from the same
+    settings as librdkafka's; CI runs this module against a SCRAM listener too."""
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+    from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
+
+    settings = kafka_settings
+    conf = faust_broker_settings(settings)
+    auth = credentials_to_aiokafka_auth(conf["broker_credentials"])
+    assert auth["security_protocol"] == settings.kafka.security_protocol
+    if settings.kafka.security_protocol.startswith("SASL_"):
+        assert auth["sasl_mechanism"] == settings.kafka.sasl_mechanism
+        assert auth["sasl_plain_username"] == settings.kafka.sasl_username
+
+    async def send() -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=[b.removeprefix("kafka://") for b in conf["broker"]], **auth
+        )
+        await producer.start()
+        try:
+            await producer.send_and_wait(settings.topic("dlq"), b"from faust", key=b"k")
+        finally:
+            await producer.stop()
+
+    asyncio.run(asyncio.wait_for(send(), 60))
+    [record] = _read_all(settings, settings.topic("dlq"), 1)  # read back through librdkafka
+    assert record.value() == b"from faust"
+
+
+def test_credentials_the_broker_refuses_are_a_clear_error(kafka_settings: Settings) -> None:
+    settings = kafka_settings
+    if settings.kafka.security_protocol == "PLAINTEXT":
+        settings.kafka.security_protocol = "SASL_PLAINTEXT"  # without the SASL settings
+        with pytest.raises(ConfigError, match=r"sasl_mechanism, kafka\.sasl_username"):
+            client_config(settings)
+        return
+    settings.kafka.sasl_password = "not-the-password"  # type: ignore[assignment]
+    with pytest.raises(BrokerUnreachable, match="refused Guard's credentials"):
+        wait_for_broker(settings, timeout_s=20)

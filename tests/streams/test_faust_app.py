@@ -22,7 +22,11 @@ from guard.streams.processing import parse_progress
 
 @contextmanager
 def streams_worker(
-    settings: Settings, log: Path, engine: str = "faust", app_id: str | None = None, **env: str
+    settings: Settings,
+    log: Path,
+    engine: str = "faust",
+    app_id: str | None = None,
+    **env_overrides: str,
 ) -> Iterator[subprocess.Popen[bytes]]:
     env = worker_env(
         settings,
@@ -30,7 +34,7 @@ def streams_worker(
         GUARD_STREAMS_ENGINE=engine,
         GUARD_STREAMS_CHECKPOINT_S="1",
         GUARD_STREAMS_PROGRESS_S="2",
-        **env,
+        **env_overrides,
     )
     with open(log, "wb") as out:
         proc = subprocess.Popen(

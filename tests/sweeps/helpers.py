@@ -83,12 +83,17 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float = 60.0, tick: Any 
 
 
 class Receiver:
-    """Answers 503 to the first ``fail_first`` attempts, then 200 to validly signed bodies."""
+    """Answers 401 to a bad signature, 503 to the first ``fail_first`` attempts, then the
+    next of ``script`` (status, headers) while there is one, then 200 to validly signed
+    bodies (kept in ``accepted``, their paths in ``paths``)."""
 
     def __init__(self, fail_first: int = 1) -> None:
         self.fail_first = fail_first
+        self.script: list[tuple[int, dict[str, str]]] = []
         self.attempts: list[float] = []
-        self.accepted: list[dict[str, Any]] = []
+        self.accepted: list[Any] = []
+        self.paths: list[str] = []
+        self.raw: list[tuple[bytes, str]] = []  # (body, signature header) as received
         self.bad_signatures = 0
         receiver = self
 
@@ -99,14 +104,22 @@ class Receiver:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 receiver.attempts.append(time.monotonic())
+                receiver.raw.append((body, self.headers.get(SIGNATURE_HEADER, "")))
+                extra: dict[str, str] = {}
                 if not verify_signature(SECRET, body, self.headers.get(SIGNATURE_HEADER)):
                     receiver.bad_signatures += 1
                     self.send_response(401)
                 elif len(receiver.attempts) <= receiver.fail_first:
                     self.send_response(503)
+                elif receiver.script:
+                    status, extra = receiver.script.pop(0)
+                    self.send_response(status)
                 else:
                     receiver.accepted.append(json.loads(body))
+                    receiver.paths.append(self.path)
                     self.send_response(200)
+                for name, value in extra.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 

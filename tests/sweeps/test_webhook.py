@@ -1,14 +1,22 @@
-"""The state-change webhook against a real local HTTP receiver that checks signatures."""
+"""Node-health notifications against a real local HTTP receiver that checks signatures."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
 
+from guard.config import OrchestratorSettings
 from guard.schemas import NodeState
-from guard.sweeps.webhook import WebhookNotifier, alertmanager_payload
-from tests.sweeps.helpers import SECRET, Receiver, wait_until
+from guard.sweeps.executors import SimulatedSweepExecutor
+from guard.sweeps.orchestrator import Orchestrator
+from guard.sweeps.scheduler import DryRunScheduler
+from guard.sweeps.webhook import WebhookNotifier, sign, verify_signature
+from tests.sweeps.helpers import NODES, SECRET, Clock, Receiver, flag, wait_until
+
+T0 = 1_767_226_000.0
+GRAFANA = "https://grafana.example/d/guard-node?var-node={node}"
 
 
 @pytest.fixture
@@ -18,47 +26,128 @@ def receiver() -> Iterator[Receiver]:
     r.close()
 
 
-def state(node: str, new: str, prev: str, ts: float = 1_767_226_000.0) -> NodeState:
-    return NodeState(ts=ts, node=node, state=new, prev=prev, reason="because", actor="orchestrator")  # type: ignore[arg-type]
+def state(node: str, new: str, prev: str, ts: float = T0, reason: str = "") -> NodeState:
+    return NodeState(ts=ts, node=node, state=new, prev=prev, reason=reason, actor="orchestrator")  # type: ignore[arg-type]
 
 
-def test_delivers_signed_alertmanager_messages_and_retries_a_failed_attempt(
+def run_orchestrator(hook: WebhookNotifier, node: str = "node-004") -> None:
+    """A real orchestrator flags ``node`` thermal; its sweep passes and it goes back."""
+    orch = Orchestrator(
+        OrchestratorSettings(nodes=NODES),
+        scheduler=DryRunScheduler(),
+        executor=SimulatedSweepExecutor([], seed=1),
+        publish=lambda message: None,
+        clock=Clock(T0),
+        listeners=[hook],
+        inline_sweeps=True,
+    )
+    assert orch.handle_flag(flag(node, "f1", T0 - 1, category="thermal")) == "qualified"
+    orch.tick()
+
+
+def test_one_episode_is_one_alert_with_fixed_labels_start_and_an_end(
     receiver: Receiver,
 ) -> None:
-    hook = WebhookNotifier(receiver.url, SECRET.decode(), retries=3, backoff_s=0.05).start()
+    hook = WebhookNotifier(
+        receiver.url, SECRET.decode(), retries=3, backoff_s=0.05, generator_url=GRAFANA
+    ).start()
     try:
-        hook.notify(state("node-1", "cordoned", "suspect"))
-        hook.notify(state("node-1", "healthy", "sweeping"))
-        wait_until(lambda: len(receiver.accepted) == 2)
+        run_orchestrator(hook)
+        wait_until(lambda: hook.pending() == 0 and len(receiver.accepted) >= 4)
     finally:
         hook.stop()
-    assert len(receiver.attempts) == 3 and receiver.bad_signatures == 0
-    assert hook.delivered == 2 and hook.failed == 0
-    firing, resolved = receiver.accepted
-    assert firing["version"] == "4" and firing["status"] == "firing"
-    assert firing["alerts"][0]["labels"] == {
-        "alertname": "GuardNodeHealth",
-        "node": "node-1",
-        "state": "cordoned",
-        "severity": "critical",
+    assert receiver.bad_signatures == 0 and hook.failed == 0
+    assert len(receiver.attempts) == len(receiver.accepted) + 1  # the first got a 503
+    alerts = [m["alerts"][0] for m in receiver.accepted]
+    states = [a["annotations"]["state"] for a in alerts]
+    assert states == ["suspect", "cordoned", "sweeping", "healthy"]
+    labels = {"alertname": "GuardNodeHealth", "node": "node-004", "category": "thermal"}
+    assert all(a["labels"] == labels for a in alerts)
+    assert len({a["fingerprint"] for a in alerts}) == 1
+    assert {a["startsAt"] for a in alerts} == {"2026-01-01T00:06:40Z"}
+    assert [a["status"] for a in alerts] == ["firing"] * (len(alerts) - 1) + ["resolved"]
+    assert all(a["endsAt"] == "0001-01-01T00:00:00Z" for a in alerts[:-1])
+    assert alerts[-1]["endsAt"] != "0001-01-01T00:00:00Z"
+    assert {a["generatorURL"] for a in alerts} == {
+        "https://grafana.example/d/guard-node?var-node=node-004"
     }
-    assert firing["alerts"][0]["endsAt"] == "0001-01-01T00:00:00Z"
-    assert firing["alerts"][0]["startsAt"] == "2026-01-01T00:06:40Z"
-    assert resolved["status"] == "resolved" and resolved["alerts"][0]["status"] == "resolved"
-    assert firing["alerts"][0]["fingerprint"] == resolved["alerts"][0]["fingerprint"]
-    for key in ("groupKey", "receiver", "groupLabels", "commonLabels", "externalURL"):
-        assert key in firing
+    assert "thermal flag" in alerts[0]["annotations"]["description"]
+    first = receiver.accepted[0]
+    for key in ("version", "groupKey", "receiver", "groupLabels", "commonLabels"):
+        assert key in first
 
 
-def test_a_wrong_secret_is_refused_and_given_up_after_the_retries(receiver: Receiver) -> None:
+def test_a_captured_request_cannot_be_replayed_or_altered(receiver: Receiver) -> None:
     receiver.fail_first = 0
-    hook = WebhookNotifier(receiver.url, "not-the-secret", retries=2, backoff_s=0.01).start()
+    hook = WebhookNotifier(receiver.url, SECRET).start()
+    try:
+        hook.notify(state("node-1", "cordoned", "suspect"))
+        wait_until(lambda: receiver.accepted)
+    finally:
+        hook.stop()
+    body, header = receiver.raw[0]
+    assert header.startswith("t=") and ",v1=" in header
+    assert verify_signature(SECRET, body, header)
+    assert not verify_signature(SECRET, body, header, now=time.time() + 3600)  # replayed later
+    assert not verify_signature(SECRET, body.replace(b"cordoned", b"healthy"), header)
+    assert not verify_signature(SECRET, body, sign(SECRET, body, now=time.time() - 600))
+    assert not verify_signature(SECRET, body, "sha256=" + header.split("v1=")[1])  # old format
+
+
+def test_only_5xx_429_and_network_errors_are_retried(receiver: Receiver) -> None:
+    receiver.fail_first = 0
+    receiver.script = [(429, {"Retry-After": "1"}), (500, {}), (400, {})]
+    hook = WebhookNotifier(receiver.url, SECRET, retries=5, backoff_s=0.01).start()
+    try:
+        hook.notify(state("node-1", "suspect", "healthy"))  # 429, 500, then 400: given up
+        wait_until(lambda: hook.failed == 1)
+        hook.notify(state("node-2", "suspect", "healthy"))  # delivered at once
+        wait_until(lambda: hook.delivered == 1)
+    finally:
+        hook.stop()
+    assert len(receiver.attempts) == 4
+    assert receiver.attempts[1] - receiver.attempts[0] >= 0.95  # Retry-After: 1 honoured
+    assert [m["alerts"][0]["labels"]["node"] for m in receiver.accepted] == ["node-2"]
+
+
+def test_a_wrong_secret_is_refused_and_not_retried(receiver: Receiver) -> None:
+    receiver.fail_first = 0
+    hook = WebhookNotifier(receiver.url, "not-the-secret", retries=3, backoff_s=0.01).start()
     try:
         hook.notify(state("node-2", "repair", "failed"))
         wait_until(lambda: hook.failed == 1)
     finally:
         hook.stop()
-    assert receiver.bad_signatures == 3 and receiver.accepted == []
+    assert receiver.bad_signatures == 1 and receiver.accepted == []
+
+
+def test_alertmanager_mode_posts_alerts_and_resends_the_active_ones(receiver: Receiver) -> None:
+    receiver.fail_first = 0
+    base = receiver.url.removesuffix("/hook")
+    hook = WebhookNotifier(
+        base, SECRET, mode="alertmanager", generator_url=GRAFANA, resend_s=0.3
+    ).start()
+    try:
+        hook.notify(state("node-7", "suspect", "healthy", reason="warning nic flag mlx5_0"))
+        hook.notify(state("node-7", "cordoned", "suspect", ts=T0 + 5))
+        wait_until(lambda: hook.resent >= 2)
+        hook.notify(state("node-7", "healthy", "sweeping", ts=T0 + 60))
+        wait_until(lambda: hook.pending() == 0 and hook.delivered == 3)
+        resent = hook.resent
+        time.sleep(0.7)  # resolved: nothing active is sent again
+    finally:
+        hook.stop()
+    assert hook.resent == resent
+    assert set(receiver.paths) == {"/api/v2/alerts"}
+    posted = [a for body in receiver.accepted for a in body]
+    assert all(isinstance(body, list) for body in receiver.accepted)
+    labels = {"alertname": "GuardNodeHealth", "node": "node-7", "category": "nic"}
+    assert all(a["labels"] == labels for a in posted)
+    assert {a["startsAt"] for a in posted} == {"2026-01-01T00:06:40Z"}
+    assert posted[-1]["endsAt"] == "2026-01-01T00:07:40Z"
+    assert all(a["endsAt"] == "0001-01-01T00:00:00Z" for a in posted[:-1])
+    assert posted[-1]["generatorURL"].endswith("var-node=node-7")
+    assert [a["annotations"]["state"] for a in posted][-1] == "healthy"
 
 
 def test_notify_never_blocks_on_a_dead_receiver() -> None:
@@ -74,8 +163,17 @@ def test_notify_never_blocks_on_a_dead_receiver() -> None:
         hook.stop(timeout_s=2)
 
 
-def test_payload_shape_for_every_state() -> None:
-    for new in ("suspect", "cordoned", "sweeping", "failed", "repair", "healthy"):
-        payload = alertmanager_payload(state("n", new, "suspect"))
-        assert payload["alerts"][0]["labels"]["state"] == new
-        assert payload["status"] == ("resolved" if new == "healthy" else "firing")
+def test_the_verification_snippet_in_the_docs_accepts_and_refuses_like_guard() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "orchestrator.md").read_text()
+    section = doc.split("## Webhook", 1)[1]
+    snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
+    scope: dict[str, object] = {}
+    exec(snippet, scope)
+    verify = scope["verify"]
+    body = b'{"version":"4"}'
+    assert verify(SECRET, body, sign(SECRET, body))  # type: ignore[operator]
+    assert not verify(SECRET, body + b" ", sign(SECRET, body))  # type: ignore[operator]
+    assert not verify(SECRET, body, sign(SECRET, body, now=time.time() - 3600))  # type: ignore[operator]
+    assert not verify(b"other", body, sign(SECRET, body))  # type: ignore[operator]

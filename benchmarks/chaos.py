@@ -1,0 +1,359 @@
+"""Chaos scenarios against a live `guard streams` worker on a real broker, with figures.
+
+Each scenario is bounded in time (``--timeout``) and prints what it measured. The claims
+of the undisturbed pipeline are the backtest's over the same telemetry (same detector code):
+``(node, category)`` of every warning/critical flag.
+
+* ``hostile`` — N hostile messages interleaved with a simulated cluster's telemetry (with
+  faults) into one live worker: garbage, non-UTF-8, deep nesting, huge strings, NaN, wrong
+  types, missing fields (all invalid: each must be a dead letter with a reason), plus
+  schema-valid abuse (counters going backwards, times in the far past and future) under
+  node names of their own. Figures: worker alive, dead letters vs invalid messages sent, DLQ
+  records without a reason, claims on the real nodes vs the backtest's, worker peak RSS.
+* ``sigkill`` — the worker is SIGKILLed half-way and a new one started: figures are the keys
+  it resumed from checkpoints, the age bound of that state (``checkpoint_s``), the claims
+  vs the backtest's, and the restart-to-first-progress time.
+
+Uses $GUARD_KAFKA_BOOTSTRAP (real Apache Kafka:
+``export GUARD_KAFKA_BOOTSTRAP=$(deploy/kafka/kafka.sh start)``), else an embedded Tansu broker.
+
+    .venv/bin/python benchmarks/chaos.py [--scenarios hostile,sigkill] [--hostile 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from guard.agents.simulator import ClusterSimulator, FaultSpec, SimConfig
+from guard.config import Settings, load_settings
+from guard.demo import worker_env
+from guard.detectors.engine import DetectionEngine
+from guard.kafka import create_topics, make_consumer, make_producer, produce, produce_raw
+from guard.schemas import GuardMessage, decode
+from guard.streams.processing import parse_progress
+
+Claims = set[tuple[str, str]]
+
+
+def scenario_messages(nodes: int, duration: float) -> list[GuardMessage]:
+    start = float(int(time.time() - duration - 60))
+    sim = ClusterSimulator(
+        SimConfig(
+            nodes=nodes,
+            duration_s=duration,
+            seed=4,
+            start_ts=start,
+            random_faults=0,
+            faults=[
+                FaultSpec("thermal_throttle", node="node-002", onset_s=40, slowdown=0.15),
+                FaultSpec("xid", node="node-005", onset_s=90),
+                FaultSpec("degraded_nic", node="node-006", onset_s=120, slowdown=0.3),
+            ],
+        )
+    )
+    return list(sim.messages())
+
+
+def backtest_claims(messages: list[GuardMessage]) -> Claims:
+    engine = DetectionEngine()
+    flags = [f for m in messages for f in engine.update(m)] + engine.flush()
+    return {(f.node, f.category) for f in flags if f.severity != "info" and f.node}
+
+
+def _gpu_json(node: str, gpu: int, ts: float) -> bytes:
+    return json.dumps({"kind": "gpu", "v": 1, "ts": ts, "node": node, "gpu": gpu}).encode()
+
+
+def hostile_records(n: int, seed: int = 7) -> Iterator[tuple[str, bytes, bytes, bool]]:
+    """(topic name, key, value, invalid?) of ``n`` hostile messages."""
+    rng = random.Random(seed)
+    now = time.time()
+    huge = "x" * 100_000
+    invalid: list[tuple[float, Callable[[int], tuple[str, bytes]]]] = [
+        (10, lambda i: ("gpu", rng.randbytes(rng.randint(1, 200)))),
+        (10, lambda i: ("nic", b"\xff\xfe\x00" + rng.randbytes(20))),
+        (5, lambda i: ("steps", b"[" * 3000)),
+        (
+            0.1,
+            lambda i: (
+                "gpu",
+                json.dumps({"kind": "gpu", "ts": now, "node": huge, "gpu": 0}).encode(),
+            ),
+        ),
+        (10, lambda i: ("gpu", b'{"kind":"gpu","v":1,"ts":NaN,"node":"h","gpu":0}')),
+        (
+            10,
+            lambda i: (
+                "gpu",
+                json.dumps({"kind": "gpu", "ts": "soon", "node": "h", "gpu": "0"}).encode(),
+            ),
+        ),
+        (10, lambda i: ("collectives", b'{"kind":"collective","ts":1.0}')),
+        (
+            10,
+            lambda i: (
+                "nic",
+                json.dumps({"kind": "nic", "ts": now, "node": "h", "counters": [1]}).encode(),
+            ),
+        ),
+    ]
+    valid: list[tuple[float, Callable[[int], tuple[str, bytes]]]] = [
+        (
+            1,
+            lambda i: (
+                "nic",
+                json.dumps(
+                    {
+                        "kind": "nic",
+                        "v": 1,
+                        "ts": now + i * 1e-3,
+                        "node": f"hostile-{i % 50}",
+                        "device": "mlx5_0",
+                        "port": 1,
+                        "counters": {"port_xmit_data": 10**12 - i, "symbol_error": 0},
+                    }
+                ).encode(),
+            ),
+        ),
+        (1, lambda i: ("gpu", _gpu_json(f"hostile-{i % 50}", 0, 1.0))),  # the far past
+        (1, lambda i: ("gpu", _gpu_json(f"hostile-{i % 50}", 1, now + 10 * 365 * 86400.0))),
+    ]
+    for i in range(n):
+        bad = rng.random() < 0.8
+        pool = invalid if bad else valid
+        [make] = rng.choices([f for _, f in pool], weights=[w for w, _ in pool])
+        topic, value = make(i)
+        yield topic, (b"hostile" if bad else f"hostile-{i % 50}".encode()), value, bad
+
+
+class Worker:
+    """One ``guard streams`` subprocess; its progress lines and peak RSS are followed."""
+
+    def __init__(self, settings: Settings, app_id: str, log: Path, checkpoint_s: float) -> None:
+        env = worker_env(
+            settings,
+            GUARD_STREAMS_APP_ID=app_id,
+            GUARD_STREAMS_PROGRESS_S="1",
+            GUARD_STREAMS_CHECKPOINT_S=str(checkpoint_s),
+        )
+        self.log = log
+        self.out = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "guard.cli", "streams"],
+            env=env,
+            stdout=self.out,
+            stderr=self.out,
+        )
+        self.peak_rss_mb = 0.0
+
+    def progress(self) -> dict[str, Any]:
+        status = Path(f"/proc/{self.proc.pid}/status")
+        if status.exists():
+            for line in status.read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    self.peak_rss_mb = max(self.peak_rss_mb, int(line.split()[1]) / 1024)
+        lines = self.log.read_text(errors="replace").splitlines()
+        reports = [r for r in map(parse_progress, lines) if r is not None]
+        return reports[-1] if reports else {}
+
+    def wait(self, check: Callable[[dict[str, Any]], bool], timeout_s: float) -> float:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited ({self.proc.returncode}); log {self.log}")
+            if check(self.progress()):
+                return time.monotonic()
+            time.sleep(0.5)
+        raise TimeoutError(f"worker did not get there in {timeout_s:.0f} s; log {self.log}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(60)
+        self.out.close()
+
+
+def read_topic(settings: Settings, name: str, timeout_s: float = 10) -> list[Any]:
+    """Every record of a Guard topic as it is now (reads until ``timeout_s`` of quiet)."""
+    consumer = make_consumer(settings, f"chaos-{uuid.uuid4().hex[:8]}")
+    topic = settings.topic(name)
+    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+    records, quiet_until = [], time.monotonic() + timeout_s
+    while time.monotonic() < quiet_until:
+        r = consumer.poll(0.5)
+        if r is not None and not r.error():
+            records.append(r)
+            quiet_until = time.monotonic() + 3
+    consumer.close()
+    return records
+
+
+def claims_on(settings: Settings, nodes: set[str]) -> Claims:
+    flags = [decode(r.value(), "flag") for r in read_topic(settings, "remediation")]
+    return {(f.node, f.category) for f in flags if f.severity != "info" and f.node in nodes}  # type: ignore[attr-defined]
+
+
+def _settings(bootstrap: str, home: Path) -> Settings:
+    s = load_settings(
+        home=home,
+        kafka={"bootstrap": bootstrap, "topic_prefix": f"chaos{uuid.uuid4().hex[:8]}.",
+               "telemetry_partitions": 3},
+    )  # fmt: skip
+    home.mkdir(parents=True, exist_ok=True)
+    create_topics(s)
+    return s
+
+
+def run_hostile(bootstrap: str, home: Path, args: argparse.Namespace) -> dict[str, Any]:
+    s = _settings(bootstrap, home)
+    messages = scenario_messages(args.nodes, args.duration)
+    real_nodes = {m.node for m in messages}
+    expected = backtest_claims(messages)
+    producer = make_producer(s)
+    invalid = sent = 0
+    per_message = args.hostile / max(1, len(messages))  # hostile messages between real ones
+    owed = 0.0
+    hostile = hostile_records(args.hostile)
+    t0 = time.monotonic()
+    for m in [*messages, None]:
+        if m is not None:
+            produce(producer, s, m)
+        owed += per_message if m is not None else float("inf")
+        while owed >= 1:
+            item = next(hostile, None)
+            if item is None:
+                break
+            topic, key, value, bad = item
+            produce_raw(producer, s.topic(topic), value, key)
+            invalid, sent, owed = invalid + bad, sent + 1, owed - 1
+    producer.flush(300)
+    produced_s = time.monotonic() - t0
+    total = len(messages) + sent
+    worker = Worker(s, f"chaos-{uuid.uuid4().hex[:6]}", home / "hostile-worker.log", 30)
+    try:
+        t1 = time.monotonic()
+        worker.wait(lambda p: int(p.get("telemetry", 0)) >= total, args.timeout)
+        handled_s = time.monotonic() - t1
+        time.sleep(5)  # the last findings through fusion
+        progress = worker.progress()
+        alive = worker.proc.poll() is None
+    finally:
+        worker.stop()
+    dlq = read_topic(s, "dlq")
+    no_reason = sum(1 for r in dlq if not dict(r.headers() or []).get("guard-error"))
+    got = claims_on(s, real_nodes)
+    return {
+        "scenario": "hostile",
+        "real_messages": len(messages),
+        "hostile_sent": sent,
+        "hostile_invalid": invalid,
+        "worker_alive_after": alive,
+        "dead_letters_counted": int(progress.get("dead_letters", 0)),
+        "dlq_records": len(dlq),
+        "dlq_without_reason": no_reason,
+        "claims_expected": sorted(expected),
+        "claims_got": sorted(got),
+        "claims_equal": got == expected,
+        "worker_peak_rss_mb": round(worker.peak_rss_mb, 1),
+        "produce_s": round(produced_s, 1),
+        "worker_start_to_done_s": round(handled_s, 1),  # start-up and group join included
+        "msgs_per_s_incl_start_up": round(total / max(handled_s, 1e-6)),
+    }
+
+
+def run_sigkill(bootstrap: str, home: Path, args: argparse.Namespace) -> dict[str, Any]:
+    s = _settings(bootstrap, home)
+    messages = scenario_messages(args.nodes, args.duration)
+    expected = backtest_claims(messages)
+    half, touch = len(messages) // 2, len(messages) // 2 + len(messages) // 20
+    producer = make_producer(s)
+    for m in messages[:half]:
+        produce(producer, s, m)
+    producer.flush(120)
+    app_id = f"chaos-{uuid.uuid4().hex[:6]}"
+    first = Worker(s, app_id, home / "sigkill-first.log", args.checkpoint_s)
+    try:
+        first.wait(lambda p: int(p.get("telemetry", 0)) >= half, args.timeout)
+        time.sleep(args.checkpoint_s + 1)  # every key is due: the next batch saves it
+        for m in messages[half:touch]:
+            produce(producer, s, m)
+        producer.flush(120)
+        first.wait(lambda p: int(p.get("telemetry", 0)) >= touch, args.timeout)
+        time.sleep(1)
+    finally:
+        first.stop(signal.SIGKILL)
+    killed_at = time.monotonic()
+    for m in messages[touch:]:
+        produce(producer, s, m)
+    producer.flush(120)
+    second = Worker(s, app_id, home / "sigkill-second.log", args.checkpoint_s)
+    try:
+        resumed_at = second.wait(lambda p: "telemetry" in p, args.timeout)
+        second.wait(lambda p: int(p.get("telemetry", 0)) >= len(messages) - touch, args.timeout)
+        time.sleep(5)
+        progress = second.progress()
+    finally:
+        second.stop()
+    got = claims_on(s, {m.node for m in messages})
+    return {
+        "scenario": "sigkill",
+        "messages": len(messages),
+        "keys_restored_after_kill": int(progress.get("restored", 0)),
+        "checkpoints_refused": int(progress.get("refused", 0)),
+        "state_age_bound_s": args.checkpoint_s,
+        "kill_to_first_progress_s": round(resumed_at - killed_at, 1),
+        "claims_expected": sorted(expected),
+        "claims_got": sorted(got),
+        "claims_equal": got == expected,
+        "claims_missing": sorted(expected - got),
+    }
+
+
+SCENARIOS = {"hostile": run_hostile, "sigkill": run_sigkill}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenarios", default="hostile,sigkill")
+    parser.add_argument("--hostile", type=int, default=1_000_000, help="hostile messages")
+    parser.add_argument("--nodes", type=int, default=8)
+    parser.add_argument("--duration", type=float, default=240)
+    parser.add_argument("--checkpoint-s", type=float, default=5.0)
+    parser.add_argument("--timeout", type=float, default=900, help="bound of each wait, s")
+    args = parser.parse_args()
+    home = Path(tempfile.mkdtemp(prefix="guard-chaos-"))
+    failed = False
+    with contextlib.ExitStack() as stack:
+        bootstrap = os.environ.get("GUARD_KAFKA_BOOTSTRAP")
+        if not bootstrap:
+            from guard.broker import EmbeddedBroker
+
+            bootstrap = stack.enter_context(EmbeddedBroker()).bootstrap
+        for name in args.scenarios.split(","):
+            t0 = time.monotonic()
+            result = SCENARIOS[name](bootstrap, home / name, args)
+            result["scenario_s"] = round(time.monotonic() - t0, 1)
+            failed |= not result.get("claims_equal", True)
+            print(json.dumps(result), flush=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

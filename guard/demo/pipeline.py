@@ -216,6 +216,7 @@ class Pipeline:
     config: DemoConfig
     events: list[str] = field(default_factory=list)
     states: dict[str, str] = field(default_factory=dict)
+    state_log: list[NodeState] = field(default_factory=list)  # every transition, in order
     sweeps: list[SweepResult] = field(default_factory=list)
     published: int = 0
 
@@ -375,6 +376,7 @@ class Pipeline:
     def _on_orchestrator_message(self, message: GuardMessage) -> None:
         if isinstance(message, NodeState):
             self.states[message.node] = message.state
+            self.state_log.append(message)
             self.events.append(
                 f"t+{self.sim_now():5.0f}s {message.node}: {message.prev} → {message.state}"
             )

@@ -4,8 +4,8 @@ A rank's compute is the stage's nominal compute x its GPU's speed x ``1 + slowdo
 noise; the all-reduce starts when the last rank arrives and lasts as long as the slowest
 ring connection. Step and collective messages are built from per-rank templates.
 
-Fail-stop faults fail as on a real cluster: an ``xid`` or ``ecc_dbe`` fault on a node of a
-job crashes the job. Its ranks hang in the collective until the NCCL watchdog fires
+With ``SimConfig.fail_stop`` (the demo sets it), fail-stop faults fail as on a real cluster:
+an ``xid`` or ``ecc_dbe`` fault on a node of a job crashes the job. Its ranks hang in the collective until the NCCL watchdog fires
 (``SimConfig.watchdog_s``, PyTorch's default 10 min), or until the node is cordoned (the
 remediation kills and restarts the job); the job then restarts from its last checkpoint
 (``restart_s``; the steps since that checkpoint are lost, :attr:`TrainingModel.crashes`) and,
@@ -152,6 +152,8 @@ class TrainingModel:
 
     def _crash_if_due(self, job: RunningJob) -> bool:
         """A fail-stop fault on a node of the job crashes it: hang, then restart."""
+        if not self.config.fail_stop:
+            return False
         now = job.next_start
         for f in self.scenario.faults:
             if f.kind not in FAIL_STOP_KINDS or not f.active(now):

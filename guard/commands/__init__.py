@@ -10,12 +10,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from guard.commands import agents, base, demo, evaluation, nodes, orchestrator, streams
+from guard.commands import (
+    agents,
+    base,
+    demo,
+    evaluation,
+    nodes,
+    orchestrator,
+    report,
+    streams,
+)
 
 __all__ = ["register_all"]
 
 
 def register_all(sub: Any, add: Any) -> None:
     # The order is the order of `guard --help`.
-    for module in (demo, base, agents, evaluation, orchestrator, nodes, streams):
+    for module in (demo, base, agents, evaluation, report, orchestrator, nodes, streams):
         module.register(sub, add)

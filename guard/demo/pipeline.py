@@ -85,6 +85,7 @@ class DemoConfig:
             faults=list(faults),
             random_faults=self.random_faults,
             restart_s=self.restart_s,
+            fail_stop=True,  # an Xid or DBE kills the job, with Guard and without
         )
 
     def pick_speed(self, sim: ClusterSimulator) -> float:

@@ -4,13 +4,13 @@ A rank's compute is the stage's nominal compute x its GPU's speed x ``1 + slowdo
 noise; the all-reduce starts when the last rank arrives and lasts as long as the slowest
 ring connection. Step and collective messages are built from per-rank templates.
 
-With ``SimConfig.fail_stop`` (the demo sets it), fail-stop faults fail as on a real cluster:
-an ``xid`` or ``ecc_dbe`` fault on a node of a job crashes the job. Its ranks hang in the collective until the NCCL watchdog fires
-(``SimConfig.watchdog_s``, PyTorch's default 10 min), or until the node is cordoned (the
-remediation kills and restarts the job); the job then restarts from its last checkpoint
-(``restart_s``; the steps since that checkpoint are lost, :attr:`TrainingModel.crashes`) and,
-while the node is still in the job, crashes again ``recrash_s`` after each restart, until a
-person drains the node (``human_drain_s`` after the first crash; recorded as a remediation
+With ``SimConfig.fail_stop`` (the demo sets it), fail-stop faults fail as on a real
+cluster: an ``xid`` or ``ecc_dbe`` fault on a node of a job crashes the job. Its ranks hang
+in the collective until the NCCL watchdog fires (``SimConfig.watchdog_s``, PyTorch's
+default 10 min), or until the node is cordoned (the remediation kills and restarts the
+job); the job then restarts from its last checkpoint (``restart_s``; the steps since that
+checkpoint are lost, :attr:`TrainingModel.crashes`) and, while the node is still in the
+job, crashes again ``recrash_s`` after each restart, until a person drains the node (``human_drain_s`` after the first crash; recorded as a remediation
 ``by`` ``"person"``). No step or collective message is sent while a job is down. A cordon
 of a node in a running job restarts it after a checkpoint on demand: no steps are lost.
 """

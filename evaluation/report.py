@@ -145,21 +145,38 @@ def from_messages(
 # --- figures --------------------------------------------------------------------------------
 
 
+def _with_gaps(log: list[tuple[float, float]], start: float) -> tuple[list[Any], list[Any]]:
+    """x and y of a step-time line, broken (None) where no step ended for over a minute: a
+    hung or restarting job is not drawn as a straight line."""
+    xs: list[Any] = []
+    ys: list[Any] = []
+    prev = None
+    for end, step_s in log:
+        if prev is not None and end - prev > max(60.0, 3 * step_s):
+            xs.append(None)
+            ys.append(None)
+        xs.append(end - start)
+        ys.append(step_s)
+        prev = end
+    return xs, ys
+
+
 def _step_figure(data: ReportData) -> Any:
     import plotly.graph_objects as go
 
     fig = go.Figure()
     for job, runs in sorted(data.steps.items()):
         for label, log in runs.items():
+            xs, ys = _with_gaps(log, data.start_ts)
             fig.add_scatter(
-                x=[end - data.start_ts for end, _ in log],
-                y=[s for _, s in log],
+                x=xs,
+                y=ys,
                 mode="lines",
                 name=f"{job}, {label}",
-                line={"dash": "dot" if label != "with Guard" else "solid"},
+                line={"dash": "solid" if label == "with Guard" else "dot"},
             )
     fig.update_layout(
-        title="Step time with and without Guard",
+        title="Step time with and without Guard (gaps: the job was down)",
         xaxis_title="s since start",
         yaxis_title="step time, s",
         yaxis_type="log",
@@ -252,6 +269,7 @@ def _goodput_figure(data: ReportData) -> Any:
                 y=[n for _, n in curve],
                 mode="lines",
                 name=f"{job}, {label}",
+                line={"dash": "solid" if label == "with Guard" else "dot"},
                 row=1,
                 col=2,
             )

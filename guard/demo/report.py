@@ -74,22 +74,21 @@ def _job_run(sim: ClusterSimulator, truth: Truth, job: str, window_s: float) -> 
 
 
 def _horizon(curve_w: list[tuple[float, int]], curve_wo: list[tuple[float, int]]) -> dict[str, Any]:
-    """When Guard's useful steps stay ahead; if not within the run, extrapolated from the
-    useful-step rates of the last quarter of the run (None: Guard is not catching up)."""
+    """When Guard's useful steps get ahead to stay. A lead held over less than the last tenth
+    of the run is no verdict: then the horizon is extrapolated from the useful-step rates of
+    the last quarter of the run (None: Guard is not gaining at those rates)."""
     ahead = ahead_after(curve_w, curve_wo)
-    if ahead is not None or len(curve_w) < 4:
+    if (ahead is not None and ahead <= 0.9 * curve_w[-1][0]) or len(curve_w) < 4:
         return {"ahead_after_s": ahead, "extrapolated": False}
     q = len(curve_w) * 3 // 4
     span = curve_w[-1][0] - curve_w[q][0]
     rate_w = (curve_w[-1][1] - curve_w[q][1]) / span
     rate_wo = (curve_wo[-1][1] - curve_wo[q][1]) / span
     deficit = curve_wo[-1][1] - curve_w[-1][1]
-    if rate_w <= rate_wo:
+    if rate_w <= rate_wo * 1.001:  # within noise: not gaining
         return {"ahead_after_s": None, "extrapolated": True}
-    return {
-        "ahead_after_s": round(curve_w[-1][0] + deficit / (rate_w - rate_wo)),
-        "extrapolated": True,
-    }
+    at = curve_w[-1][0] + max(0.0, deficit) / (rate_w - rate_wo)
+    return {"ahead_after_s": round(at), "extrapolated": True}
 
 
 def effect(
@@ -264,7 +263,7 @@ def _print_effect(console: Any, step_time: dict[str, Any], simulated_s: float) -
     for job, st in step_time.items():
         ahead = st["ahead_after_s"]
         if ahead is None:
-            verdict = "not ahead at the end, and not gaining at the end's rates"
+            verdict = "not ahead to stay, and not gaining at the end's rates"
         elif st["extrapolated"]:
             verdict = f"ahead after t+{ahead:.0f} s (extrapolated past the {simulated_s:.0f}-s run)"
         else:

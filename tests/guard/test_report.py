@@ -126,3 +126,45 @@ def test_report_without_input_says_what_to_do(
     code = main(["report", "--jsonl", str(tmp_path / "missing.jsonl"), "--out", "x.html"])
     assert code == 1
     assert "missing.jsonl does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_demo_report_shows_goodput_with_and_without_guard(
+    settings: Settings, kafka_bootstrap: str, chdb_client: object, tmp_path: Path
+) -> None:
+    """The demo's pipeline with an Xid: Guard cordons the node during the watchdog's hang and
+    the job restarts on a spare; the counterfactual is still hung at the end."""
+    from guard.agents.simulator import FaultSpec
+    from guard.demo import DemoConfig, Pipeline
+    from guard.demo.report import demo_effect, demo_report_data, summarize
+    from guard.evaluation.report import render_html
+
+    config = DemoConfig(
+        nodes=8, duration_s=200.0, seed=5, faults=[FaultSpec("xid", onset_s=60)],
+        bootstrap=kafka_bootstrap, home=tmp_path, speed=5.0,  # slow enough to act in time
+    )  # fmt: skip
+    settings.clickhouse.dsn = None
+    settings.streams.app_id = "report-streams"
+    settings.clickhouse.batch_seconds = 0.5
+    pipe = Pipeline(settings, config)
+    pipe.client_override = chdb_client
+    try:
+        pipe.start()
+        pipe.publish()
+        assert pipe.drain(timeout_s=120), "the streams worker did not catch up"
+        pipe.finish_sink()
+        effects = demo_effect(pipe)
+        summary = summarize(pipe, 0.0, effects)
+        data = demo_report_data(pipe, effects, summary)
+    finally:
+        pipe.stop()
+    job = summary["step_time"]["job-a"]
+    assert job["with_guard"]["crashes"] == job["without_guard"]["crashes"] == 1
+    assert job["without_guard"]["goodput_per_h"] == 0  # hung until the end (watchdog 600 s)
+    assert job["with_guard"]["goodput_per_h"] > 0, pipe.events
+    assert job["ahead_after_s"] is not None and job["ahead_after_s"] > 60
+    assert [s["state"] for s in data.states if s["state"] == "cordoned"]
+    page = tmp_path / "demo.html"
+    page.write_text(render_html(data))
+    dom, log = render(page)
+    assert_every_plot_renders(dom, log)

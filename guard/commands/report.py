@@ -78,7 +78,17 @@ def cmd_report(args: argparse.Namespace, settings: Settings) -> int:
 
         if args.store:
             settings.clickhouse.dsn = args.store
-        messages = read_store(connect(settings), settings.clickhouse.database)
+        database = settings.clickhouse.database
+        try:
+            messages = read_store(connect(settings), database)
+        except GuardError:
+            raise
+        except Exception as exc:
+            raise GuardError(
+                f"cannot read the run from ClickHouse database {database!r}: "
+                f"{str(exc).splitlines()[0]}; store one with `guard sink` (or `guard demo --home "
+                "DIR`), or give --jsonl FILES"
+            ) from exc
         source = "ClickHouse"
         if not messages:
             raise GuardError(

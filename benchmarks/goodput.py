@@ -532,8 +532,7 @@ def plot_sensitivity(grid: dict[tuple[float, float], dict[str, float]], path: Pa
             colorscale="RdYlGn",
             text=[[f"{v:+.1f}%" for v in row] for row in z],
             texttemplate="%{text}",
-            coloraxis=None,
-            showscale=col == 2,
+            colorbar={"x": 0.45 if col == 1 else 1.0, "len": 0.9},  # one scale per panel
             row=1,
             col=col,
         )

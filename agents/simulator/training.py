@@ -10,9 +10,10 @@ in the collective until the NCCL watchdog fires (``SimConfig.watchdog_s``, PyTor
 default 10 min), or until the node is cordoned (the remediation kills and restarts the
 job); the job then restarts from its last checkpoint (``restart_s``; the steps since that
 checkpoint are lost, :attr:`TrainingModel.crashes`) and, while the node is still in the
-job, crashes again ``recrash_s`` after each restart, until a person drains the node (``human_drain_s`` after the first crash; recorded as a remediation
-``by`` ``"person"``). No step or collective message is sent while a job is down. A cordon
-of a node in a running job restarts it after a checkpoint on demand: no steps are lost.
+job, crashes again ``recrash_s`` after each restart, until a person drains the node
+(``human_drain_s`` after the first crash; recorded as a remediation ``by`` ``"person"``).
+No step or collective message is sent while a job is down. A cordon of a node in a running
+job restarts it after a checkpoint on demand: no steps are lost.
 """
 
 from __future__ import annotations

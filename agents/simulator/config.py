@@ -109,6 +109,14 @@ class SimConfig:
     clock_skew_max_s: float = 0.015
     checkpoint_every_s: float = 900.0
     restart_s: float = 60.0
+    # Fail-stop faults (training.py): whether an xid / ecc_dbe fault crashes its job (off: the
+    # fault is seen in telemetry only); the NCCL watchdog (PyTorch's default process-group
+    # timeout); a crash again this soon after a restart on the faulty node (assumed); when a
+    # person drains a crash-looping node after its first crash (assumed).
+    fail_stop: bool = False
+    watchdog_s: float = 600.0
+    recrash_s: float = 120.0
+    human_drain_s: float = 7200.0
     excluded: frozenset[str] = frozenset()
     gpu_speed_sigma: float = 0.01
     rack_size: int = 8

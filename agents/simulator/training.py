@@ -3,6 +3,17 @@
 A rank's compute is the stage's nominal compute x its GPU's speed x ``1 + slowdown`` x
 noise; the all-reduce starts when the last rank arrives and lasts as long as the slowest
 ring connection. Step and collective messages are built from per-rank templates.
+
+With ``SimConfig.fail_stop`` (the demo sets it), fail-stop faults fail as on a real
+cluster: an ``xid`` or ``ecc_dbe`` fault on a node of a job crashes the job. Its ranks hang
+in the collective until the NCCL watchdog fires (``SimConfig.watchdog_s``, PyTorch's
+default 10 min), or until the node is cordoned (the remediation kills and restarts the
+job); the job then restarts from its last checkpoint (``restart_s``; the steps since that
+checkpoint are lost, :attr:`TrainingModel.crashes`) and, while the node is still in the
+job, crashes again ``recrash_s`` after each restart, until a person drains the node
+(``human_drain_s`` after the first crash; recorded as a remediation ``by`` ``"person"``).
+No step or collective message is sent while a job is down. A cordon of a node in a running
+job restarts it after a checkpoint on demand: no steps are lost.
 """
 
 from __future__ import annotations
@@ -20,6 +31,8 @@ from .scenario import RunningJob, Scenario
 __all__ = ["TrainingModel"]
 
 _GRADIENT_BYTES = 2 * 1024**3
+#: Fault kinds that kill the job's processes (a lost GPU, Xid 79; a double-bit ECC error).
+FAIL_STOP_KINDS = frozenset({"xid", "ecc_dbe"})
 _step_model = fast_builder(StepTiming)
 _coll_model = fast_builder(CollectiveTiming)
 _conn_model = fast_builder(ConnectionStat)
@@ -43,6 +56,13 @@ class TrainingModel:
         self._rank_cache: dict[str, tuple[int, list[dict[str, Any]], list[dict[str, Any]]]] = {}
         #: False while the run is before the emitted window: steps are timed, not built.
         self.build_steps = True
+        #: every crash: ``{job, node, fault, ts, hang_s, lost_steps, restart_s}``
+        self.crashes: list[dict[str, Any]] = []
+        self._checkpoint_step: dict[str, int] = {}  # job -> first step after its last checkpoint
+        self._hung: dict[str, float] = {}  # job -> when its watchdog fires
+        self._crash_due: dict[tuple[str, str], float] = {}  # (job, fault id) -> next crash
+        self._human_drains: list[tuple[float, str]] = []  # (ts, node), in ts order
+        self._drained_by_person: set[str] = set()
 
     def remediate(self, node: str) -> None:
         """Cordon ``node``: at its job's next step a spare takes over its ranks (thread-safe)."""
@@ -83,6 +103,7 @@ class TrainingModel:
                     "ts": round(job.next_start, 3),
                     "replaced_by": None if spare is None else self.scenario.node_names[spare],
                     "restart_s": self.config.restart_s,
+                    "by": "person" if name in self._drained_by_person else "guard",
                 }
             )
             changed = True
@@ -97,13 +118,75 @@ class TrainingModel:
         s: dict[str, np.ndarray],
         out: list[tuple[float, Any]],
     ) -> None:
+        self._drain_by_person(tick_end)
+        hang_end = self._hung.get(job.name)
+        if hang_end is not None and tick_end < hang_end and self._pending_remediation:
+            # a cordon kills the hung job now instead of at the watchdog, and restarts it
+            saved, job.next_start = job.next_start, tick_end
+            if self._apply_remediation(job):
+                job.next_start = tick_end + self.config.restart_s
+                job.seq = 0
+                del self._hung[job.name]
+            else:
+                job.next_start = saved
         while job.next_start < tick_end and job.next_start < self.scenario.end_ts:
+            self._hung.pop(job.name, None)
             if self._pending_remediation and self._apply_remediation(job):
-                job.next_start += self.config.restart_s  # restart from the last checkpoint
+                job.next_start += self.config.restart_s  # after a checkpoint on demand
                 job.seq = 0  # new communicators count from zero
+                continue
+            if self._crash_if_due(job):
                 continue
             end = self._one_step(job, s, out)
             job.next_start = end + 0.002
+
+    def _drain_by_person(self, tick_end: float) -> None:
+        """A person drains a crash-looping node ``human_drain_s`` after its first crash
+        (unless it has left its job by then)."""
+        while self._human_drains and self._human_drains[0][0] <= tick_end:
+            _, name = self._human_drains.pop(0)
+            node = self.scenario.node_names.index(name)
+            if any((j.rank_node[j.active] == node).any() for j in self.scenario.jobs):
+                with self._lock:
+                    self._drained_by_person.add(name)
+                    self._pending_remediation.append(name)
+
+    def _crash_if_due(self, job: RunningJob) -> bool:
+        """A fail-stop fault on a node of the job crashes it: hang, then restart."""
+        if not self.config.fail_stop:
+            return False
+        now = job.next_start
+        for f in self.scenario.faults:
+            if f.kind not in FAIL_STOP_KINDS or not f.active(now):
+                continue
+            key = (job.name, f.id)
+            if self._crash_due.setdefault(key, f.onset) > now:
+                continue
+            if not (job.rank_node[job.active] == f.node).any():
+                continue
+            cfg = self.config
+            lost = job.step - self._checkpoint_step.get(job.name, 0)
+            self._hung[job.name] = now + cfg.watchdog_s
+            job.next_start = now + cfg.watchdog_s + cfg.restart_s
+            job.seq = 0
+            self._crash_due[key] = job.next_start + cfg.recrash_s
+            if not any(c["fault"] == f.id for c in self.crashes):
+                node = self.scenario.node_names[f.node]
+                self._human_drains.append((now + cfg.human_drain_s, node))
+                self._human_drains.sort()
+            self.crashes.append(
+                {
+                    "job": job.name,
+                    "node": self.scenario.node_names[f.node],
+                    "fault": f.id,
+                    "ts": round(now, 3),
+                    "hang_s": cfg.watchdog_s,
+                    "lost_steps": lost,
+                    "restart_s": cfg.restart_s,
+                }
+            )
+            return True
+        return False
 
     def _one_step(
         self, job: RunningJob, s: dict[str, np.ndarray], out: list[tuple[float, Any]]
@@ -124,6 +207,7 @@ class TrainingModel:
             self.scenario.add_confounder("checkpoint", end, end + ck_s, job=job.name, step=job.step)
             end += ck_s
             step_s += ck_s
+            self._checkpoint_step[job.name] = job.step + 1
         job.step_log.append((end, step_s))
         if self.build_steps:
             self._step_messages(

@@ -18,6 +18,7 @@ from guard.commands import (
     nodes,
     orchestrator,
     replay,
+    report,
     streams,
     sweep,
 )
@@ -27,5 +28,16 @@ __all__ = ["register_all"]
 
 def register_all(sub: Any, add: Any) -> None:
     # The order is the order of `guard --help`.
-    for module in (demo, base, agents, evaluation, orchestrator, nodes, sweep, streams, replay):
+    for module in (
+        demo,
+        base,
+        agents,
+        evaluation,
+        report,
+        orchestrator,
+        nodes,
+        sweep,
+        streams,
+        replay,
+    ):
         module.register(sub, add)

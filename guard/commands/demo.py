@@ -27,7 +27,7 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
         workers=args.workers,
         engine=settings.streams.engine,
     )
-    run_demo(settings, config, as_json=args.json)
+    run_demo(settings, config, as_json=args.json, report=Path(args.report) if args.report else None)
     return 0
 
 
@@ -52,4 +52,9 @@ def register(sub: Any, add: Any) -> None:
     )
     p.add_argument("--home", help="data directory (default: a new temporary one)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.add_argument(
+        "--report",
+        metavar="FILE.html",
+        help="also write the run as one self-contained HTML page (plots, opens offline)",
+    )
     add_log_level(p, "warning")

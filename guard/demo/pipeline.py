@@ -30,7 +30,7 @@ from guard.schemas import Flag, GuardMessage, NodeState, SweepResult, decode
 from guard.store import connect, migrate
 from guard.streams.processing import parse_progress
 from guard.streams.sink import ClickHouseSink
-from guard.sweeps import DryRunScheduler, KafkaOrchestrator, SimulatedClock, SimulatedSweepExecutor
+from guard.sweeps import DryRunScheduler, KafkaOrchestrator, SimulatedSweepExecutor
 
 __all__ = [
     "DEFAULT_FAULTS",
@@ -86,6 +86,7 @@ class DemoConfig:
             faults=list(faults),
             random_faults=self.random_faults,
             restart_s=self.restart_s,
+            fail_stop=True,  # an Xid or DBE kills the job, with Guard and without
         )
 
     def pick_speed(self, sim: ClusterSimulator) -> float:
@@ -241,8 +242,10 @@ class Pipeline:
     config: DemoConfig
     events: list[str] = field(default_factory=list)
     states: dict[str, str] = field(default_factory=dict)
+    state_log: list[NodeState] = field(default_factory=list)  # every transition, in order
     sweeps: list[SweepResult] = field(default_factory=list)
     published: int = 0
+    published_ts: float = 0.0
 
     def __post_init__(self) -> None:
         self.broker: EmbeddedBroker | None = None
@@ -295,12 +298,14 @@ class Pipeline:
         assert self.sim is not None
         truth = self.sim.truth()
         nodes = list(truth.nodes)
-        clock = SimulatedClock(self.start_ts, self.speed, wall_start=self._wall_epoch())
+        # Event time of what has been published: when the publisher falls behind ``speed``
+        # (a busy machine), a wall-clock clock would run ahead of the flags and stamp
+        # node states, and the cordons the simulator applies, late.
         orch = KafkaOrchestrator(
             self.settings,
             scheduler=DryRunScheduler(nodes),
             executor=SimulatedSweepExecutor.from_truth(truth, duration_s=0.0),
-            clock=clock,
+            clock=self.published_clock,
             nodes=nodes,
             listeners=[self._on_orchestrator_message],
         ).start()
@@ -314,10 +319,6 @@ class Pipeline:
         self.orchestrator.stop()
         self.orchestrator = self._new_orchestrator()
         self.events.append("orchestrator restarted; state recovered from the node-state topic")
-
-    def _wall_epoch(self) -> float:
-        # SimulatedClock takes an epoch wall time; our pacing uses the monotonic clock.
-        return time.time() + (self.wall_start - time.monotonic())
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         def guarded() -> None:
@@ -356,6 +357,7 @@ class Pipeline:
                 time.sleep(min(wait, 0.5))
             produce(producer, self.settings, message)
             self.published += 1
+            self.published_ts = max(self.published_ts, message.ts)
         producer.flush(60)
         self.raise_if_failed()
 
@@ -364,7 +366,12 @@ class Pipeline:
             raise GuardError(f"a pipeline part failed: {self.error}") from self.error
 
     def sim_now(self) -> float:
-        return (time.monotonic() - self.wall_start) * self.speed
+        """Simulated seconds published so far."""
+        return max(0.0, self.published_ts - self.start_ts)
+
+    def published_clock(self) -> float:
+        """The orchestrator's clock: the event time of the latest published message."""
+        return max(self.published_ts, self.start_ts)
 
     def drain(self, timeout_s: float = 120.0, quiet_s: float = 4.0) -> bool:
         """Wait until the workers have read everything published and flags stopped coming."""
@@ -400,6 +407,7 @@ class Pipeline:
     def _on_orchestrator_message(self, message: GuardMessage) -> None:
         if isinstance(message, NodeState):
             self.states[message.node] = message.state
+            self.state_log.append(message)
             self.events.append(
                 f"t+{self.sim_now():5.0f}s {message.node}: {message.prev} → {message.state}"
             )

@@ -7,21 +7,20 @@ from collections import Counter
 from typing import Any
 
 from guard.agents.simulator import ClusterSimulator
+from guard.evaluation.goodput import (
+    ahead_after,
+    confounder_steps,
+    goodput_per_hour,
+    useful_curve,
+    window_cv,
+)
 from guard.evaluation.scoring import evaluate
 from guard.schemas.tables import TABLES
 from guard.schemas.truth import Truth
 
 from .pipeline import Pipeline
 
-__all__ = ["print_summary", "step_stats", "summarize"]
-
-
-def step_stats(step_log: list[tuple[float, float]], after_ts: float) -> dict[str, float | int]:
-    values = [s for ts, s in step_log if ts >= after_ts]
-    if len(values) < 2:
-        return {"steps": len(values), "mean_s": values[0] if values else 0.0, "cv": 0.0}
-    mean = statistics.fmean(values)
-    return {"steps": len(values), "mean_s": mean, "cv": statistics.pstdev(values) / mean}
+__all__ = ["demo_effect", "effect", "print_summary", "summarize"]
 
 
 def _faults(truth: Truth, first_hit: dict[str, float], snapshot: dict[str, Any]) -> list[Any]:
@@ -44,24 +43,92 @@ def _faults(truth: Truth, first_hit: dict[str, float], snapshot: dict[str, Any])
     return faults
 
 
-def _step_time(pipe: Pipeline, truth: Truth) -> dict[str, Any]:
-    """Step times with Guard against the counterfactual: same seed and scenario, no remedy."""
+#: Confounders during which the whole job waits (no node at fault): reported apart.
+JOB_CONFOUNDERS = ("checkpoint", "data_stall")
+
+
+def crashes_of(sim: ClusterSimulator, job: str) -> list[tuple[float, int]]:
+    """``(ts, lost steps)`` of every crash of ``job`` in a simulator run."""
+    return [(c["ts"], c["lost_steps"]) for c in sim.training.crashes if c["job"] == job]
+
+
+def _job_run(sim: ClusterSimulator, truth: Truth, job: str, window_s: float) -> dict[str, Any]:
+    spans = [
+        (c.start, c.end)
+        for c in truth.confounders
+        if c.kind in JOB_CONFOUNDERS and c.job in (None, job)
+    ]
+    log = sim.step_times(job)
+    clean = [s for end, s in log if not any(a < end and end - s < b for a, b in spans)]
+    crashes = crashes_of(sim, job)
+    return {
+        "steps": len(log),
+        "useful_steps": len(log) - sum(n for _, n in crashes),
+        "goodput_per_h": goodput_per_hour(log, crashes, truth.start_ts, truth.end_ts),
+        "mean_s": statistics.fmean(clean) if clean else 0.0,
+        "window_cv": window_cv(log, window_s, spans),
+        "crashes": len(crashes),
+        "lost_steps": sum(n for _, n in crashes),
+        "confounder_steps": confounder_steps(log, spans),
+    }
+
+
+def _horizon(curve_w: list[tuple[float, int]], curve_wo: list[tuple[float, int]]) -> dict[str, Any]:
+    """When Guard's useful steps get ahead to stay. A lead held over less than the last tenth
+    of the run is no verdict: then the horizon is extrapolated from the useful-step rates of
+    the last quarter of the run (None: Guard is not gaining at those rates)."""
+    ahead = ahead_after(curve_w, curve_wo)
+    if (ahead is not None and ahead <= 0.9 * curve_w[-1][0]) or len(curve_w) < 4:
+        return {"ahead_after_s": ahead, "extrapolated": False}
+    q = len(curve_w) * 3 // 4
+    span = curve_w[-1][0] - curve_w[q][0]
+    rate_w = (curve_w[-1][1] - curve_w[q][1]) / span
+    rate_wo = (curve_wo[-1][1] - curve_wo[q][1]) / span
+    deficit = curve_wo[-1][1] - curve_w[-1][1]
+    if rate_w <= rate_wo * 1.001:  # within noise: not gaining
+        return {"ahead_after_s": None, "extrapolated": True}
+    at = curve_w[-1][0] + max(0.0, deficit) / (rate_w - rate_wo)
+    return {"ahead_after_s": round(at), "extrapolated": True}
+
+
+def effect(
+    with_guard: ClusterSimulator, without: ClusterSimulator, window_s: float = 60.0
+) -> dict[str, Any]:
+    """Per job: goodput, step time and its window-to-window variation with and without
+    remediation (same seed and scenario), the useful-step curves and Guard's break-even."""
+    truth_w, truth_wo = with_guard.truth(), without.truth()
+    out = {}
+    bin_s = max(window_s / 4, (truth_w.end_ts - truth_w.start_ts) / 200)
+    for job in truth_w.jobs:
+        name = job.job
+        curves = {
+            label: useful_curve(
+                sim.step_times(name), crashes_of(sim, name), truth_w.start_ts, truth_w.end_ts, bin_s
+            )
+            for label, sim in (("with", with_guard), ("without", without))
+        }
+        out[name] = {
+            "with_guard": _job_run(with_guard, truth_w, name, window_s),
+            "without_guard": _job_run(without, truth_wo, name, window_s),
+            "window_s": window_s,
+            **_horizon(curves["with"], curves["without"]),
+            "curves": curves,
+            "steps": {
+                "with": with_guard.step_times(name),
+                "without": without.step_times(name),
+            },
+        }
+    return out
+
+
+def demo_effect(pipe: Pipeline) -> dict[str, Any]:
+    """The effect of remediation against the counterfactual: same seed and scenario, no
+    remediation (fail-stop faults crash-loop until a person drains the node)."""
     assert pipe.sim is not None
-    first_onset = min((f.onset for f in truth.faults), default=truth.start_ts)
     counterfactual = ClusterSimulator(pipe.config.sim_config(pipe.start_ts))
     for _ in counterfactual.messages():
         pass
-    step_time = {}
-    for job in truth.jobs:
-        name = job.job
-        step_time[name] = {
-            "with_guard": step_stats(pipe.sim.step_times(name), first_onset),
-            "without_guard": step_stats(counterfactual.step_times(name), first_onset),
-            # restarts after a cordon cost steps: goodput is the honest bottom line
-            "steps_total_with": len(pipe.sim.step_times(name)),
-            "steps_total_without": len(counterfactual.step_times(name)),
-        }
-    return step_time
+    return effect(pipe.sim, counterfactual)
 
 
 def _stored_rows(pipe: Pipeline) -> dict[str, int]:
@@ -72,8 +139,8 @@ def _stored_rows(pipe: Pipeline) -> dict[str, int]:
     }
 
 
-def summarize(pipe: Pipeline, wall_s: float) -> dict[str, Any]:
-    """Everything the demo reports, as plain data."""
+def summarize(pipe: Pipeline, wall_s: float, effects: dict[str, Any]) -> dict[str, Any]:
+    """Everything the demo reports, as plain data (``effects``: :func:`demo_effect`)."""
     assert pipe.sim is not None and pipe.flag_reader is not None and pipe.orchestrator is not None
     truth = pipe.sim.truth()
     flags = [f.model_dump() for f in pipe.flag_reader.flags]
@@ -110,7 +177,10 @@ def summarize(pipe: Pipeline, wall_s: float) -> dict[str, Any]:
             "repair": sorted(n for n, st in final.items() if st == "repair"),
             "sweeps_run": len(pipe.sweeps),
         },
-        "step_time": _step_time(pipe, truth),
+        "step_time": {
+            job: {k: v for k, v in e.items() if k not in ("curves", "steps")}
+            for job, e in effects.items()
+        },
         "clickhouse_rows": _stored_rows(pipe),
         "wall_s": round(wall_s, 1),
     }
@@ -151,23 +221,94 @@ def print_summary(summary: dict[str, Any], out: Any) -> None:
         f"sweeps run {n['sweeps_run']}: swept {n['swept'] or '-'}, released "
         f"{n['released'] or '-'}, sent to repair {n['repair'] or '-'}"
     )
-    steps = Table(
-        "job", "mean step, with Guard", "CV", "without", "CV", "steps done (with / without)"
-    )
-    for job, st in summary["step_time"].items():
-        w, wo = st["with_guard"], st["without_guard"]
-        steps.add_row(
-            job,
-            f"{w['mean_s']:.3f} s",
-            f"{w['cv']:.1%}",
-            f"{wo['mean_s']:.3f} s",
-            f"{wo['cv']:.1%}",
-            f"{st['steps_total_with']} / {st['steps_total_without']}",
-        )
-    console.print("step time after the first fault, same seed, with and without remediation:")
-    console.print(steps)
+    _print_effect(console, summary["step_time"], summary["cluster"]["simulated_s"])
     console.print(f"ClickHouse rows: {summary['clickhouse_rows']}")
     console.print(
         f"peak memory: demo {summary['peak_rss_mb']['demo']} MB, "
         f"largest worker {summary['peak_rss_mb']['largest_worker']} MB"
     )
+
+
+def _print_effect(console: Any, step_time: dict[str, Any], simulated_s: float) -> None:
+    from rich.table import Table
+
+    table = Table(
+        "job",
+        "goodput, useful steps/h (with / without)",
+        "mean step",
+        "step-time CV, window to window",
+        "crashes (lost steps)",
+        "checkpoint / data-stall steps",
+    )
+    for job, st in step_time.items():
+        w, wo = st["with_guard"], st["without_guard"]
+        gain = (
+            f"{w['goodput_per_h'] / wo['goodput_per_h'] - 1:+.1%}" if wo["goodput_per_h"] else "n/a"
+        )
+        table.add_row(
+            job,
+            f"{w['goodput_per_h']:.0f} / {wo['goodput_per_h']:.0f} ({gain})",
+            f"{w['mean_s']:.3f} / {wo['mean_s']:.3f} s",
+            f"{w['window_cv']:.1%} / {wo['window_cv']:.1%}",
+            f"{w['crashes']} ({w['lost_steps']}) / {wo['crashes']} ({wo['lost_steps']})",
+            f"{w['confounder_steps']['steps']} / {wo['confounder_steps']['steps']}",
+        )
+    window = next(iter(step_time.values()), {}).get("window_s", 60.0)
+    console.print(
+        f"with Guard / without remediation (same seed; without, an Xid or DBE crash-loops the "
+        f"job until a person drains the node); CV over {window:.0f}-s windows, checkpoint and "
+        "data-stall steps left out:"
+    )
+    console.print(table)
+    for job, st in step_time.items():
+        ahead = st["ahead_after_s"]
+        if ahead is None:
+            verdict = "not ahead to stay, and not gaining at the end's rates"
+        elif st["extrapolated"]:
+            verdict = f"ahead after t+{ahead:.0f} s (extrapolated past the {simulated_s:.0f}-s run)"
+        else:
+            verdict = f"ahead from t+{ahead:.0f} s on"
+        console.print(f"  {job}: Guard's useful steps are {verdict}")
+
+
+def demo_report_data(pipe: Pipeline, effects: dict[str, Any], summary: dict[str, Any]) -> Any:
+    """The demo's run as the report's data: both runs' steps and useful-step curves, the
+    flags and node states Guard produced, and time to detect per fault."""
+    from guard.evaluation.report import ReportData, flag_rows
+
+    assert pipe.sim is not None and pipe.flag_reader is not None
+    truth = pipe.sim.truth()
+    data = ReportData(
+        title=f"Guard demo: {summary['cluster']['gpus']} GPUs, "
+        f"{summary['cluster']['simulated_s']:.0f} s simulated",
+        start_ts=truth.start_ts,
+        end_ts=truth.end_ts,
+    )
+    labels = {"with": "with Guard", "without": "without Guard"}
+    for job, e in effects.items():
+        data.steps[job] = {labels[k]: v for k, v in e["steps"].items()}
+        data.useful[job] = {
+            labels[k]: [(t, float(n)) for t, n in v] for k, v in e["curves"].items()
+        }
+        data.goodput[job] = {
+            "with Guard": e["with_guard"]["goodput_per_h"],
+            "without Guard": e["without_guard"]["goodput_per_h"],
+        }
+    data.flags = flag_rows(pipe.flag_reader.flags)
+    data.states = [{"ts": s.ts, "node": s.node, "state": s.state} for s in pipe.state_log]
+    data.faults = [
+        {"id": f["id"], "node": f["node"], "kind": f["kind"], "ttd_s": f["time_to_detect_s"]}
+        for f in summary["faults"]
+    ]
+    data.notes.append(
+        "Without Guard: the same seed and scenario, no remediation; an Xid or double-bit ECC "
+        "error hangs the job until the NCCL watchdog (600 s), it restarts from its last "
+        "checkpoint and crashes again until a person drains the node."
+    )
+    for job, st in summary["step_time"].items():
+        if st["ahead_after_s"] is not None:
+            how = " (extrapolated)" if st["extrapolated"] else ""
+            data.notes.append(
+                f"{job}: Guard ahead in useful steps after t+{st['ahead_after_s']:.0f} s{how}."
+            )
+    return data

@@ -15,7 +15,7 @@ from typing import Any
 from guard.config import Settings
 
 from .pipeline import DemoConfig, Pipeline
-from .report import print_summary, summarize
+from .report import demo_effect, demo_report_data, print_summary, summarize
 
 __all__ = ["run_demo"]
 
@@ -28,8 +28,11 @@ def _demo_settings(settings: Settings, home: Path) -> None:
     settings.clickhouse.batch_seconds = 1.0
 
 
-def run_demo(settings: Settings, config: DemoConfig, as_json: bool = False) -> dict[str, Any]:
-    """Run the demo end to end and return (and print) its summary."""
+def run_demo(
+    settings: Settings, config: DemoConfig, as_json: bool = False, report: Path | None = None
+) -> dict[str, Any]:
+    """Run the demo end to end and return (and print) its summary; ``report``: also write
+    the HTML report there."""
     home = config.home or Path(tempfile.mkdtemp(prefix="guard-demo-"))
     _demo_settings(settings, home)
     out = sys.stderr
@@ -53,7 +56,10 @@ def run_demo(settings: Settings, config: DemoConfig, as_json: bool = False) -> d
         if not pipe.drain():
             print("guard demo: warning: the pipeline did not drain in time", file=out)
         pipe.finish_sink()
-        summary = summarize(pipe, time.monotonic() - started)
+        effects = demo_effect(pipe)
+        summary = summarize(pipe, time.monotonic() - started, effects)
+        if report is not None:
+            _write_report(report, demo_report_data(pipe, effects, summary), out)
     finally:
         pipe.stop()
     summary["peak_rss_mb"] = {
@@ -65,6 +71,14 @@ def run_demo(settings: Settings, config: DemoConfig, as_json: bool = False) -> d
     else:
         print_summary(summary, sys.stdout)
     return summary
+
+
+def _write_report(path: Path, data: Any, out: Any) -> None:
+    from guard.evaluation.report import render_html
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_html(data), encoding="utf-8")
+    print(f"guard demo: report written to {path}", file=out, flush=True)
 
 
 def _publish_with_progress(pipe: Pipeline, out: Any, live: bool) -> None:

@@ -1,0 +1,310 @@
+"""One self-contained HTML page of what Guard did: ``guard report``, ``guard demo --report``.
+
+Four plotly figures on one page, with plotly.js inlined once (the page opens offline):
+
+1. step time with and without Guard (per job; the run without is a counterfactual: the same
+   simulated scenario without remediation, or any run given as the baseline);
+2. a timeline per node: its node states as bars (healthy, suspect, cordoned, sweeping,
+   failed, repair) and every warning/critical flag as a marker;
+3. time to detect per fault (from the simulator's ground truth, when there is one);
+4. goodput: useful steps per hour with and without, and the cumulative useful steps.
+
+:class:`ReportData` is plain data; :func:`from_messages` builds it from messages (JSONL
+files, or rows read back from ClickHouse by the command), :func:`render_html` writes the page.
+
+Example
+-------
+>>> data = ReportData(title="t", start_ts=0.0, end_ts=20.0,
+...                   steps={"job-a": {"with Guard": [(2.0, 2.0), (4.0, 2.0)]}})
+>>> page = render_html(data)
+>>> page.count('class="plotly-graph-div"'), "<script src=" in page
+(4, False)
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from guard.schemas import Flag, GuardMessage, NodeState, StepTiming
+from guard.schemas.truth import Truth
+
+from .goodput import goodput_per_hour, useful_curve
+from .scoring import evaluate
+
+__all__ = ["STATE_COLORS", "ReportData", "flag_rows", "from_messages", "render_html"]
+
+#: One colour per node state, the same in every plot.
+STATE_COLORS = {
+    "healthy": "#2ca02c",
+    "suspect": "#ffbf00",
+    "cordoned": "#ff7f0e",
+    "sweeping": "#1f77b4",
+    "failed": "#d62728",
+    "repair": "#7f7f7f",
+}
+SEVERITY_SYMBOL = {"warning": "triangle-up", "critical": "x"}
+
+Curve = list[tuple[float, float]]
+
+
+@dataclass
+class ReportData:
+    """What the page shows. Times are epoch seconds; the plots count from ``start_ts``."""
+
+    title: str
+    start_ts: float
+    end_ts: float
+    #: job -> run label ("with Guard", "without Guard") -> [(end_ts, step_s)]
+    steps: dict[str, dict[str, list[tuple[float, float]]]] = field(default_factory=dict)
+    #: job -> run label -> [(s since start, cumulative useful steps)]
+    useful: dict[str, dict[str, Curve]] = field(default_factory=dict)
+    #: job -> run label -> useful steps per hour
+    goodput: dict[str, dict[str, float]] = field(default_factory=dict)
+    flags: list[dict[str, Any]] = field(default_factory=list)  # ts, node, category, severity
+    states: list[dict[str, Any]] = field(default_factory=list)  # ts, node, state
+    faults: list[dict[str, Any]] = field(default_factory=list)  # id, node, kind, ttd s | None
+    notes: list[str] = field(default_factory=list)
+
+
+def _job_steps(messages: Iterable[GuardMessage]) -> dict[str, list[tuple[float, float]]]:
+    """One ``(end_ts, step_s)`` per job and step (the latest rank's report of it)."""
+    per: dict[str, dict[int, tuple[float, float]]] = {}
+    for m in messages:
+        if isinstance(m, StepTiming) and m.job:
+            seen = per.setdefault(m.job, {}).get(m.step)
+            if seen is None or m.ts > seen[0]:
+                per[m.job][m.step] = (m.ts, m.step_s)
+    return {job: sorted(steps.values()) for job, steps in per.items()}
+
+
+def flag_rows(flags: Iterable[Flag]) -> list[dict[str, Any]]:
+    """The claims (warning/critical flags about a node) as the timeline's rows."""
+    return [
+        {
+            "ts": f.ts,
+            "node": f.node,
+            "category": f.category,
+            "severity": f.severity,
+            "detector": f.detector,
+        }
+        for f in flags
+        if f.node and f.severity != "info"
+    ]
+
+
+def from_messages(
+    messages: Iterable[GuardMessage],
+    baseline: Iterable[GuardMessage] = (),
+    truth: Truth | None = None,
+    title: str = "Guard report",
+) -> ReportData:
+    """The report of a run: its steps, flags and node states, a baseline run's steps (e.g.
+    the same scenario simulated without remediation), and time to detect from ``truth``."""
+    msgs = list(messages)
+    flags = [m for m in msgs if isinstance(m, Flag)]
+    states = [m for m in msgs if isinstance(m, NodeState)]
+    runs = {"with Guard": _job_steps(msgs), "without Guard": _job_steps(baseline)}
+    times = [m.ts for m in msgs] or [0.0]
+    start = truth.start_ts if truth else min(times)
+    end = truth.end_ts if truth else max(times)
+    data = ReportData(title=title, start_ts=start, end_ts=end)
+    for label, per_job in runs.items():
+        for job, log in per_job.items():
+            data.steps.setdefault(job, {})[label] = log
+            data.goodput.setdefault(job, {})[label] = goodput_per_hour(log, [], start, end)
+            bin_s = max(1.0, (end - start) / 200)
+            data.useful.setdefault(job, {})[label] = [
+                (t, float(n)) for t, n in useful_curve(log, [], start, end, bin_s)
+            ]
+    data.flags = flag_rows(flags)
+    data.states = [{"ts": s.ts, "node": s.node, "state": s.state} for s in states]
+    if truth is not None:
+        ev = evaluate(truth, [f.model_dump() for f in flags])
+        data.faults = [
+            {
+                "id": f.id,
+                "node": f.node,
+                "kind": f.kind,
+                "ttd_s": None
+                if (hit := ev.first_hit.get(f.id)) is None
+                else max(0.0, hit - f.onset),
+            }
+            for f in truth.faults
+        ]
+    data.notes.append(
+        "Goodput from telemetry alone counts completed steps per hour (a crash's redone "
+        "steps are not visible in step messages)."
+    )
+    return data
+
+
+# --- figures --------------------------------------------------------------------------------
+
+
+def _with_gaps(log: list[tuple[float, float]], start: float) -> tuple[list[Any], list[Any]]:
+    """x and y of a step-time line, broken (None) where no step ended for over a minute: a
+    hung or restarting job is not drawn as a straight line."""
+    xs: list[Any] = []
+    ys: list[Any] = []
+    prev = None
+    for end, step_s in log:
+        if prev is not None and end - prev > max(60.0, 3 * step_s):
+            xs.append(None)
+            ys.append(None)
+        xs.append(end - start)
+        ys.append(step_s)
+        prev = end
+    return xs, ys
+
+
+def _step_figure(data: ReportData) -> Any:
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for job, runs in sorted(data.steps.items()):
+        for label, log in runs.items():
+            xs, ys = _with_gaps(log, data.start_ts)
+            fig.add_scatter(
+                x=xs,
+                y=ys,
+                mode="lines",
+                name=f"{job}, {label}",
+                line={"dash": "solid" if label == "with Guard" else "dot"},
+            )
+    fig.update_layout(
+        title="Step time with and without Guard (gaps: the job was down)",
+        xaxis_title="s since start",
+        yaxis_title="step time, s",
+        yaxis_type="log",
+    )
+    return fig
+
+
+def _state_spans(data: ReportData) -> list[tuple[str, str, float, float]]:
+    """(node, state, start, end) from the state changes, seconds since the start."""
+    spans = []
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for s in sorted(data.states, key=lambda s: s["ts"]):
+        by_node.setdefault(s["node"], []).append(s)
+    for node, changes in by_node.items():
+        bounds = [c["ts"] for c in changes[1:]] + [data.end_ts]
+        for c, end in zip(changes, bounds, strict=True):
+            spans.append((node, c["state"], c["ts"] - data.start_ts, max(end, c["ts"]) - c["ts"]))
+    return spans
+
+
+def _timeline_figure(data: ReportData) -> Any:
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    spans = _state_spans(data)
+    for state, color in STATE_COLORS.items():
+        mine = [s for s in spans if s[1] == state]
+        if mine:
+            fig.add_bar(
+                y=[s[0] for s in mine],
+                x=[s[3] for s in mine],
+                base=[s[2] for s in mine],
+                orientation="h",
+                name=state,
+                marker_color=color,
+                opacity=0.6,
+            )
+    for severity, symbol in SEVERITY_SYMBOL.items():
+        mine = [f for f in data.flags if f["severity"] == severity]
+        if mine:
+            fig.add_scatter(
+                y=[f["node"] for f in mine],
+                x=[f["ts"] - data.start_ts for f in mine],
+                mode="markers",
+                name=f"{severity} flag",
+                marker_symbol=symbol,
+                marker_color="black",
+                text=[f"{f['category']} ({f['detector']})" for f in mine],
+            )
+    fig.update_layout(
+        title="Flags and node states per node",
+        xaxis_title="s since start",
+        barmode="overlay",
+        height=max(300, 40 * len({s[0] for s in spans} | {f["node"] for f in data.flags}) + 150),
+    )
+    return fig
+
+
+def _ttd_figure(data: ReportData) -> Any:
+    import plotly.graph_objects as go
+
+    labels = [f"{f['kind']} @ {f['node']}" for f in data.faults]
+    fig = go.Figure()
+    fig.add_bar(
+        x=labels,
+        y=[f["ttd_s"] if f["ttd_s"] is not None else 0 for f in data.faults],
+        text=["missed" if f["ttd_s"] is None else f"{f['ttd_s']:.0f} s" for f in data.faults],
+        textposition="outside",
+        name="time to detect",
+    )
+    title = "Time to detect per fault"
+    if not data.faults:
+        title += " (no ground truth given)"
+    fig.update_layout(title=title, yaxis_title="s from onset")
+    return fig
+
+
+def _goodput_figure(data: ReportData) -> Any:
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(
+        rows=1, cols=2, subplot_titles=("useful steps per hour", "cumulative useful steps")
+    )
+    for job, runs in sorted(data.goodput.items()):
+        fig.add_bar(x=list(runs), y=list(runs.values()), name=f"{job} goodput", row=1, col=1)
+    for job, runs in sorted(data.useful.items()):
+        for label, curve in runs.items():
+            fig.add_scatter(
+                x=[t for t, _ in curve],
+                y=[n for _, n in curve],
+                mode="lines",
+                name=f"{job}, {label}",
+                line={"dash": "solid" if label == "with Guard" else "dot"},
+                row=1,
+                col=2,
+            )
+    fig.update_layout(title="Goodput with and without Guard", barmode="group")
+    fig.update_xaxes(title_text="s since start", row=1, col=2)
+    return fig
+
+
+def render_html(data: ReportData) -> str:
+    """The whole page: a header, the notes, the four figures; plotly.js inlined once."""
+    import plotly.io as pio
+    from plotly.offline import get_plotlyjs
+
+    figures = [_step_figure(data), _timeline_figure(data), _ttd_figure(data), _goodput_figure(data)]
+    divs = "\n".join(
+        pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=f"plot-{i}")
+        for i, fig in enumerate(figures)
+    )
+    rows = "".join(
+        f"<tr><td>{html.escape(job)}</td>"
+        + "".join(f"<td>{html.escape(k)}: {v:,.0f}</td>" for k, v in runs.items())
+        + "</tr>"
+        for job, runs in sorted(data.goodput.items())
+    )
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in data.notes)
+    meta = json.dumps({"start_ts": data.start_ts, "end_ts": data.end_ts, "plots": len(figures)})
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(data.title)}</title>
+<script type="text/javascript">{get_plotlyjs()}</script>
+<style>body{{font-family:sans-serif;margin:1.5em}} td{{padding:0 1em}}</style></head>
+<body><h1>{html.escape(data.title)}</h1>
+<p>{data.end_ts - data.start_ts:,.0f} s of event time.</p>
+<table><caption>goodput, useful steps per hour</caption>{rows}</table>
+<ul>{notes}</ul>
+{divs}
+<script type="application/json" id="guard-report-meta">{meta}</script>
+</body></html>
+"""

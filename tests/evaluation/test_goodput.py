@@ -1,0 +1,177 @@
+"""Goodput against a counterfactual that fails like a real cluster.
+
+The simulator's fail-stop semantics (``SimConfig.fail_stop``: an Xid or DBE hangs the job
+until the NCCL watchdog, it restarts from its last checkpoint, crash-loops until a person
+drains the node, and a cordon during the hang restarts it at once), the goodput and
+variation measures of :mod:`guard.evaluation.goodput`, the demo's with/without comparison,
+and the day model of ``benchmarks/goodput.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from guard.agents.simulator import ClusterSimulator, FaultSpec, JobSpec, SimConfig
+from guard.evaluation.goodput import ahead_after, confounder_steps, useful_curve, window_cv
+
+ONSET = 300.0
+
+
+def _config(**kw: Any) -> SimConfig:
+    return SimConfig(
+        nodes=8,
+        duration_s=2400,
+        seed=2,
+        jobs=[JobSpec("job-a", 6)],
+        faults=[FaultSpec("ecc_dbe", node="node-002", onset_s=ONSET)],
+        random_faults=0,
+        fail_stop=True,
+        checkpoint_every_s=200.0,
+        sample_interval_s=10.0,  # GPU samples are not what these tests read
+        **kw,
+    )
+
+
+def _run(config: SimConfig, cordon_at_s: float | None = None) -> ClusterSimulator:
+    sim = ClusterSimulator(config)
+    for batch in sim.batches():
+        if cordon_at_s is not None and batch and batch[-1].ts - config.start_ts >= cordon_at_s:
+            sim.remediate("node-002")
+            cordon_at_s = None
+    return sim
+
+
+def _gaps(sim: ClusterSimulator) -> list[tuple[float, float]]:
+    """(s since start, length) of every pause of job-a's steps longer than 50 s."""
+    log = sim.step_times("job-a")
+    t0 = sim.start_ts
+    return [
+        (round(a[0] - t0), round(b[0] - a[0]))
+        for a, b in itertools.pairwise(log)
+        if b[0] - a[0] > 50
+    ]
+
+
+def test_a_dbe_crash_loops_the_job_until_a_person_drains_the_node() -> None:
+    config = _config(human_drain_s=1500.0)
+    sim = _run(config)
+    crashes = sim.training.crashes
+    period = config.watchdog_s + config.restart_s + config.recrash_s
+    first, second = (c["ts"] - sim.start_ts for c in crashes)
+    assert first == pytest.approx(ONSET, abs=3)
+    # checked at step starts: a checkpoint save in between can delay it a little
+    assert period <= second - first <= period + 60
+    # each pause: the watchdog's hang plus the restart (plus a checkpoint save come due)
+    hang = config.watchdog_s + config.restart_s
+    assert all(hang <= g <= hang + 60 for _, g in _gaps(sim)[:2]), _gaps(sim)
+    # work since the last checkpoint (every 200 s) is lost, never more
+    assert crashes[0]["lost_steps"] > 0
+    assert all(0 <= c["lost_steps"] <= 200 / 2.0 + 2 for c in crashes), crashes
+    drains = [r for r in sim.training.remediations if r["by"] == "person"]
+    assert [r["node"] for r in drains] == ["node-002"]
+    assert drains[0]["ts"] - crashes[0]["ts"] >= config.human_drain_s
+    steps_after = [e for e, _ in sim.step_times("job-a") if e > drains[0]["ts"] + 200]
+    assert len(steps_after) > 100  # the job runs again once the node is out
+
+
+def test_a_cordon_during_the_hang_restarts_the_job_at_once() -> None:
+    config = _config()
+    sim = _run(config, cordon_at_s=ONSET + 10)
+    assert len(sim.training.crashes) == 1
+    (gap,) = _gaps(sim)
+    # the cordon lands within a sampling tick or two; the watchdog (600 s) is not waited for
+    tick = config.sample_interval_s
+    assert 10 + config.restart_s <= gap[1] <= 10 + config.restart_s + 2 * tick + 4
+    assert [r["by"] for r in sim.training.remediations] == ["guard"]
+
+
+def test_without_fail_stop_an_xid_is_telemetry_only() -> None:
+    config = _config()
+    config.fail_stop = False
+    sim = _run(config)
+    assert sim.training.crashes == [] and _gaps(sim) == []
+
+
+def test_the_demo_effect_gives_goodput_and_the_break_even() -> None:
+    from guard.demo.report import effect
+
+    with_guard = _run(_config(), cordon_at_s=ONSET + 10)
+    without = _run(_config())
+    job = effect(with_guard, without, window_s=60.0)["job-a"]
+    w, wo = job["with_guard"], job["without_guard"]
+    assert w["goodput_per_h"] > 1.5 * wo["goodput_per_h"] > 0
+    assert w["crashes"] == 1 and wo["crashes"] == 3  # a person drains after 2 h: not within
+    assert wo["lost_steps"] > w["lost_steps"] > 0
+    # identical before the fault, so Guard is ahead only after the crash
+    assert job["extrapolated"] is False
+    assert ONSET < job["ahead_after_s"] < ONSET + 200
+    assert w["confounder_steps"]["steps"] > 0  # checkpoints, counted apart
+
+
+def test_window_cv_leaves_confounder_steps_out_and_measures_slow_windows() -> None:
+    steady = [(2.0 * i, 2.0) for i in range(1, 301)]
+    checkpoint = [*steady[:100], (240.0, 40.0), *[(e + 40.0, s) for e, s in steady[100:]]]
+    assert window_cv(steady, 60.0) == 0.0
+    assert window_cv(checkpoint, 60.0) > 0.05
+    assert window_cv(checkpoint, 60.0, confounders=[(200.5, 240.0)]) == pytest.approx(0.0)
+    assert confounder_steps(checkpoint, [(200.5, 240.0)]) == {"steps": 1, "seconds": 40.0}
+    slow = [(2.0 * i, 2.0 if i < 150 else 2.4) for i in range(1, 301)]
+    assert window_cv(slow, 60.0) == pytest.approx(0.4 / 2.2 / 2, rel=0.15)
+
+
+def test_useful_curves_and_ahead_after() -> None:
+    log = [(2.0 * i, 2.0) for i in range(1, 101)]
+    curve = useful_curve(log, [(100.0, 30)], 0.0, 200.0, bin_s=50.0)
+    assert curve == [(50.0, 25), (100.0, 20), (150.0, 45), (200.0, 70)]
+    behind = [(t, n - 1) for t, n in curve]
+    assert ahead_after(curve, behind) == 50.0
+    assert ahead_after(behind, curve) is None
+    assert ahead_after(curve, curve) is None
+
+
+@pytest.fixture(scope="module")
+def bench() -> Any:
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "goodput.py"
+    spec = importlib.util.spec_from_file_location("goodput_benchmark", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_day_model_crash_loops_without_remediation(bench: Any) -> None:
+    onset = 3600.0
+    fault = bench.Fault("xid", onset, 0.0, math.inf, onset + bench.HUMAN_TTR_S, None)
+    day = bench.simulate_day([fault], [], restart_s=600.0)
+    cycle = bench.WATCHDOG_S + 600.0 + bench.RECRASH_S
+    assert day.restarts == math.ceil(bench.HUMAN_TTR_S / cycle)
+    cordoned = bench.Fault("xid", onset, 0.0, math.inf, onset + 10.0, 10.0)
+    fast = bench.simulate_day([cordoned], [], restart_s=600.0)
+    assert fast.restarts == 1
+    assert fast.down_s == pytest.approx(10.0 + 600.0, abs=bench.TICK_S)
+    assert fast.goodput > day.goodput
+
+
+def test_benchmark_day_model_grey_fault_costs_slow_steps_or_a_restart(bench: Any) -> None:
+    slow = bench.Fault("slow_gpu", 3600.0, 0.2, math.inf, math.inf, None)
+    left = bench.simulate_day([slow], [], restart_s=600.0)
+    removed = bench.Fault("slow_gpu", 3600.0, 0.2, math.inf, 3620.0, 20.0)
+    fixed = bench.simulate_day([removed], [], restart_s=600.0)
+    assert left.restarts == 0 and left.mean_step_s > bench.STEP_S * 1.15
+    assert fixed.restarts == 1 and fixed.down_s == pytest.approx(600.0, abs=bench.TICK_S)
+    assert fixed.hourly_cv < left.hourly_cv
+    assert fixed.goodput > left.goodput
+    # a restart for a fault that slows nothing is a pure loss
+    harmless = bench.Fault("link_flap", 3600.0, 0.0, math.inf, 3620.0, 20.0)
+    assert (
+        bench.simulate_day([harmless], [], 600.0).goodput
+        < bench.simulate_day([], [], 600.0).goodput
+    )

@@ -1,0 +1,170 @@
+"""``guard report``: one self-contained HTML page, rendered in a real headless browser.
+
+The page is opened by Debian's chromium (``.ci/run`` installs it) with every host name
+unresolvable, so a plot that needed the network would not draw: each of the four plots must
+render (plotly's ``main-svg`` inside each plot's div) and the browser console must stay
+silent (chromium logs every console message, errors included, as ``:CONSOLE:``).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from guard.cli import main
+from guard.config import Settings
+
+PLOTS = 4
+
+
+def render(page: Path) -> tuple[str, str]:
+    """The rendered DOM and the browser's log of ``page``."""
+    chromium = shutil.which("chromium")
+    assert chromium, "chromium is not installed: `apt-get install chromium` (see .ci/run)"
+    done = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            "--virtual-time-budget=3000",
+            "--dump-dom",
+            page.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout, done.stderr
+
+
+def assert_every_plot_renders(dom: str, log: str) -> None:
+    console = [line for line in log.splitlines() if ":CONSOLE" in line]
+    assert console == [], console
+    parts = re.split(r'<div id="plot-(\d+)"', dom)[1:]
+    drawn = {int(parts[i]) for i in range(0, len(parts), 2) if "main-svg" in parts[i + 1]}
+    assert drawn == set(range(PLOTS)), f"plots drawn: {sorted(drawn)} of {PLOTS}"
+
+
+@pytest.fixture(scope="module")
+def simulated_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A small run with an Xid (fail-stop off: what `guard simulate` writes), its flags from
+    `guard backtest`, and a second run of the same seed as the baseline."""
+    d = tmp_path_factory.mktemp("run")
+    sim = ["simulate", "--nodes", "6", "--duration", "240", "--seed", "4", "--random-faults", "0"]
+    faults = ["--fault", "slow_gpu:node=node-002:gpu=1:onset=60:slowdown=0.3",
+              "--fault", "xid:node=node-004:onset=120"]  # fmt: skip
+    assert main([*sim, *faults, "--out", str(d / "t.jsonl"), "--truth", str(d / "truth.json")]) == 0
+    assert main(["backtest", str(d / "t.jsonl"), "--out", str(d / "flags.jsonl"), "--quiet"]) == 0
+    return {"telemetry": d / "t.jsonl", "flags": d / "flags.jsonl", "truth": d / "truth.json"}
+
+
+def test_report_from_jsonl_renders_every_plot_offline(
+    simulated_run: dict[str, Path], tmp_path: Path, settings: Settings
+) -> None:
+    page = tmp_path / "report.html"
+    run = simulated_run
+    args = ["report", "--jsonl", str(run["telemetry"]), str(run["flags"])]
+    args += ["--baseline", str(run["telemetry"]), "--truth", str(run["truth"])]
+    assert main([*args, "--out", str(page)]) == 0
+    html = page.read_text()
+    assert "<script src=" not in html  # plotly.js is inlined
+    assert "slow_gpu @ node-002" in html and "xid @ node-004" in html  # time to detect
+    dom, log = render(page)
+    assert_every_plot_renders(dom, log)
+
+
+def test_report_from_clickhouse_shows_node_states_and_flags(
+    store: tuple[object, Settings], tmp_path: Path
+) -> None:
+    from guard.commands.report import read_store
+    from guard.evaluation.report import from_messages, render_html
+    from guard.schemas import Flag, NodeState, StepTiming
+    from guard.store import insert_messages
+
+    client, settings = store
+    t0 = time.time() - 3600  # recent: the tables' TTL drops rows older than 30 days
+    steps = [
+        StepTiming(ts=t0 + 2 * i + 0.01 * r, node=f"n{r}", job="j", rank=r, step=i, step_s=2.0)
+        for i in range(50)
+        for r in range(4)
+    ]
+    flag = Flag(ts=t0 + 30, node="n2", job="j", id="f1", detector="peer_straggler",
+                category="straggler", severity="warning", score=4.0)  # fmt: skip
+    states = [
+        NodeState(ts=t0 + 31, node="n2", state="suspect", prev="healthy", actor="orchestrator"),
+        NodeState(ts=t0 + 32, node="n2", state="cordoned", prev="suspect", actor="orchestrator"),
+        NodeState(ts=t0 + 40, node="n2", state="repair", prev="failed", actor="orchestrator"),
+    ]
+    insert_messages(client, settings, [*steps, flag, *states])
+    messages = read_store(client, settings.clickhouse.database)
+    assert {m.kind for m in messages} == {"step", "flag", "node_state"}, messages[:3]
+    data = from_messages(messages, title="from chDB")
+    assert len(data.steps["j"]["with Guard"]) == 50
+    assert [s["state"] for s in data.states] == ["suspect", "cordoned", "repair"]
+    assert [(f["node"], f["category"]) for f in data.flags] == [("n2", "straggler")]
+    page = tmp_path / "store.html"
+    page.write_text(render_html(data))
+    dom, log = render(page)
+    assert_every_plot_renders(dom, log)
+    assert "cordoned" in dom and "n2" in dom
+
+
+def test_report_without_input_says_what_to_do(
+    settings: Settings, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code = main(["report", "--jsonl", str(tmp_path / "missing.jsonl"), "--out", "x.html"])
+    assert code == 1
+    assert "missing.jsonl does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_demo_report_shows_goodput_with_and_without_guard(
+    settings: Settings, kafka_bootstrap: str, chdb_client: object, tmp_path: Path
+) -> None:
+    """The demo's pipeline with an Xid: Guard cordons the node during the watchdog's hang and
+    the job restarts on a spare; the counterfactual is still hung at the end."""
+    from guard.agents.simulator import FaultSpec
+    from guard.demo import DemoConfig, Pipeline
+    from guard.demo.report import demo_effect, demo_report_data, summarize
+    from guard.evaluation.report import render_html
+
+    config = DemoConfig(
+        nodes=8, duration_s=200.0, seed=5, faults=[FaultSpec("xid", onset_s=60)],
+        bootstrap=kafka_bootstrap, home=tmp_path, speed=5.0,  # slow enough to act in time
+    )  # fmt: skip
+    settings.clickhouse.dsn = None
+    settings.streams.app_id = "report-streams"
+    settings.clickhouse.batch_seconds = 0.5
+    pipe = Pipeline(settings, config)
+    pipe.client_override = chdb_client
+    try:
+        pipe.start()
+        pipe.publish()
+        assert pipe.drain(timeout_s=120), "the streams worker did not catch up"
+        pipe.finish_sink()
+        effects = demo_effect(pipe)
+        summary = summarize(pipe, 0.0, effects)
+        data = demo_report_data(pipe, effects, summary)
+    finally:
+        pipe.stop()
+    job = summary["step_time"]["job-a"]
+    assert job["with_guard"]["crashes"] == job["without_guard"]["crashes"] == 1
+    assert job["without_guard"]["goodput_per_h"] == 0  # hung until the end (watchdog 600 s)
+    assert job["with_guard"]["goodput_per_h"] > 0, pipe.events
+    assert job["ahead_after_s"] is not None and job["ahead_after_s"] > 60
+    assert [s["state"] for s in data.states if s["state"] == "cordoned"]
+    page = tmp_path / "demo.html"
+    page.write_text(render_html(data))
+    dom, log = render(page)
+    assert_every_plot_renders(dom, log)

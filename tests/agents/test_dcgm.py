@@ -8,7 +8,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from guard.agents.dcgm import DcgmCollector, fetch_dcgm, parse_dcgm_metrics
+from guard.agents.dcgm import DCGM_FIELDS, DcgmCollector, fetch_dcgm, parse_dcgm_metrics
 from guard.detectors.engine import DetectionEngine
 from guard.schemas import GpuSample, encode, parse_message
 
@@ -114,3 +114,18 @@ def test_the_collector_scrapes_a_live_exporter(exporter: str) -> None:
     first = dcgm.sample(TS, "job-1")
     assert [(s.node, s.gpu, s.xid) for s in first] == [("h100-07", 0, None), ("h100-07", 1, None)]
     assert dcgm.sample(TS + 1, "job-1") == []  # the same exposition again: stale
+
+
+def test_the_shipped_counters_file_asks_for_every_field_the_agent_reads() -> None:
+    """deploy/dcgm/counters.csv: dcgm-exporter's format (field, type, help), only fields the
+    agent maps, and every GpuSample field of DCGM_FIELDS covered by one of them."""
+    csv = FIXTURE.parents[3] / "deploy" / "dcgm" / "counters.csv"
+    rows = [
+        [part.strip() for part in line.split(",", 2)]
+        for line in csv.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert all(len(row) == 3 and row[1] in ("gauge", "counter") and row[2] for row in rows)
+    fields = [row[0] for row in rows]
+    assert len(fields) == len(set(fields)) and set(fields) <= set(DCGM_FIELDS)
+    assert {DCGM_FIELDS[f] for f in fields} == set(DCGM_FIELDS.values())

@@ -4,9 +4,11 @@ State is partitioned the way Kafka partitions the telemetry (docs/architecture.m
 
 * :class:`NodeDetectors` — one per **node** (``gpu`` and ``nic`` messages, key ``node``):
   GPU sampling rounds (:class:`~guard.detectors.gpu_round.GpuRound`), thermal, power, clock,
-  GPU-error and NIC rules;
+  GPU-error and NIC rules, and the node's river model over its GPUs
+  (:class:`~guard.detectors.peer_anomaly.GpuPeerAnomaly`);
 * :class:`JobDetectors` — one per **job** (``step`` and ``collective`` messages, key
-  ``job``): peer straggler, C4D collective homogeneity, step-time regression;
+  ``job``): peer straggler, C4D collective homogeneity, step-time regression, and the job's
+  river model per stage (:class:`~guard.detectors.peer_anomaly.RankPeerAnomaly`);
 * :class:`~guard.detectors.fusion.NodeFusion` — one per **node**: turns findings into flags;
   :class:`~guard.detectors.fusion.JobFusion` one per job for job-level findings.
 
@@ -58,6 +60,7 @@ from .fusion import JobFusion, NodeFusion
 from .gpu_errors import GpuErrorDetector
 from .gpu_round import GpuRound
 from .nic import NicDetector
+from .peer_anomaly import GpuPeerAnomaly, RankPeerAnomaly
 from .peer_straggler import PeerStragglerDetector
 from .power import PowerDetector
 from .step_regression import StepRegressionDetector
@@ -75,6 +78,8 @@ class EngineConfig:
     stragglers: bool = True
     collectives: bool = True
     step_regression: bool = True
+    #: the river models (info findings only: corroboration, never a claim)
+    peer_anomaly: bool = True
     detector_args: dict[str, dict[str, object]] = field(default_factory=dict)
 
 
@@ -102,10 +107,21 @@ class _DetectorSet:
 class NodeDetectors(_DetectorSet):
     """Node-keyed state: everything computed from one node's ``gpu`` and ``nic`` samples."""
 
-    __slots__ = ("clocks", "errors", "job", "nic", "node", "open_round", "power", "thermal")
+    __slots__ = (
+        "anomaly",
+        "clocks",
+        "errors",
+        "job",
+        "nic",
+        "node",
+        "open_round",
+        "power",
+        "thermal",
+    )
 
     def __init__(self, node: str, config: EngineConfig | None = None) -> None:
-        args = (config or EngineConfig()).detector_args
+        cfg = config or EngineConfig()
+        args = cfg.detector_args
         self.node = node
         self.job: str | None = None
         self.open_round: dict[int, GpuSample] = {}  # the latest sample of each GPU
@@ -114,6 +130,7 @@ class NodeDetectors(_DetectorSet):
         self.clocks = ClockDetector(**args.get("clocks", {}))  # type: ignore[arg-type]
         self.errors = GpuErrorDetector(node, **args.get("gpu_errors", {}))  # type: ignore[arg-type]
         self.nic = NicDetector(**args.get("nic", {}))  # type: ignore[arg-type]
+        self.anomaly = GpuPeerAnomaly(**args.get("peer_anomaly", {})) if cfg.peer_anomaly else None
 
     def update(self, message: GuardMessage) -> list[Finding]:
         """A sample of this node; a GPU that reports again closes the open round."""
@@ -132,6 +149,8 @@ class NodeDetectors(_DetectorSet):
             return found
         if kind == "nic":
             assert isinstance(message, NicSample)
+            if self.anomaly is not None:
+                self.anomaly.nic(message)
             return self.nic.update(message)
         return []
 
@@ -141,17 +160,19 @@ class NodeDetectors(_DetectorSet):
         return (self._round(closed) if closed else []) + super().flush()
 
     def _detectors(self) -> tuple[Detector[Any], ...]:
-        return (self.errors, self.nic, self.thermal, self.power, self.clocks)
+        dets = (self.errors, self.nic, self.thermal, self.power, self.clocks)
+        return dets if self.anomaly is None else (*dets, self.anomaly)
 
     def _round(self, samples: dict[int, GpuSample]) -> list[Finding]:
         rnd = GpuRound.of(self.node, self.job, samples)
-        return self.thermal.update(rnd) + self.power.update(rnd) + self.clocks.update(rnd)
+        found = self.thermal.update(rnd) + self.power.update(rnd) + self.clocks.update(rnd)
+        return found if self.anomaly is None else found + self.anomaly.update(rnd)
 
 
 class JobDetectors(_DetectorSet):
     """Job-keyed state: everything computed from one job's ``step`` and ``collective`` messages."""
 
-    __slots__ = ("collectives", "job", "regression", "stragglers")
+    __slots__ = ("anomaly", "collectives", "job", "regression", "stragglers")
 
     def __init__(self, job: str, config: EngineConfig | None = None) -> None:
         cfg = config or EngineConfig()
@@ -172,6 +193,9 @@ class JobDetectors(_DetectorSet):
             if cfg.step_regression
             else None
         )
+        self.anomaly = (
+            RankPeerAnomaly(job, **args.get("peer_anomaly", {})) if cfg.peer_anomaly else None
+        )
 
     def update(self, message: GuardMessage) -> list[Finding]:
         """A step or collective timing of this job, to the detectors that read it."""
@@ -181,13 +205,15 @@ class JobDetectors(_DetectorSet):
                 found += self.stragglers.update(message)
             if self.regression is not None:
                 found += self.regression.update(message)
+            if self.anomaly is not None:
+                found += self.anomaly.update(message)
             return found
         if isinstance(message, CollectiveTiming) and self.collectives is not None:
             return self.collectives.update(message)
         return []
 
     def _detectors(self) -> list[Detector[Any]]:
-        dets = (self.stragglers, self.collectives, self.regression)
+        dets = (self.stragglers, self.collectives, self.regression, self.anomaly)
         return [det for det in dets if det is not None]
 
 

@@ -130,7 +130,11 @@ class NodeDetectors(_DetectorSet):
         self.clocks = ClockDetector(**args.get("clocks", {}))  # type: ignore[arg-type]
         self.errors = GpuErrorDetector(node, **args.get("gpu_errors", {}))  # type: ignore[arg-type]
         self.nic = NicDetector(**args.get("nic", {}))  # type: ignore[arg-type]
-        self.anomaly = GpuPeerAnomaly(**args.get("peer_anomaly", {})) if cfg.peer_anomaly else None
+        self.anomaly = (
+            GpuPeerAnomaly(**args.get("peer_anomaly", {}))  # type: ignore[arg-type]
+            if cfg.peer_anomaly
+            else None
+        )
 
     def update(self, message: GuardMessage) -> list[Finding]:
         """A sample of this node; a GPU that reports again closes the open round."""
@@ -194,7 +198,9 @@ class JobDetectors(_DetectorSet):
             else None
         )
         self.anomaly = (
-            RankPeerAnomaly(job, **args.get("peer_anomaly", {})) if cfg.peer_anomaly else None
+            RankPeerAnomaly(job, **args.get("peer_anomaly", {}))  # type: ignore[arg-type]
+            if cfg.peer_anomaly
+            else None
         )
 
     def update(self, message: GuardMessage) -> list[Finding]:

@@ -12,9 +12,16 @@ model shareable: a hot aisle, a whole-job slowdown or a new SKU moves the median
 residuals. Vectors that score as anomalous are not learned, so a long fault does not teach
 the model that it is normal.
 
-The threshold is calibrated per group: the running ``q`` quantile of the scores seen
-(:class:`river.stats.Quantile`), never below ``min_score``; a component must be anomalous
-in ``raise_after`` of ``within`` windows (:class:`~guard.detectors.hold.Hold`). Findings are
+The threshold is calibrated per component: a window is anomalous when its features differ
+materially from the peers' (the sum of their distances in units of each feature's
+``notable`` magnitude is at least 1: jitter is no anomaly however rare) and its score is at least
+``min_score`` and ``k`` spreads above the component's own score baseline (an exponentially
+weighted mean and spread, :class:`river.stats.EWMean` and :class:`river.stats.EWVar`, over
+its earlier, non-anomalous windows). A GPU that always differs from its siblings the same way
+— the one by the chassis' warm exhaust, 10 degrees above the rest at full clocks — is
+therefore its own normal, and a change in how it differs is what stands out. A component
+must be anomalous in ``raise_after`` of ``within`` windows
+(:class:`~guard.detectors.hold.Hold`). Findings are
 ``info`` (category ``anomaly``): an observation that fusion lists beside a claim as
 corroboration and Grafana shows, never a claim by itself. The evidence carries the window's
 feature vector, the score, the threshold and the features that stand out.
@@ -45,9 +52,10 @@ n_trees, height, model_window
     is renewed.
 warmup
     Vectors a group's model learns before it scores.
-q, min_score
-    Calibrated threshold: the running ``q`` quantile of the group's scores, at least
-    ``min_score``.
+min_score, k, min_spread, fading, settle
+    Calibrated threshold: at least ``min_score``, and ``k`` times the spread (at least
+    ``min_spread``) above the component's baseline score, which fades by ``fading`` per
+    window and judges after ``settle`` windows.
 min_peers
     Components of a group that must report a metric in the window to normalise it.
 raise_after, within, clear_after
@@ -56,7 +64,7 @@ raise_after, within, clear_after
 References
 ----------
 Tan, Ting and Liu, "Fast Anomaly Detection for Streaming Data" (IJCAI 2011): half-space
-trees. river ``anomaly.HalfSpaceTrees``, ``stats.Quantile``.
+trees. river ``anomaly.HalfSpaceTrees``, ``stats.EWMean``, ``stats.EWVar``.
 
 Example
 -------
@@ -102,22 +110,23 @@ Feature = tuple[str, float, float, float]  # kind, low, high, notable
 
 #: A node's GPUs: residuals against the siblings, and the node's NIC error rate (log10(1+/s)).
 GPU_FEATURES: dict[str, Feature] = {
-    "temp_c": ("diff", -15.0, 15.0, 5.0),
-    "power": ("ratio", -0.4, 0.4, 0.08),
-    "sm_clock": ("ratio", -0.3, 0.3, 0.04),
-    "nic_errors": ("level", 0.0, 3.0, 0.5),
+    "temp_c": ("diff", -8.0, 8.0, 4.0),
+    "power": ("ratio", -0.15, 0.15, 0.06),
+    "sm_clock": ("ratio", -0.1, 0.1, 0.03),
+    "nic_errors": ("level", 0.0, 1.5, 0.3),
 }
 #: A job's ranks: busy time before the synchronising collective against the stage's ranks.
-RANK_FEATURES: dict[str, Feature] = {"compute": ("ratio", -0.3, 0.3, 0.03)}
+RANK_FEATURES: dict[str, Feature] = {"compute": ("ratio", -0.1, 0.1, 0.03)}
+_NIC_ERRORS = (*PHYSICAL_ERRORS, *RETRANSMITS)
 
 
 class _Group:
-    """One peer group's shared model and its calibrated threshold."""
+    """One peer group's shared model."""
 
-    __slots__ = ("learned", "model", "quantile")
+    __slots__ = ("learned", "model")
 
     def __init__(
-        self, features: dict[str, Feature], n_trees: int, height: int, window: int, q: float
+        self, features: dict[str, Feature], n_trees: int, height: int, window: int
     ) -> None:
         limits: dict[Hashable, tuple[float, float]] = {
             name: (lo, hi) for name, (_, lo, hi, _) in features.items()
@@ -125,8 +134,23 @@ class _Group:
         self.model = anomaly.HalfSpaceTrees(
             n_trees=n_trees, height=height, window_size=window, limits=limits, seed=17
         )
-        self.quantile = stats.Quantile(q)
         self.learned = 0
+
+
+class _Baseline:
+    """A component's usual score: exponentially weighted mean and variance, and a count."""
+
+    __slots__ = ("mean", "seen", "var")
+
+    def __init__(self, fading: float) -> None:
+        self.mean = stats.EWMean(fading)
+        self.var = stats.EWVar(fading)
+        self.seen = 0
+
+    def learn(self, score: float) -> None:
+        self.mean.update(score)
+        self.var.update(score)
+        self.seen += 1
 
 
 class PeerAnomalyDetector:
@@ -137,23 +161,27 @@ class PeerAnomalyDetector:
     def __init__(
         self,
         features: dict[str, Feature],
-        window_s: float = 30.0,
+        window_s: float = 10.0,
         n_trees: int = 8,
         height: int = 5,
-        model_window: int = 64,
-        warmup: int = 128,
-        q: float = 0.995,
-        min_score: float = 0.85,
+        model_window: int = 32,
+        warmup: int = 48,
+        min_score: float = 0.6,
+        k: float = 4.0,
+        min_spread: float = 0.03,
+        fading: float = 0.1,
+        settle: int = 6,
         min_peers: int = 3,
-        raise_after: int = 2,
-        within: int = 3,
+        raise_after: int = 3,
+        within: int = 4,
         clear_after: int = 3,
     ) -> None:
         self.features = features
         self.window_s = window_s
-        self.model_args = (n_trees, height, model_window, q)
+        self.model_args = (n_trees, height, model_window)
         self.warmup = warmup
         self.min_score = min_score
+        self.calibration = (k, min_spread, fading, settle)
         self.min_peers = min_peers
         self.hold_args = (raise_after, within, clear_after)
         self.window_start: float | None = None
@@ -163,6 +191,7 @@ class PeerAnomalyDetector:
         self.where: dict[Any, tuple[Any, str | None, int | None, int | None, str | None]] = {}
         self.groups: dict[Any, _Group] = {}
         self.holds: dict[Any, Hold] = {}
+        self.baselines: dict[Any, _Baseline] = {}
 
     def observe(
         self,
@@ -238,24 +267,41 @@ class PeerAnomalyDetector:
     def _score_group(self, group: Any, components: list[Any]) -> list[Finding]:
         model = self.groups.get(group)
         if model is None:
-            model = self.groups[group] = _Group(
-                self.features, *self.model_args[:3], self.model_args[3]
-            )
+            model = self.groups[group] = _Group(self.features, *self.model_args)
+        k, min_spread, fading, settle = self.calibration
         found: list[Finding] = []
         for component, x in self._residuals(components).items():
-            score = None
+            score = threshold = base = None
             if model.learned >= self.warmup:
                 score = float(model.model.score_one(x))  # type: ignore[no-untyped-call]
-                model.quantile.update(score)
-            threshold = max(self.min_score, model.quantile.get() or 0.0)
-            anomalous = score is not None and score >= threshold
+                base = self.baselines.get(component)
+                if base is None:
+                    base = self.baselines[component] = _Baseline(fading)
+                if base.seen >= settle:
+                    spread = max(min_spread, math.sqrt(max(0.0, base.var.get())))
+                    threshold = max(self.min_score, base.mean.get() + k * spread)
+            anomalous = (
+                threshold is not None
+                and score is not None
+                and score >= threshold
+                and sum(self._sizes(x).values()) >= 1.0  # a material difference, not jitter
+            )
             if not anomalous:
                 model.model.learn_one(x)  # type: ignore[no-untyped-call]
                 model.learned += 1
+                if base is not None and score is not None:
+                    base.learn(score)
             finding = self._held(component, anomalous, x, score, threshold)
             if finding is not None:
                 found.append(finding)
         return found
+
+    def _sizes(self, x: dict[str, float]) -> dict[str, float]:
+        """Each feature's distance from its peers, in units of its ``notable`` magnitude."""
+        return {
+            n: abs(x[n] - (lo if kind == "level" else 0.0)) / notable
+            for n, (kind, lo, _, notable) in self.features.items()
+        }
 
     def _held(
         self,
@@ -263,7 +309,7 @@ class PeerAnomalyDetector:
         anomalous: bool,
         x: dict[str, float],
         score: float | None,
-        threshold: float,
+        threshold: float | None,
     ) -> Finding | None:
         hold = self.holds.get(component)
         if hold is None:
@@ -276,14 +322,8 @@ class PeerAnomalyDetector:
         if event == "clear":
             del self.holds[component]
         _, node, gpu, rank, job = self.where[component]
-        stand_out = sorted(
-            (
-                n
-                for n, (kind, lo, _, notable) in self.features.items()
-                if abs(x[n] - (lo if kind == "level" else 0.0)) >= notable
-            ),
-            key=lambda n: -abs(x[n]) / self.features[n][3],
-        )
+        size = self._sizes(x)
+        stand_out = sorted((n for n in size if size[n] >= 0.5), key=lambda n: -size[n])
         return Finding(
             detector=self.name,
             category="anomaly",
@@ -300,7 +340,7 @@ class PeerAnomalyDetector:
                 "observation": "peer_anomaly",
                 "features": x,
                 "stand_out": stand_out,
-                "threshold": round(threshold, 4),
+                "threshold": None if threshold is None else round(threshold, 4),
             },
             clear=event == "clear",
         )
@@ -311,13 +351,20 @@ class GpuPeerAnomaly:
 
     name = "peer_anomaly"
 
-    def __init__(self, **args: Any) -> None:
+    def __init__(self, sample_s: float = 2.0, **args: Any) -> None:
         self.detector = PeerAnomalyDetector(GPU_FEATURES, **args)
-        self.nic_last: dict[str, tuple[float, int]] = {}  # port -> (ts, errors so far)
-        self.nic_rates: dict[str, float] = {}  # port -> errors per second
+        self.sample_s = sample_s
+        self.next_round = 0.0
+        self.nic_latest: dict[tuple[str, int], NicSample] = {}  # port -> its latest sample
+        self.nic_kept: dict[tuple[str, int], tuple[float, int]] = {}  # port -> (ts, errors)
 
     def update(self, message: GpuRound) -> list[Finding]:
-        nic = math.log10(1.0 + sum(self.nic_rates.values())) if self.nic_rates else None
+        """Observe the round's GPUs (one round every ``sample_s``: a window's mean needs no
+        more, and the node's other rules already see every round)."""
+        if message.ts < self.next_round:
+            return []
+        self.next_round = message.ts + self.sample_s
+        nic = self._nic_errors()
         found: list[Finding] = []
         for gpu, s in message.samples.items():
             values = _gpu_values(s)
@@ -329,13 +376,20 @@ class GpuPeerAnomaly:
         return found
 
     def nic(self, message: NicSample) -> None:
-        """Keep the port's error rate (physical errors and retransmits, per second)."""
-        port = f"{message.device}:{message.port}"
-        total = sum(message.counters.get(n, 0) for n in (*PHYSICAL_ERRORS, *RETRANSMITS))
-        last = self.nic_last.get(port)
-        self.nic_last[port] = (message.ts, total)
-        if last is not None and message.ts > last[0]:
-            self.nic_rates[port] = max(0, total - last[1]) / (message.ts - last[0])
+        """Keep the port's latest sample (its error rate is read once per observed round)."""
+        self.nic_latest[(message.device, message.port)] = message
+
+    def _nic_errors(self) -> float | None:
+        """log10(1 + the node's NIC error rate): physical errors and retransmits per second
+        over the node's ports, since the previous observed round (None: no rate yet)."""
+        rate = None
+        for port, s in self.nic_latest.items():
+            total = sum(s.counters.get(n, 0) for n in _NIC_ERRORS)
+            kept = self.nic_kept.get(port)
+            self.nic_kept[port] = (s.ts, total)
+            if kept is not None and s.ts > kept[0]:
+                rate = (rate or 0.0) + max(0, total - kept[1]) / (s.ts - kept[0])
+        return None if rate is None else math.log10(1.0 + rate)
 
     def tick(self, now: float) -> list[Finding]:
         return []
@@ -360,12 +414,15 @@ class RankPeerAnomaly:
 
     name = "peer_anomaly"
 
-    def __init__(self, job: str, **args: Any) -> None:
+    def __init__(self, job: str, step_every: int = 2, **args: Any) -> None:
         self.job = job
+        self.step_every = step_every
         self.detector = PeerAnomalyDetector(RANK_FEATURES, **args)
 
     def update(self, message: StepTiming) -> list[Finding]:
-        if message.compute_s is None:
+        """Observe the rank's step (every ``step_every``-th step of the job: the same steps
+        for every rank, so that peers stay comparable)."""
+        if message.step % self.step_every or message.compute_s is None:
             return []
         return self.detector.observe(
             message.ts,

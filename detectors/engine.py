@@ -46,8 +46,9 @@ Example
 
 from __future__ import annotations
 
+import inspect
 import pickle
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,7 +61,7 @@ from .fusion import JobFusion, NodeFusion
 from .gpu_errors import GpuErrorDetector
 from .gpu_round import GpuRound
 from .nic import NicDetector
-from .peer_anomaly import GpuPeerAnomaly, RankPeerAnomaly
+from .peer_anomaly import GpuPeerAnomaly, PeerAnomalyDetector, RankPeerAnomaly
 from .peer_straggler import PeerStragglerDetector
 from .power import PowerDetector
 from .step_regression import StepRegressionDetector
@@ -81,6 +82,55 @@ class EngineConfig:
     #: the river models (info findings only: corroboration, never a claim)
     peer_anomaly: bool = True
     detector_args: dict[str, dict[str, object]] = field(default_factory=dict)
+
+    @classmethod
+    def from_mapping(cls, settings: Mapping[str, Any]) -> EngineConfig:
+        """The engine's configuration from the ``[detectors]`` settings (switches,
+        ``ignore_xids``, ``info_xids`` and ``args``: detector name -> keyword arguments).
+
+        >>> cfg = EngineConfig.from_mapping({"ignore_xids": [94],
+        ...                                  "args": {"thermal": {"limit_c": 88}}})
+        >>> cfg.detector_args
+        {'thermal': {'limit_c': 88}, 'gpu_errors': {'ignore_xids': [94]}}
+        >>> EngineConfig.from_mapping({"args": {"thermal": {"limit": 88}}})
+        Traceback (most recent call last):
+        ValueError: detectors.args.thermal: no setting 'limit'; it has clear_after, critical_c, ...
+        """
+        data = dict(settings)
+        args = {name: dict(values) for name, values in (data.pop("args", None) or {}).items()}
+        for key in ("ignore_xids", "info_xids"):
+            if data.get(key) is not None:
+                args.setdefault("gpu_errors", {})[key] = data.pop(key)
+            data.pop(key, None)
+        for name, values in args.items():
+            targets = _SETTABLE.get(name)
+            if targets is None:
+                raise ValueError(
+                    f"detectors.args.{name}: no such detector; choose from {', '.join(_SETTABLE)}"
+                )
+            known = {p for t in targets for p in inspect.signature(t).parameters} - _FIXED
+            for key in values:
+                if key not in known:
+                    raise ValueError(
+                        f"detectors.args.{name}: no setting {key!r}; it has "
+                        f"{', '.join(sorted(known))}"
+                    )
+        return cls(**data, detector_args=args)
+
+
+#: ``[detectors.args.<name>]`` -> the classes that take those keyword arguments
+_SETTABLE: dict[str, tuple[Any, ...]] = {
+    "thermal": (ThermalDetector,),
+    "power": (PowerDetector,),
+    "clocks": (ClockDetector,),
+    "gpu_errors": (GpuErrorDetector,),
+    "nic": (NicDetector,),
+    "peer_straggler": (PeerStragglerDetector,),
+    "c4d": (CollectiveHomogeneityDetector,),
+    "step_regression": (StepRegressionDetector,),
+    "peer_anomaly": (GpuPeerAnomaly, RankPeerAnomaly, PeerAnomalyDetector),
+}
+_FIXED = {"self", "node", "job", "args", "features", "rule"}  # set by the engine, not by config
 
 
 class _DetectorSet:

@@ -36,6 +36,7 @@ from .processing import (
     StreamsCounters,
     TelemetryProcessor,
     encode_finding,
+    engine_config_of,
     finding_key,
     topic_kinds,
 )
@@ -51,7 +52,7 @@ class NativeWorker:
     """A streams worker on confluent-kafka. ``run(stop)`` until ``stop`` is set."""
 
     def __init__(self, settings: Settings, engine_config: EngineConfig | None = None) -> None:
-        cfg = engine_config or EngineConfig()
+        cfg = engine_config or engine_config_of(settings)
         s = self.settings = settings
         st = settings.streams
         self.counters = StreamsCounters()

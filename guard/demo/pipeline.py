@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import os
 import signal
 import subprocess
@@ -113,6 +114,11 @@ def worker_env(settings: Settings, **overrides: str) -> dict[str, str]:
         "GUARD_STREAMS_PROGRESS_S": str(s.streams.progress_s),
         "GUARD_STREAMS_CHECKPOINT_S": str(s.streams.checkpoint_s),
         "GUARD_STREAMS_ENGINE": s.streams.engine,
+        # the [detectors] section, as JSON values (lists and tables need it)
+        **{
+            f"GUARD_DETECTORS_{k.upper()}": json.dumps(v)
+            for k, v in s.detectors.model_dump().items()
+        },
         **overrides,
     }
 

@@ -41,10 +41,12 @@ component.
 Parameters
 ----------
 features
-    Feature name -> (kind, low, high, notable): ``kind`` is ``"diff"`` (value minus the peer
-    median), ``"ratio"`` (value over the peer median, minus 1) or ``"level"`` (as it is);
-    ``low``/``high`` bound the feature space of the trees (values are clipped into it);
-    ``notable`` is the magnitude from which a feature is listed as standing out.
+    Feature name -> (kind, low, high, notable, direction): ``kind`` is ``"diff"`` (value
+    minus the peer median), ``"ratio"`` (value over the peer median, minus 1) or ``"level"``
+    (as it is); values are clipped into ``low``..``high``; ``notable`` is the magnitude of a
+    material difference; ``direction`` says which side is trouble (1 above, -1 below, 0
+    either). The trees see each feature's distance from the peers on its side of trouble,
+    in ``notable`` units.
 window_s
     Event-time window over which metrics are averaged, learned and scored.
 n_trees, height, model_window
@@ -69,8 +71,8 @@ trees. river ``anomaly.HalfSpaceTrees``, ``stats.EWMean``, ``stats.EWVar``.
 Example
 -------
 >>> from guard.detectors.peer_anomaly import PeerAnomalyDetector
->>> det = PeerAnomalyDetector({"temp_c": ("diff", -15.0, 15.0, 4.0)}, window_s=10.0,
-...                           warmup=16, raise_after=2, within=3)
+>>> det = PeerAnomalyDetector({"temp_c": ("diff", -15.0, 15.0, 4.0, 1)}, window_s=10.0,
+...                           warmup=16, model_window=16, raise_after=2, within=3)
 >>> found = []
 >>> for t in range(400):
 ...     for g in range(8):
@@ -106,18 +108,19 @@ __all__ = [
     "RankPeerAnomaly",
 ]
 
-Feature = tuple[str, float, float, float]  # kind, low, high, notable
+Feature = tuple[str, float, float, float, int]  # kind, low, high, notable, direction
 
 #: A node's GPUs: residuals against the siblings, and the node's NIC error rate (log10(1+/s)).
 GPU_FEATURES: dict[str, Feature] = {
-    "temp_c": ("diff", -8.0, 8.0, 4.0),
-    "power": ("ratio", -0.15, 0.15, 0.06),
-    "sm_clock": ("ratio", -0.1, 0.1, 0.03),
-    "nic_errors": ("level", 0.0, 1.5, 0.3),
+    "temp_c": ("diff", -8.0, 8.0, 4.0, 1),  # hotter than the siblings
+    "power": ("ratio", -0.15, 0.15, 0.06, 0),  # either way (a brake, or a runaway draw)
+    "sm_clock": ("ratio", -0.1, 0.1, 0.03, -1),  # slower clocks
+    "nic_errors": ("level", 0.0, 1.5, 0.3, 1),
 }
 #: A job's ranks: busy time before the synchronising collective against the stage's ranks.
-RANK_FEATURES: dict[str, Feature] = {"compute": ("ratio", -0.1, 0.1, 0.03)}
+RANK_FEATURES: dict[str, Feature] = {"compute": ("ratio", -0.1, 0.1, 0.03, 1)}  # slower
 _NIC_ERRORS = (*PHYSICAL_ERRORS, *RETRANSMITS)
+_SPAN = 4.0  # distances beyond 4 notable units are all "far"
 
 
 class _Group:
@@ -128,9 +131,8 @@ class _Group:
     def __init__(
         self, features: dict[str, Feature], n_trees: int, height: int, window: int
     ) -> None:
-        limits: dict[Hashable, tuple[float, float]] = {
-            name: (lo, hi) for name, (_, lo, hi, _) in features.items()
-        }
+        # the trees see each feature's distance from the peers in ``notable`` units
+        limits: dict[Hashable, tuple[float, float]] = {name: (0.0, _SPAN) for name in features}
         self.model = anomaly.HalfSpaceTrees(
             n_trees=n_trees, height=height, window_size=window, limits=limits, seed=17
         )
@@ -164,8 +166,8 @@ class PeerAnomalyDetector:
         window_s: float = 10.0,
         n_trees: int = 8,
         height: int = 5,
-        model_window: int = 32,
-        warmup: int = 48,
+        model_window: int = 256,
+        warmup: int = 256,
         min_score: float = 0.6,
         k: float = 4.0,
         min_spread: float = 0.03,
@@ -244,7 +246,7 @@ class PeerAnomalyDetector:
     def _residuals(self, components: list[Any]) -> dict[Any, dict[str, float]]:
         """Each component's window-mean features against its peers' (0: like its peers)."""
         out: dict[Any, dict[str, float]] = {c: {} for c in components}
-        for i, (name, (kind, lo, hi, _)) in enumerate(self.features.items()):
+        for i, (name, (kind, lo, hi, _, _)) in enumerate(self.features.items()):
             means = {
                 c: acc[2 * i + 1] / acc[2 * i]
                 for c in components
@@ -272,8 +274,10 @@ class PeerAnomalyDetector:
         found: list[Finding] = []
         for component, x in self._residuals(components).items():
             score = threshold = base = None
+            size = self._sizes(x)
+            z = {n: min(_SPAN, d) for n, d in size.items()}
             if model.learned >= self.warmup:
-                score = float(model.model.score_one(x))  # type: ignore[no-untyped-call]
+                score = float(model.model.score_one(z))  # type: ignore[no-untyped-call]
                 base = self.baselines.get(component)
                 if base is None:
                     base = self.baselines[component] = _Baseline(fading)
@@ -284,10 +288,10 @@ class PeerAnomalyDetector:
                 threshold is not None
                 and score is not None
                 and score >= threshold
-                and sum(self._sizes(x).values()) >= 1.0  # a material difference, not jitter
+                and sum(size.values()) >= 1.0  # a material difference, not jitter
             )
             if not anomalous:
-                model.model.learn_one(x)  # type: ignore[no-untyped-call]
+                model.model.learn_one(z)  # type: ignore[no-untyped-call]
                 model.learned += 1
                 if base is not None and score is not None:
                     base.learn(score)
@@ -297,11 +301,13 @@ class PeerAnomalyDetector:
         return found
 
     def _sizes(self, x: dict[str, float]) -> dict[str, float]:
-        """Each feature's distance from its peers, in units of its ``notable`` magnitude."""
-        return {
-            n: abs(x[n] - (lo if kind == "level" else 0.0)) / notable
-            for n, (kind, lo, _, notable) in self.features.items()
-        }
+        """Each feature's distance from its peers in its direction of trouble (``direction``
+        1: above, -1: below, 0: either), in units of its ``notable`` magnitude."""
+        out = {}
+        for n, (kind, lo, _, notable, direction) in self.features.items():
+            d = x[n] - (lo if kind == "level" else 0.0)
+            out[n] = (abs(d) if direction == 0 else max(0.0, d * direction)) / notable
+        return out
 
     def _held(
         self,

@@ -130,7 +130,7 @@ _SETTABLE: dict[str, tuple[Any, ...]] = {
     "step_regression": (StepRegressionDetector,),
     "peer_anomaly": (GpuPeerAnomaly, RankPeerAnomaly, PeerAnomalyDetector),
 }
-_FIXED = {"self", "node", "job", "args", "features", "rule"}  # set by the engine, not by config
+_FIXED = {"self", "node", "job", "args", "features", "rule", "nic_ports"}  # set by the engine
 
 
 class _DetectorSet:
@@ -181,7 +181,7 @@ class NodeDetectors(_DetectorSet):
         self.errors = GpuErrorDetector(node, **args.get("gpu_errors", {}))  # type: ignore[arg-type]
         self.nic = NicDetector(**args.get("nic", {}))  # type: ignore[arg-type]
         self.anomaly = (
-            GpuPeerAnomaly(**args.get("peer_anomaly", {}))  # type: ignore[arg-type]
+            GpuPeerAnomaly(nic_ports=self.nic.ports, **args.get("peer_anomaly", {}))  # type: ignore[arg-type]
             if cfg.peer_anomaly
             else None
         )
@@ -203,8 +203,6 @@ class NodeDetectors(_DetectorSet):
             return found
         if kind == "nic":
             assert isinstance(message, NicSample)
-            if self.anomaly is not None:
-                self.anomaly.nic(message)
             return self.nic.update(message)
         return []
 

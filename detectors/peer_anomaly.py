@@ -92,7 +92,7 @@ from typing import Any
 
 from river import anomaly, stats
 
-from guard.schemas import GpuSample, NicSample, StepTiming
+from guard.schemas import GpuSample, StepTiming
 
 from .findings import Finding
 from .gpu_round import GpuRound
@@ -163,19 +163,19 @@ class PeerAnomalyDetector:
     def __init__(
         self,
         features: dict[str, Feature],
-        window_s: float = 10.0,
+        window_s: float = 20.0,
         n_trees: int = 8,
         height: int = 5,
-        model_window: int = 256,
-        warmup: int = 256,
+        model_window: int = 128,
+        warmup: int = 128,
         min_score: float = 0.6,
         k: float = 4.0,
         min_spread: float = 0.03,
         fading: float = 0.1,
         settle: int = 6,
         min_peers: int = 3,
-        raise_after: int = 3,
-        within: int = 4,
+        raise_after: int = 2,
+        within: int = 3,
         clear_after: int = 3,
     ) -> None:
         self.features = features
@@ -357,12 +357,16 @@ class GpuPeerAnomaly:
 
     name = "peer_anomaly"
 
-    def __init__(self, sample_s: float = 2.0, **args: Any) -> None:
+    def __init__(
+        self, sample_s: float = 5.0, nic_ports: dict[Any, Any] | None = None, **args: Any
+    ) -> None:
         self.detector = PeerAnomalyDetector(GPU_FEATURES, **args)
         self.sample_s = sample_s
         self.next_round = 0.0
-        self.nic_latest: dict[tuple[str, int], NicSample] = {}  # port -> its latest sample
-        self.nic_kept: dict[tuple[str, int], tuple[float, int]] = {}  # port -> (ts, errors)
+        #: the node's NIC ports as the NIC detector keeps them (latest ``counters`` and ``ts``
+        #: of each): read once per observed round, so NIC samples cost this feed nothing
+        self.nic_ports: dict[Any, Any] = {} if nic_ports is None else nic_ports
+        self.nic_kept: dict[Any, tuple[float, int]] = {}  # port -> (ts, errors) last read
 
     def update(self, message: GpuRound) -> list[Finding]:
         """Observe the round's GPUs (one round every ``sample_s``: a window's mean needs no
@@ -381,15 +385,13 @@ class GpuPeerAnomaly:
             )
         return found
 
-    def nic(self, message: NicSample) -> None:
-        """Keep the port's latest sample (its error rate is read once per observed round)."""
-        self.nic_latest[(message.device, message.port)] = message
-
     def _nic_errors(self) -> float | None:
         """log10(1 + the node's NIC error rate): physical errors and retransmits per second
         over the node's ports, since the previous observed round (None: no rate yet)."""
         rate = None
-        for port, s in self.nic_latest.items():
+        for port, s in self.nic_ports.items():
+            if s.ts is None:
+                continue
             total = sum(s.counters.get(n, 0) for n in _NIC_ERRORS)
             kept = self.nic_kept.get(port)
             self.nic_kept[port] = (s.ts, total)
@@ -420,7 +422,7 @@ class RankPeerAnomaly:
 
     name = "peer_anomaly"
 
-    def __init__(self, job: str, step_every: int = 2, **args: Any) -> None:
+    def __init__(self, job: str, step_every: int = 5, **args: Any) -> None:
         self.job = job
         self.step_every = step_every
         self.detector = PeerAnomalyDetector(RANK_FEATURES, **args)

@@ -35,8 +35,8 @@ keep the same state):
 * :class:`RankPeerAnomaly` — a job's ranks, per step timing (``compute`` residual against
   the ranks of the same pipeline stage); one model per job and stage.
 
-State: one model per group (8 trees of height 5: about 20 KB pickled) and a few numbers per
-component.
+State: one model per group (8 trees of height 5: a node's feed pickles to about 26 KB, 3.3 KB
+per GPU) and a few numbers per component.
 
 Parameters
 ----------
@@ -62,6 +62,9 @@ min_peers
     Components of a group that must report a metric in the window to normalise it.
 raise_after, within, clear_after
     Hysteresis, in windows.
+sample_s, step_every
+    The feeds' cadence: :class:`GpuPeerAnomaly` observes one sampling round every
+    ``sample_s`` seconds, :class:`RankPeerAnomaly` every ``step_every``-th step.
 
 References
 ----------

@@ -73,3 +73,27 @@ def test_config_show_prints_the_section(capsys: pytest.CaptureFixture[str]) -> N
     assert main(["config", "show"]) == 0
     detectors = json.loads(capsys.readouterr().out)["detectors"]
     assert detectors["peer_anomaly"] is True and detectors["info_xids"] == [13, 31, 43, 45]
+
+
+def test_the_demo_passes_the_section_to_its_streams_workers() -> None:
+    """The demo's ``guard streams`` subprocesses get only the GUARD_* variables it sets: the
+    [detectors] section must be among them."""
+    import subprocess
+    import sys
+
+    from guard.demo.pipeline import worker_env
+
+    settings = load_settings(
+        None, detectors={"peer_anomaly": False, "args": {"thermal": {"limit_c": 88}}}
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "guard.cli", "config", "show"],
+        env=worker_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    shown = json.loads(done.stdout)["detectors"]
+    assert shown == settings.detectors.model_dump()
+    assert shown["peer_anomaly"] is False and shown["args"] == {"thermal": {"limit_c": 88}}

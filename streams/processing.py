@@ -51,9 +51,10 @@ Record = tuple[str, int, bytes | None]
 CHUNK_BYTES = 512 * 1024
 _MANIFEST = b"guard-chunks:"
 #: Leads every checkpoint. Bumped when detector classes move or change shape (2: the
-#: restructure renamed modules and classes): a checkpoint of another format starts cold
-#: instead of failing to unpickle, or unpickling into objects the code no longer fits.
-CHECKPOINT_FORMAT = b"guard-state-2:"
+#: restructure renamed modules and classes; 3: node and job detectors carry the river
+#: models): a checkpoint of another format starts cold instead of failing to unpickle, or
+#: unpickling into objects the code no longer fits.
+CHECKPOINT_FORMAT = b"guard-state-3:"
 
 log = logging.getLogger("guard.streams")
 

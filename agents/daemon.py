@@ -366,10 +366,9 @@ def _collectors(settings: Settings, node: str) -> tuple[list[Any], list[Any]]:
                 "NVML is not available (%s); no GPU samples. Use --gpu-source dcgm or none", exc
             )
     elif source == "dcgm":
-        from .dcgm import fetch_dcgm
+        from .dcgm import DcgmCollector
 
-        url = agent.dcgm_url
-        collectors.append(lambda ts, job: fetch_dcgm(url, node, ts, job))
+        collectors.append(DcgmCollector(agent.dcgm_url, node).sample)
     from .nic import NicCollector
 
     nic = NicCollector(node, agent.sysfs_root)

@@ -6,6 +6,20 @@ label the host ``Hostname``, newer ones ``hostname``; both are accepted. DCGM ma
 it does not have with "blank" sentinels (``0x7ffffff0`` and up for 32-bit integers,
 ``0x7ffffffffffffff0`` and up for 64-bit ones, ``1.40737488355328e14`` and up for floats);
 those, NaN and infinities are dropped (the field stays null), never published as readings.
+
+``DCGM_FI_DEV_XID_ERRORS`` is sticky: it holds the *last* Xid the GPU reported, for as long
+as the exporter runs, and the exporter refreshes its readings only every collect interval
+(30 s by default), however often it is scraped. :class:`DcgmCollector` turns that gauge into
+events: the first reading of each GPU is a baseline (an Xid from before the agent started is
+logged, never published: it would claim a node for something long past), after which an Xid
+is published once, in the scrape where the value changes; a scrape identical to the previous
+one (the exporter has not refreshed yet) publishes nothing. A later Xid with the *same* code
+as the previous one cannot be told apart from the old reading through this gauge; NVML's
+event stream (``--gpu-source nvml``) sees every occurrence.
+
+The fields Guard reads are listed in ``deploy/dcgm/counters.csv``: run dcgm-exporter with
+``-f counters.csv``, since its stock counters file leaves power limit, max SM clock,
+clock-event reasons and ECC commented out.
 """
 
 from __future__ import annotations
@@ -18,7 +32,7 @@ from typing import Any
 
 from guard.schemas import GpuSample
 
-__all__ = ["DCGM_FIELDS", "fetch_dcgm", "parse_dcgm_metrics"]
+__all__ = ["DCGM_FIELDS", "DcgmCollector", "fetch_dcgm", "parse_dcgm_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -160,3 +174,61 @@ def fetch_dcgm(
     for problem in problems[:3]:
         log.warning("dcgm-exporter at %s: %s", url, problem)
     return samples
+
+
+class DcgmCollector:
+    """One node's dcgm-exporter as a sampler: the sticky Xid gauge as events, stale scrapes
+    dropped.
+
+    >>> text = 'DCGM_FI_DEV_GPU_TEMP{gpu="0"} 50\\nDCGM_FI_DEV_XID_ERRORS{gpu="0"} 79\\n'
+    >>> dcgm = DcgmCollector("http://unused", "n1")
+    >>> [s.xid for s in dcgm.events(parse_dcgm_metrics(text, "n1", 1.0)[0])]  # old: baseline
+    [None]
+    >>> dcgm.events(parse_dcgm_metrics(text, "n1", 31.0)[0])  # not refreshed: nothing new
+    []
+    >>> text = text.replace(" 79", " 48").replace(" 50", " 51")
+    >>> [s.xid for s in dcgm.events(parse_dcgm_metrics(text, "n1", 61.0)[0])], dcgm.xid_changes
+    ([48], 1)
+    """
+
+    def __init__(self, url: str, node: str, timeout_s: float = 2.0) -> None:
+        self.url = url
+        self.node = node
+        self.timeout_s = timeout_s
+        #: the exporter's last Xid reading per (host, GPU); a key absent: no baseline yet
+        self.last_xid: dict[tuple[str, int], int | None] = {}
+        self.last_readings: dict[tuple[str, int], dict[str, Any]] = {}
+        self.xid_changes = 0
+        self.stale_scrapes = 0
+
+    def sample(self, ts: float, job: str | None) -> list[GpuSample]:
+        """Scrape once; the samples to publish (none when the exporter has not refreshed)."""
+        return self.events(fetch_dcgm(self.url, self.node, ts, job, self.timeout_s))
+
+    def events(self, samples: list[GpuSample]) -> list[GpuSample]:
+        """``samples`` of one scrape with the Xid reported only where it changed."""
+        readings = {(s.node, s.gpu): s.model_dump(exclude={"ts", "job"}) for s in samples}
+        if readings and readings == self.last_readings:
+            self.stale_scrapes += 1
+            return []  # a GPU's silence is left to the lost-GPU check, not faked here
+        self.last_readings = readings
+        out = []
+        for s in samples:
+            key = (s.node, s.gpu)
+            if key not in self.last_xid:
+                if s.xid is not None:
+                    log.info(
+                        "%s GPU %d: dcgm-exporter's last Xid %d predates the agent; "
+                        "taken as the baseline, not reported",
+                        s.node,
+                        s.gpu,
+                        s.xid,
+                    )
+                new = None
+            else:
+                new = s.xid if s.xid != self.last_xid[key] else None
+            self.last_xid[key] = s.xid
+            if new is not None:
+                self.xid_changes += 1
+            out.append(s if new == s.xid else s.model_copy(update={"xid": new}))
+        return out

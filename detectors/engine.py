@@ -4,9 +4,11 @@ State is partitioned the way Kafka partitions the telemetry (docs/architecture.m
 
 * :class:`NodeDetectors` — one per **node** (``gpu`` and ``nic`` messages, key ``node``):
   GPU sampling rounds (:class:`~guard.detectors.gpu_round.GpuRound`), thermal, power, clock,
-  GPU-error and NIC rules;
+  GPU-error and NIC rules, and the node's river model over its GPUs
+  (:class:`~guard.detectors.peer_anomaly.GpuPeerAnomaly`);
 * :class:`JobDetectors` — one per **job** (``step`` and ``collective`` messages, key
-  ``job``): peer straggler, C4D collective homogeneity, step-time regression;
+  ``job``): peer straggler, C4D collective homogeneity, step-time regression, and the job's
+  river model per stage (:class:`~guard.detectors.peer_anomaly.RankPeerAnomaly`);
 * :class:`~guard.detectors.fusion.NodeFusion` — one per **node**: turns findings into flags;
   :class:`~guard.detectors.fusion.JobFusion` one per job for job-level findings.
 
@@ -44,8 +46,9 @@ Example
 
 from __future__ import annotations
 
+import inspect
 import pickle
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +61,7 @@ from .fusion import JobFusion, NodeFusion
 from .gpu_errors import GpuErrorDetector
 from .gpu_round import GpuRound
 from .nic import NicDetector
+from .peer_anomaly import GpuPeerAnomaly, PeerAnomalyDetector, RankPeerAnomaly
 from .peer_straggler import PeerStragglerDetector
 from .power import PowerDetector
 from .step_regression import StepRegressionDetector
@@ -75,7 +79,58 @@ class EngineConfig:
     stragglers: bool = True
     collectives: bool = True
     step_regression: bool = True
+    #: the river models (info findings only: corroboration, never a claim)
+    peer_anomaly: bool = True
     detector_args: dict[str, dict[str, object]] = field(default_factory=dict)
+
+    @classmethod
+    def from_mapping(cls, settings: Mapping[str, Any]) -> EngineConfig:
+        """The engine's configuration from the ``[detectors]`` settings (switches,
+        ``ignore_xids``, ``info_xids`` and ``args``: detector name -> keyword arguments).
+
+        >>> cfg = EngineConfig.from_mapping({"ignore_xids": [94],
+        ...                                  "args": {"thermal": {"limit_c": 88}}})
+        >>> cfg.detector_args
+        {'thermal': {'limit_c': 88}, 'gpu_errors': {'ignore_xids': [94]}}
+        >>> EngineConfig.from_mapping({"args": {"thermal": {"limit": 88}}})
+        Traceback (most recent call last):
+        ValueError: detectors.args.thermal: no setting 'limit'; it has clear_after, critical_c, ...
+        """
+        data = dict(settings)
+        args = {name: dict(values) for name, values in (data.pop("args", None) or {}).items()}
+        for key in ("ignore_xids", "info_xids"):
+            if data.get(key) is not None:
+                args.setdefault("gpu_errors", {})[key] = data.pop(key)
+            data.pop(key, None)
+        for name, values in args.items():
+            targets = _SETTABLE.get(name)
+            if targets is None:
+                raise ValueError(
+                    f"detectors.args.{name}: no such detector; choose from {', '.join(_SETTABLE)}"
+                )
+            known = {p for t in targets for p in inspect.signature(t).parameters} - _FIXED
+            for key in values:
+                if key not in known:
+                    raise ValueError(
+                        f"detectors.args.{name}: no setting {key!r}; it has "
+                        f"{', '.join(sorted(known))}"
+                    )
+        return cls(**data, detector_args=args)
+
+
+#: ``[detectors.args.<name>]`` -> the classes that take those keyword arguments
+_SETTABLE: dict[str, tuple[Any, ...]] = {
+    "thermal": (ThermalDetector,),
+    "power": (PowerDetector,),
+    "clocks": (ClockDetector,),
+    "gpu_errors": (GpuErrorDetector,),
+    "nic": (NicDetector,),
+    "peer_straggler": (PeerStragglerDetector,),
+    "c4d": (CollectiveHomogeneityDetector,),
+    "step_regression": (StepRegressionDetector,),
+    "peer_anomaly": (GpuPeerAnomaly, RankPeerAnomaly, PeerAnomalyDetector),
+}
+_FIXED = {"self", "node", "job", "args", "features", "rule", "nic_ports"}  # set by the engine
 
 
 class _DetectorSet:
@@ -102,10 +157,21 @@ class _DetectorSet:
 class NodeDetectors(_DetectorSet):
     """Node-keyed state: everything computed from one node's ``gpu`` and ``nic`` samples."""
 
-    __slots__ = ("clocks", "errors", "job", "nic", "node", "open_round", "power", "thermal")
+    __slots__ = (
+        "anomaly",
+        "clocks",
+        "errors",
+        "job",
+        "nic",
+        "node",
+        "open_round",
+        "power",
+        "thermal",
+    )
 
     def __init__(self, node: str, config: EngineConfig | None = None) -> None:
-        args = (config or EngineConfig()).detector_args
+        cfg = config or EngineConfig()
+        args = cfg.detector_args
         self.node = node
         self.job: str | None = None
         self.open_round: dict[int, GpuSample] = {}  # the latest sample of each GPU
@@ -114,6 +180,11 @@ class NodeDetectors(_DetectorSet):
         self.clocks = ClockDetector(**args.get("clocks", {}))  # type: ignore[arg-type]
         self.errors = GpuErrorDetector(node, **args.get("gpu_errors", {}))  # type: ignore[arg-type]
         self.nic = NicDetector(**args.get("nic", {}))  # type: ignore[arg-type]
+        self.anomaly = (
+            GpuPeerAnomaly(nic_ports=self.nic.ports, **args.get("peer_anomaly", {}))  # type: ignore[arg-type]
+            if cfg.peer_anomaly
+            else None
+        )
 
     def update(self, message: GuardMessage) -> list[Finding]:
         """A sample of this node; a GPU that reports again closes the open round."""
@@ -141,17 +212,19 @@ class NodeDetectors(_DetectorSet):
         return (self._round(closed) if closed else []) + super().flush()
 
     def _detectors(self) -> tuple[Detector[Any], ...]:
-        return (self.errors, self.nic, self.thermal, self.power, self.clocks)
+        dets = (self.errors, self.nic, self.thermal, self.power, self.clocks)
+        return dets if self.anomaly is None else (*dets, self.anomaly)
 
     def _round(self, samples: dict[int, GpuSample]) -> list[Finding]:
         rnd = GpuRound.of(self.node, self.job, samples)
-        return self.thermal.update(rnd) + self.power.update(rnd) + self.clocks.update(rnd)
+        found = self.thermal.update(rnd) + self.power.update(rnd) + self.clocks.update(rnd)
+        return found if self.anomaly is None else found + self.anomaly.update(rnd)
 
 
 class JobDetectors(_DetectorSet):
     """Job-keyed state: everything computed from one job's ``step`` and ``collective`` messages."""
 
-    __slots__ = ("collectives", "job", "regression", "stragglers")
+    __slots__ = ("anomaly", "collectives", "job", "regression", "stragglers")
 
     def __init__(self, job: str, config: EngineConfig | None = None) -> None:
         cfg = config or EngineConfig()
@@ -172,6 +245,11 @@ class JobDetectors(_DetectorSet):
             if cfg.step_regression
             else None
         )
+        self.anomaly = (
+            RankPeerAnomaly(job, **args.get("peer_anomaly", {}))  # type: ignore[arg-type]
+            if cfg.peer_anomaly
+            else None
+        )
 
     def update(self, message: GuardMessage) -> list[Finding]:
         """A step or collective timing of this job, to the detectors that read it."""
@@ -181,13 +259,15 @@ class JobDetectors(_DetectorSet):
                 found += self.stragglers.update(message)
             if self.regression is not None:
                 found += self.regression.update(message)
+            if self.anomaly is not None:
+                found += self.anomaly.update(message)
             return found
         if isinstance(message, CollectiveTiming) and self.collectives is not None:
             return self.collectives.update(message)
         return []
 
     def _detectors(self) -> list[Detector[Any]]:
-        dets = (self.stragglers, self.collectives, self.regression)
+        dets = (self.stragglers, self.collectives, self.regression, self.anomaly)
         return [det for det in dets if det is not None]
 
 

@@ -3,6 +3,9 @@
 These need no statistics and no persistence: one event is enough.
 
 * an Xid reported in a sample (a new value, or the same value again after a clean sample);
+  an application-caused Xid (:data:`~guard.schemas.nvml_codes.APPLICATION_XIDS`: 13, 31, 43,
+  45 — a kernel's bad access, a page fault, a channel reset, the cleanup after a killed
+  process) is an ``info`` observation, not a claim against the node;
 * an increase of the cumulative ``ecc_dbe_total`` (a decrease is a counter reset — driver
   reload, agent restart — and only re-baselines);
 * a lost GPU: Xid 79 ("fallen off the bus"), or a GPU that stops reporting for ``lost_after_s``
@@ -19,7 +22,10 @@ lost_after_s
 min_siblings
     Siblings that must keep reporting.
 ignore_xids
-    Xids that are application errors rather than hardware faults (none by default).
+    Xids that give no finding at all (none by default; e.g. an Xid a site knows to be noise).
+info_xids
+    Xids that are ``info`` observations instead of ``critical`` claims (default: the
+    application-caused ones).
 
 References
 ----------
@@ -41,6 +47,9 @@ Example
 []
 >>> det.tick(100.0)  # silent, but no siblings report either: a telemetry gap
 []
+>>> [(f.severity, f.evidence["application"]) for f in det.update(
+...     GpuSample(ts=5.0, node="n1", gpu=0, xid=31))]  # a page fault of the application
+[('info', True)]
 
 """
 
@@ -49,7 +58,7 @@ from __future__ import annotations
 from typing import Any
 
 from guard.schemas import GpuSample
-from guard.schemas.nvml_codes import XID_GPU_LOST
+from guard.schemas.nvml_codes import APPLICATION_XIDS, XID_GPU_LOST
 
 from .findings import Finding
 
@@ -76,14 +85,16 @@ class GpuErrorDetector:
         node: str,
         lost_after_s: float = 60.0,
         min_siblings: int = 3,
-        ignore_xids: frozenset[int] = frozenset(),
+        ignore_xids: frozenset[int] | tuple[int, ...] | list[int] = frozenset(),
+        info_xids: frozenset[int] | tuple[int, ...] | list[int] = frozenset(APPLICATION_XIDS),
     ) -> None:
         self.node = node
         #: The node's current job, for lost-GPU findings; the node's detectors keep it.
         self.job: str | None = None
         self.lost_after_s = lost_after_s
         self.min_siblings = min_siblings
-        self.ignore_xids = ignore_xids
+        self.ignore_xids = frozenset(ignore_xids)
+        self.info_xids = frozenset(info_xids)
         self.gpus: dict[int, _GpuErrorState] = {}
 
     def update(self, message: GpuSample) -> list[Finding]:
@@ -99,8 +110,10 @@ class GpuErrorDetector:
         found: list[Finding] = []
         xid = s.xid
         if xid is not None and xid != st.xid and xid not in self.ignore_xids:
-            lost = xid == XID_GPU_LOST
-            found.append(self._finding(s, "xid", {"xid": xid, "lost_gpu": lost}, s.ts))
+            application = xid in self.info_xids
+            detail = {"xid": xid, "lost_gpu": xid == XID_GPU_LOST, "application": application}
+            severity = "info" if application else "critical"
+            found.append(self._finding(s, "xid", detail, s.ts, severity))
         st.xid = xid
         dbe = s.ecc_dbe_total
         if dbe is not None:
@@ -147,11 +160,18 @@ class GpuErrorDetector:
     def flush(self) -> list[Finding]:
         return []  # every error is found as it arrives or by tick
 
-    def _finding(self, s: GpuSample, error: str, detail: dict[str, Any], since: float) -> Finding:
+    def _finding(
+        self,
+        s: GpuSample,
+        error: str,
+        detail: dict[str, Any],
+        since: float,
+        severity: str = "critical",
+    ) -> Finding:
         return Finding(
             detector=self.name,
             category="gpu_error",
-            severity="critical",
+            severity=severity,
             node=s.node,
             ts=s.ts,
             since=since,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from guard.detectors.baselines import NvrxBaseline, StaticRulesBaseline
-from guard.detectors.engine import DetectionEngine
+from guard.detectors.engine import DetectionEngine, EngineConfig
 from guard.schemas import Flag, GuardMessage, SchemaError, encode, parse_message
 
 __all__ = ["BacktestStats", "FlagSource", "make_detector", "read_messages", "run_backtest"]
@@ -32,10 +32,11 @@ class FlagSource(Protocol):
     def flush(self) -> list[Flag]: ...
 
 
-def make_detector(name: str) -> FlagSource:
-    """``guard`` (the engine), ``static`` (dcgm-style alert rules) or ``nvrx`` (relative score)."""
+def make_detector(name: str, config: EngineConfig | None = None) -> FlagSource:
+    """``guard`` (the engine, with ``config``: the ``[detectors]`` settings), ``static``
+    (dcgm-style alert rules) or ``nvrx`` (relative score)."""
     if name == "guard":
-        return DetectionEngine()
+        return DetectionEngine(config)
     if name == "static":
         return StaticRulesBaseline()
     if name == "nvrx":

@@ -27,6 +27,7 @@ from pydantic_settings import (
 
 from guard.errors import GuardError
 from guard.schemas import CATEGORIES
+from guard.schemas.nvml_codes import APPLICATION_XIDS
 
 __all__ = [
     "NODE_NAME_SOURCES",
@@ -142,6 +143,37 @@ class StreamsSettings(Section):
         description="secret that signs detector checkpoints on the changelog topics (HMAC-SHA256; "
         "at least 32 characters, the same for every worker of an app); required unless Kafka "
         "is on loopback, where one is generated in <home>/streams-state.key",
+    )
+
+
+class DetectorSettings(Section):
+    """``[detectors]``: what the detection engine runs and how (streams, backtest, demo)."""
+
+    tick_s: float = Field(
+        5.0, gt=0, description="event-time period of the hang and lost-GPU checks, s"
+    )
+    node_telemetry: bool = Field(True, description="run the gpu/nic rules")
+    stragglers: bool = Field(True, description="run the peer straggler detector")
+    collectives: bool = Field(True, description="run C4D collective homogeneity")
+    step_regression: bool = Field(True, description="run the job step-time regression")
+    peer_anomaly: bool = Field(
+        True,
+        description="run the river models over peer residuals (info findings that "
+        "corroborate claims; never a claim)",
+    )
+    ignore_xids: list[int] = Field(
+        default_factory=list, description="Xids that give no finding at all"
+    )
+    info_xids: list[int] = Field(
+        default_factory=lambda: list(APPLICATION_XIDS),
+        description="Xids that are info observations, not claims (default: the "
+        "application-caused 13, 31, 43, 45)",
+    )
+    args: dict[str, dict[str, float | int | bool | str | list[int]]] = Field(
+        default_factory=dict,
+        description="thresholds and windows per detector, e.g. [detectors.args.thermal] "
+        "peer_delta_c = 12; detectors: thermal, power, clocks, gpu_errors, nic, "
+        "peer_straggler, c4d, step_regression, peer_anomaly (docs/operations.md)",
     )
 
 
@@ -357,6 +389,7 @@ class Settings(BaseSettings):
     clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
     streams: StreamsSettings = Field(default_factory=StreamsSettings)
+    detectors: DetectorSettings = Field(default_factory=DetectorSettings)
     orchestrator: OrchestratorSettings = Field(default_factory=OrchestratorSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     sweep: SweepSettings = Field(default_factory=SweepSettings)

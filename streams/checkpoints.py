@@ -41,9 +41,10 @@ from typing import Any
 __all__ = ["CHECKPOINT_FORMAT", "CheckpointRefused", "StateUnpickler", "seal", "unseal"]
 
 #: Leads every checkpoint. Bumped when detector classes move or change shape, or the
-#: envelope changes (2: the restructure renamed modules; 3: the HMAC tag): a checkpoint of
-#: another format starts cold instead of being read into objects the code no longer fits.
-CHECKPOINT_FORMAT = b"guard-state-3:"
+#: envelope changes (2: the restructure renamed modules; 3: the HMAC tag; 4: node and job
+#: detectors carry the river peer-anomaly models): a checkpoint of another format starts cold
+#: instead of being read into objects the code no longer fits.
+CHECKPOINT_FORMAT = b"guard-state-4:"
 TAG_BYTES = hashlib.sha256().digest_size
 
 #: Modules whose classes a checkpoint may name: Guard's own pure code and the river

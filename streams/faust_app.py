@@ -34,6 +34,7 @@ from .processing import (
     StreamsCounters,
     TelemetryProcessor,
     encode_finding,
+    engine_config_of,
     finding_key,
     topic_kinds,
 )
@@ -196,7 +197,7 @@ class _Wiring:
 
 def create_app(settings: Settings, engine_config: EngineConfig | None = None) -> faust.App:
     """The streams app for ``settings`` (broker, topics, partitions, app id)."""
-    cfg = engine_config or EngineConfig()
+    cfg = engine_config or engine_config_of(settings)
     app = _faust_app(settings)
     wiring = _Wiring(app, settings)
     wiring.telemetry_agent("node", topic_kinds(settings.topic, "node"), "node-detectors", cfg)

@@ -37,6 +37,7 @@ from .processing import (
     StreamsCounters,
     TelemetryProcessor,
     encode_finding,
+    engine_config_of,
     finding_key,
     topic_kinds,
 )
@@ -57,7 +58,7 @@ class NativeWorker:
         engine_config: EngineConfig | None = None,
         metrics: Metrics | None = None,
     ) -> None:
-        cfg = engine_config or EngineConfig()
+        cfg = engine_config or engine_config_of(settings)
         self.metrics = metrics
         s = self.settings = settings
         st = settings.streams

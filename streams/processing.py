@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
+from guard.config import ConfigError, Settings
 from guard.detectors.engine import EngineConfig, JobDetectors, NodeDetectors
 from guard.detectors.findings import Finding
 from guard.detectors.fusion import JobFusion, NodeFusion
@@ -39,6 +40,7 @@ __all__ = [
     "TelemetryProcessor",
     "decode_finding",
     "encode_finding",
+    "engine_config_of",
     "finding_key",
     "parse_progress",
     "progress_line",
@@ -303,6 +305,15 @@ class EventClock:
         self.last_tick[key] = now
         entry = self.state.live.get(key)
         return entry[0].tick(now) if entry is not None else []
+
+
+def engine_config_of(settings: Settings) -> EngineConfig:
+    """The engine configuration of the ``[detectors]`` settings (a bad detector argument is a
+    configuration error that names it)."""
+    try:
+        return EngineConfig.from_mapping(settings.detectors.model_dump())
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{exc} (fix the [detectors] section or GUARD_DETECTORS_*)") from None
 
 
 def topic_kinds(topic: Callable[[str], str], level: str) -> dict[str, str]:

@@ -15,13 +15,14 @@ __all__ = ["register"]
 
 def cmd_backtest(args: argparse.Namespace, settings: Any) -> int:
     from guard.evaluation.backtest import BacktestStats, make_detector, read_messages, run_backtest
+    from guard.streams.processing import engine_config_of
 
     paths = [Path(p) for p in args.inputs]
     for path in paths:
         if not path.exists():
             raise GuardError(f"input {path} does not exist")
     stats = BacktestStats()
-    detector = make_detector(args.detector)
+    detector = make_detector(args.detector, engine_config_of(settings))
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with out_path.open("wb") as out:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import os
 import signal
 import subprocess
@@ -139,6 +140,11 @@ def worker_env(settings: Settings, **overrides: str) -> dict[str, str]:
         # Several workers on one host: a shared metrics port would fail for all but the first.
         "GUARD_STREAMS_WEB_PORT": "0",
         **_secured(s),
+        # the [detectors] section, as JSON values (lists and tables need it)
+        **{
+            f"GUARD_DETECTORS_{k.upper()}": json.dumps(v)
+            for k, v in s.detectors.model_dump().items()
+        },
         **overrides,
     }
 

@@ -1,4 +1,5 @@
-"""dcgm-exporter parsing: both host label spellings, sentinels dropped, bad lines reported."""
+"""dcgm-exporter parsing: both host label spellings, sentinels dropped, bad lines reported;
+the sticky Xid gauge published once per change, never at start-up."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from guard.agents.dcgm import fetch_dcgm, parse_dcgm_metrics
-from guard.schemas import encode, parse_message
+from guard.agents.dcgm import DCGM_FIELDS, DcgmCollector, fetch_dcgm, parse_dcgm_metrics
+from guard.detectors.engine import DetectionEngine
+from guard.schemas import GpuSample, encode, parse_message
 
 FIXTURE = Path(__file__).resolve().parent.parent / "data" / "dcgm" / "h100_node.prom"
 TS = 1767225600.0
@@ -48,3 +50,82 @@ def test_scrapes_a_live_endpoint_and_survives_a_dead_one(exporter: str) -> None:
     assert len(fetch_dcgm(exporter, "node-1", TS)) == 2
     dead = exporter.rsplit(":", 1)[0] + ":9/metrics"
     assert fetch_dcgm(dead, "node-1", TS, timeout_s=0.5) == []
+
+
+def _refreshed(text: str, temp_c: int, xid: int) -> str:
+    """The fixture as the exporter serves it after its next collect: GPU 0's temperature and
+    last Xid changed (the value lines of GPU 0 end with ``} <value>``)."""
+    new = {"DCGM_FI_DEV_GPU_TEMP{": temp_c, "DCGM_FI_DEV_XID_ERRORS{": xid}
+    out = []
+    for line in text.splitlines():
+        metric = line.split("{", 1)[0] + "{"
+        gpu0 = 'gpu="0"' in line and metric in new
+        out.append(line.rsplit(" ", 1)[0] + f" {new[metric]}" if gpu0 else line)
+    return "\n".join(out) + "\n"
+
+
+def test_the_sticky_xid_gauge_is_published_once_per_change_and_never_at_start_up() -> None:
+    text = FIXTURE.read_text()
+    dcgm = DcgmCollector("http://unused", "fallback")
+
+    def scrape(body: str, ts: float) -> list[GpuSample]:
+        return dcgm.events(parse_dcgm_metrics(body, "fallback", ts, "job-3")[0])
+
+    # start-up: GPU 1's gauge still holds Xid 79 from before the agent ran: a baseline
+    first = scrape(text, TS)
+    assert [(s.gpu, s.xid) for s in first] == [(0, None), (1, None)]
+    assert first[1].ecc_dbe_total == 1 and first[1].clock_event_reasons == 32  # rest kept
+    # the exporter has not refreshed (it collects every 30 s): nothing is published again
+    assert scrape(text, TS + 1) == [] and dcgm.stale_scrapes == 1
+    # next collect: GPU 0 reports Xid 48 -> one event, on GPU 0 only
+    text = _refreshed(text, 59, 48)
+    assert [(s.gpu, s.temp_c, s.xid) for s in scrape(text, TS + 30)] == [
+        (0, 59, 48),
+        (1, None, None),
+    ]
+    # the gauge keeps 48; readings move on: the Xid is not published as new again
+    text = _refreshed(text, 60, 48)
+    assert [s.xid for s in scrape(text, TS + 60)] == [None, None]
+    # a different Xid later is a new event; so is 48 after the gauge went back to 0
+    text = _refreshed(text, 61, 0)
+    assert [s.xid for s in scrape(text, TS + 90)] == [None, None]
+    text = _refreshed(text, 62, 48)
+    assert [s.xid for s in scrape(text, TS + 120)] == [48, None]
+    assert dcgm.xid_changes == 2
+
+
+def test_what_the_collector_publishes_makes_no_start_up_claim() -> None:
+    """The detector sees the collector's samples: the old Xid 79 never becomes a flag, the
+    new Xid 48 becomes exactly one critical flag."""
+    text = FIXTURE.read_text()
+    dcgm = DcgmCollector("http://unused", "fallback")
+    engine = DetectionEngine()
+    flags = []
+    for i, body in enumerate([text, text, _refreshed(text, 59, 48), _refreshed(text, 60, 48)]):
+        for sample in dcgm.events(parse_dcgm_metrics(body, "fallback", TS + 30 * i)[0]):
+            flags += engine.update(sample)
+    flags += engine.flush()
+    claims = [(f.gpu, f.evidence["xid"]) for f in flags if f.severity != "info"]
+    assert claims == [(0, 48)]
+
+
+def test_the_collector_scrapes_a_live_exporter(exporter: str) -> None:
+    dcgm = DcgmCollector(exporter, "node-1", timeout_s=2.0)
+    first = dcgm.sample(TS, "job-1")
+    assert [(s.node, s.gpu, s.xid) for s in first] == [("h100-07", 0, None), ("h100-07", 1, None)]
+    assert dcgm.sample(TS + 1, "job-1") == []  # the same exposition again: stale
+
+
+def test_the_shipped_counters_file_asks_for_every_field_the_agent_reads() -> None:
+    """deploy/dcgm/counters.csv: dcgm-exporter's format (field, type, help), only fields the
+    agent maps, and every GpuSample field of DCGM_FIELDS covered by one of them."""
+    csv = FIXTURE.parents[3] / "deploy" / "dcgm" / "counters.csv"
+    rows = [
+        [part.strip() for part in line.split(",", 2)]
+        for line in csv.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert all(len(row) == 3 and row[1] in ("gauge", "counter") and row[2] for row in rows)
+    fields = [row[0] for row in rows]
+    assert len(fields) == len(set(fields)) and set(fields) <= set(DCGM_FIELDS)
+    assert {DCGM_FIELDS[f] for f in fields} == set(DCGM_FIELDS.values())

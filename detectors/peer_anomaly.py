@@ -1,0 +1,452 @@
+"""Peer anomaly: one shared river HalfSpaceTrees per peer group, over windowed peer residuals.
+
+The rule-based detectors each watch one signal against one threshold. A GPU that is a little
+hot, draws a little less power *and* clocks a little lower than its siblings may pass every
+rule while being unlike every other GPU. :class:`PeerAnomalyDetector` scores the *joint*
+picture: per event-time window of ``window_s`` it averages each component's raw metrics,
+normalises them against the component's peers in the same window (the residual against the
+peer median: in degrees for temperature, as a fraction for power, clocks and compute time;
+NIC error rates as they are), and scores the vector with one river
+:class:`~river.anomaly.HalfSpaceTrees` shared by the whole peer group. Residuals make the
+model shareable: a hot aisle, a whole-job slowdown or a new SKU moves the median, not the
+residuals. Vectors that score as anomalous are not learned, so a long fault does not teach
+the model that it is normal.
+
+The threshold is calibrated per component: a window is anomalous when its features differ
+materially from the peers' (the sum of their distances in units of each feature's
+``notable`` magnitude is at least 1: jitter is no anomaly however rare) and its score is at least
+``min_score`` and ``k`` spreads above the component's own score baseline (an exponentially
+weighted mean and spread, :class:`river.stats.EWMean` and :class:`river.stats.EWVar`, over
+its earlier, non-anomalous windows). A GPU that always differs from its siblings the same way
+— the one by the chassis' warm exhaust, 10 degrees above the rest at full clocks — is
+therefore its own normal, and a change in how it differs is what stands out. A component
+must be anomalous in ``raise_after`` of ``within`` windows
+(:class:`~guard.detectors.hold.Hold`). Findings are
+``info`` (category ``anomaly``): an observation that fusion lists beside a claim as
+corroboration and Grafana shows, never a claim by itself. The evidence carries the window's
+feature vector, the score, the threshold and the features that stand out.
+
+Two feeds share the class (one instance per Kafka key, so the streams app and the backtest
+keep the same state):
+
+* :class:`GpuPeerAnomaly` — a node's GPUs, per sampling round (``temp_c``, ``power``,
+  ``sm_clock`` residuals against the node's siblings, the node's NIC error rate); one model
+  per node, shared by its GPUs;
+* :class:`RankPeerAnomaly` — a job's ranks, per step timing (``compute`` residual against
+  the ranks of the same pipeline stage); one model per job and stage.
+
+State: one model per group (8 trees of height 5: a node's feed pickles to about 26 KB, 3.3 KB
+per GPU) and a few numbers per component.
+
+Parameters
+----------
+features
+    Feature name -> (kind, low, high, notable, direction): ``kind`` is ``"diff"`` (value
+    minus the peer median), ``"ratio"`` (value over the peer median, minus 1) or ``"level"``
+    (as it is); values are clipped into ``low``..``high``; ``notable`` is the magnitude of a
+    material difference; ``direction`` says which side is trouble (1 above, -1 below, 0
+    either). The trees see each feature's distance from the peers on its side of trouble,
+    in ``notable`` units.
+window_s
+    Event-time window over which metrics are averaged, learned and scored.
+n_trees, height, model_window
+    HalfSpaceTrees size, and the number of learned vectors after which its reference mass
+    is renewed.
+warmup
+    Vectors a group's model learns before it scores.
+min_score, k, min_spread, fading, settle
+    Calibrated threshold: at least ``min_score``, and ``k`` times the spread (at least
+    ``min_spread``) above the component's baseline score, which fades by ``fading`` per
+    window and judges after ``settle`` windows.
+min_peers
+    Components of a group that must report a metric in the window to normalise it.
+raise_after, within, clear_after
+    Hysteresis, in windows.
+sample_s, step_every
+    The feeds' cadence: :class:`GpuPeerAnomaly` observes one sampling round every
+    ``sample_s`` seconds, :class:`RankPeerAnomaly` every ``step_every``-th step.
+
+References
+----------
+Tan, Ting and Liu, "Fast Anomaly Detection for Streaming Data" (IJCAI 2011): half-space
+trees. river ``anomaly.HalfSpaceTrees``, ``stats.EWMean``, ``stats.EWVar``.
+
+Example
+-------
+>>> from guard.detectors.peer_anomaly import PeerAnomalyDetector
+>>> det = PeerAnomalyDetector({"temp_c": ("diff", -15.0, 15.0, 4.0, 1)}, window_s=10.0,
+...                           warmup=16, model_window=16, raise_after=2, within=3)
+>>> found = []
+>>> for t in range(400):
+...     for g in range(8):
+...         hot = 9.0 if (g == 5 and t >= 300) else 0.0
+...         temp = 60.0 + (g % 3) * 0.4 + 0.3 * ((t * 7 + g) % 5) + hot
+...         found += det.observe(float(t), g, "n1", {"temp_c": temp}, node="n1", gpu=g)
+>>> [(f.gpu, f.severity, f.category, f.evidence["stand_out"]) for f in found if not f.clear]
+[(5, 'info', 'anomaly', ['temp_c'])]
+
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from typing import Any
+
+from river import anomaly, stats
+
+from guard.schemas import GpuSample, StepTiming
+
+from .findings import Finding
+from .gpu_round import GpuRound
+from .hold import Hold
+from .nic import PHYSICAL_ERRORS, RETRANSMITS
+from .robust import median
+
+__all__ = [
+    "GPU_FEATURES",
+    "RANK_FEATURES",
+    "GpuPeerAnomaly",
+    "PeerAnomalyDetector",
+    "RankPeerAnomaly",
+]
+
+Feature = tuple[str, float, float, float, int]  # kind, low, high, notable, direction
+
+#: A node's GPUs: residuals against the siblings, and the node's NIC error rate (log10(1+/s)).
+GPU_FEATURES: dict[str, Feature] = {
+    "temp_c": ("diff", -8.0, 8.0, 4.0, 1),  # hotter than the siblings
+    "power": ("ratio", -0.15, 0.15, 0.06, 0),  # either way (a brake, or a runaway draw)
+    "sm_clock": ("ratio", -0.1, 0.1, 0.03, -1),  # slower clocks
+    "nic_errors": ("level", 0.0, 1.5, 0.3, 1),
+}
+#: A job's ranks: busy time before the synchronising collective against the stage's ranks.
+RANK_FEATURES: dict[str, Feature] = {"compute": ("ratio", -0.1, 0.1, 0.03, 1)}  # slower
+_NIC_ERRORS = (*PHYSICAL_ERRORS, *RETRANSMITS)
+_SPAN = 4.0  # distances beyond 4 notable units are all "far"
+
+
+class _Group:
+    """One peer group's shared model."""
+
+    __slots__ = ("learned", "model")
+
+    def __init__(
+        self, features: dict[str, Feature], n_trees: int, height: int, window: int
+    ) -> None:
+        # the trees see each feature's distance from the peers in ``notable`` units
+        limits: dict[Hashable, tuple[float, float]] = {name: (0.0, _SPAN) for name in features}
+        self.model = anomaly.HalfSpaceTrees(
+            n_trees=n_trees, height=height, window_size=window, limits=limits, seed=17
+        )
+        self.learned = 0
+
+
+class _Baseline:
+    """A component's usual score: exponentially weighted mean and variance, and a count."""
+
+    __slots__ = ("mean", "seen", "var")
+
+    def __init__(self, fading: float) -> None:
+        self.mean = stats.EWMean(fading)
+        self.var = stats.EWVar(fading)
+        self.seen = 0
+
+    def learn(self, score: float) -> None:
+        self.mean.update(score)
+        self.var.update(score)
+        self.seen += 1
+
+
+class PeerAnomalyDetector:
+    """Windowed peer residuals of components, scored by their group's shared model."""
+
+    name = "peer_anomaly"
+
+    def __init__(
+        self,
+        features: dict[str, Feature],
+        window_s: float = 20.0,
+        n_trees: int = 8,
+        height: int = 5,
+        model_window: int = 128,
+        warmup: int = 128,
+        min_score: float = 0.6,
+        k: float = 4.0,
+        min_spread: float = 0.03,
+        fading: float = 0.1,
+        settle: int = 6,
+        min_peers: int = 3,
+        raise_after: int = 2,
+        within: int = 3,
+        clear_after: int = 3,
+    ) -> None:
+        self.features = features
+        self.window_s = window_s
+        self.model_args = (n_trees, height, model_window)
+        self.warmup = warmup
+        self.min_score = min_score
+        self.calibration = (k, min_spread, fading, settle)
+        self.min_peers = min_peers
+        self.hold_args = (raise_after, within, clear_after)
+        self.window_start: float | None = None
+        self.window_end = 0.0
+        # component -> [samples, sum per feature]; component -> (group, node, gpu, rank, job)
+        self.sums: dict[Any, list[float]] = {}
+        self.where: dict[Any, tuple[Any, str | None, int | None, int | None, str | None]] = {}
+        self.groups: dict[Any, _Group] = {}
+        self.holds: dict[Any, Hold] = {}
+        self.baselines: dict[Any, _Baseline] = {}
+
+    def observe(
+        self,
+        ts: float,
+        component: Any,
+        group: Any,
+        values: dict[str, float],
+        node: str | None = None,
+        gpu: int | None = None,
+        rank: int | None = None,
+        job: str | None = None,
+    ) -> list[Finding]:
+        """Add one reading of ``component`` (a member of ``group``); a reading past the
+        current window closes it and returns that window's findings."""
+        found: list[Finding] = []
+        if self.window_start is None:
+            self.window_start = ts
+        elif ts >= self.window_start + self.window_s:
+            found = self._close()
+            self.window_start = ts
+        self.window_end = max(self.window_end, ts)
+        acc = self.sums.get(component)
+        if acc is None:
+            acc = self.sums[component] = [0.0] * (2 * len(self.features))
+        for i, name in enumerate(self.features):
+            v = values.get(name)
+            if v is not None and math.isfinite(v):
+                acc[2 * i] += 1.0
+                acc[2 * i + 1] += v
+        self.where[component] = (group, node, gpu, rank, job)
+        return found
+
+    def tick(self, now: float) -> list[Finding]:
+        return []  # windows close on later readings (event time) or at flush
+
+    def flush(self) -> list[Finding]:
+        """Close the open window (end of input)."""
+        return self._close() if self.sums else []
+
+    def _close(self) -> list[Finding]:
+        members: dict[Any, list[Any]] = {}
+        for component in self.sums:
+            members.setdefault(self.where[component][0], []).append(component)
+        found: list[Finding] = []
+        for group, components in members.items():
+            found += self._score_group(group, components)
+        self.sums = {}
+        return found
+
+    def _residuals(self, components: list[Any]) -> dict[Any, dict[str, float]]:
+        """Each component's window-mean features against its peers' (0: like its peers)."""
+        out: dict[Any, dict[str, float]] = {c: {} for c in components}
+        for i, (name, (kind, lo, hi, _, _)) in enumerate(self.features.items()):
+            means = {
+                c: acc[2 * i + 1] / acc[2 * i]
+                for c in components
+                if (acc := self.sums[c])[2 * i] > 0
+            }
+            center = median(list(means.values())) if len(means) >= self.min_peers else None
+            for c in components:
+                mean = means.get(c)
+                if mean is None or (kind != "level" and center is None):
+                    r = 0.0 if kind != "level" else lo
+                elif kind == "diff":
+                    r = mean - center  # type: ignore[operator]
+                elif kind == "ratio":
+                    r = mean / center - 1.0 if center else 0.0
+                else:
+                    r = mean
+                out[c][name] = round(min(hi, max(lo, r)), 4)
+        return out
+
+    def _score_group(self, group: Any, components: list[Any]) -> list[Finding]:
+        model = self.groups.get(group)
+        if model is None:
+            model = self.groups[group] = _Group(self.features, *self.model_args)
+        k, min_spread, fading, settle = self.calibration
+        found: list[Finding] = []
+        for component, x in self._residuals(components).items():
+            score = threshold = base = None
+            size = self._sizes(x)
+            z = {n: min(_SPAN, d) for n, d in size.items()}
+            if model.learned >= self.warmup:
+                score = float(model.model.score_one(z))  # type: ignore[no-untyped-call]
+                base = self.baselines.get(component)
+                if base is None:
+                    base = self.baselines[component] = _Baseline(fading)
+                if base.seen >= settle:
+                    spread = max(min_spread, math.sqrt(max(0.0, base.var.get())))
+                    threshold = max(self.min_score, base.mean.get() + k * spread)
+            anomalous = (
+                threshold is not None
+                and score is not None
+                and score >= threshold
+                and sum(size.values()) >= 1.0  # a material difference, not jitter
+            )
+            if not anomalous:
+                model.model.learn_one(z)  # type: ignore[no-untyped-call]
+                model.learned += 1
+                if base is not None and score is not None:
+                    base.learn(score)
+            finding = self._held(component, anomalous, x, score, threshold)
+            if finding is not None:
+                found.append(finding)
+        return found
+
+    def _sizes(self, x: dict[str, float]) -> dict[str, float]:
+        """Each feature's distance from its peers in its direction of trouble (``direction``
+        1: above, -1: below, 0: either), in units of its ``notable`` magnitude."""
+        out = {}
+        for n, (kind, lo, _, notable, direction) in self.features.items():
+            d = x[n] - (lo if kind == "level" else 0.0)
+            out[n] = (abs(d) if direction == 0 else max(0.0, d * direction)) / notable
+        return out
+
+    def _held(
+        self,
+        component: Any,
+        anomalous: bool,
+        x: dict[str, float],
+        score: float | None,
+        threshold: float | None,
+    ) -> Finding | None:
+        hold = self.holds.get(component)
+        if hold is None:
+            if not anomalous:
+                return None  # the common case: nothing to remember
+            hold = self.holds[component] = Hold(*self.hold_args)
+        event = hold.update(anomalous, self.window_start or 0.0)
+        if event is None:
+            return None
+        if event == "clear":
+            del self.holds[component]
+        _, node, gpu, rank, job = self.where[component]
+        size = self._sizes(x)
+        stand_out = sorted((n for n in size if size[n] >= 0.5), key=lambda n: -size[n])
+        return Finding(
+            detector=self.name,
+            category="anomaly",
+            severity="info",
+            node=node,
+            ts=self.window_end,
+            since=hold.since,
+            score=round(score or 0.0, 4),
+            job=job,
+            gpu=gpu,
+            rank=rank,
+            window_s=self.window_s,
+            evidence={
+                "observation": "peer_anomaly",
+                "features": x,
+                "stand_out": stand_out,
+                "threshold": None if threshold is None else round(threshold, 4),
+            },
+            clear=event == "clear",
+        )
+
+
+class GpuPeerAnomaly:
+    """A node's feed: each GPU per sampling round, against its siblings; one model per node."""
+
+    name = "peer_anomaly"
+
+    def __init__(
+        self, sample_s: float = 5.0, nic_ports: dict[Any, Any] | None = None, **args: Any
+    ) -> None:
+        self.detector = PeerAnomalyDetector(GPU_FEATURES, **args)
+        self.sample_s = sample_s
+        self.next_round = 0.0
+        #: the node's NIC ports as the NIC detector keeps them (latest ``counters`` and ``ts``
+        #: of each): read once per observed round, so NIC samples cost this feed nothing
+        self.nic_ports: dict[Any, Any] = {} if nic_ports is None else nic_ports
+        self.nic_kept: dict[Any, tuple[float, int]] = {}  # port -> (ts, errors) last read
+
+    def update(self, message: GpuRound) -> list[Finding]:
+        """Observe the round's GPUs (one round every ``sample_s``: a window's mean needs no
+        more, and the node's other rules already see every round)."""
+        if message.ts < self.next_round:
+            return []
+        self.next_round = message.ts + self.sample_s
+        nic = self._nic_errors()
+        found: list[Finding] = []
+        for gpu, s in message.samples.items():
+            values = _gpu_values(s)
+            if nic is not None:
+                values["nic_errors"] = nic
+            found += self.detector.observe(
+                s.ts, gpu, message.node, values, message.node, gpu, job=message.job
+            )
+        return found
+
+    def _nic_errors(self) -> float | None:
+        """log10(1 + the node's NIC error rate): physical errors and retransmits per second
+        over the node's ports, since the previous observed round (None: no rate yet)."""
+        rate = None
+        for port, s in self.nic_ports.items():
+            if s.ts is None:
+                continue
+            total = sum(s.counters.get(n, 0) for n in _NIC_ERRORS)
+            kept = self.nic_kept.get(port)
+            self.nic_kept[port] = (s.ts, total)
+            if kept is not None and s.ts > kept[0]:
+                rate = (rate or 0.0) + max(0, total - kept[1]) / (s.ts - kept[0])
+        return None if rate is None else math.log10(1.0 + rate)
+
+    def tick(self, now: float) -> list[Finding]:
+        return []
+
+    def flush(self) -> list[Finding]:
+        return self.detector.flush()
+
+
+def _gpu_values(s: GpuSample) -> dict[str, float]:
+    values: dict[str, float] = {}
+    if s.temp_c is not None:
+        values["temp_c"] = s.temp_c
+    if s.power_w is not None:
+        values["power"] = s.power_w
+    if s.sm_clock_mhz is not None:
+        values["sm_clock"] = s.sm_clock_mhz
+    return values
+
+
+class RankPeerAnomaly:
+    """A job's feed: each rank's compute time, against its pipeline stage; one model per stage."""
+
+    name = "peer_anomaly"
+
+    def __init__(self, job: str, step_every: int = 5, **args: Any) -> None:
+        self.job = job
+        self.step_every = step_every
+        self.detector = PeerAnomalyDetector(RANK_FEATURES, **args)
+
+    def update(self, message: StepTiming) -> list[Finding]:
+        """Observe the rank's step (every ``step_every``-th step of the job: the same steps
+        for every rank, so that peers stay comparable)."""
+        if message.step % self.step_every or message.compute_s is None:
+            return []
+        return self.detector.observe(
+            message.ts,
+            message.rank,
+            message.pp_stage or 0,
+            {"compute": message.compute_s},
+            message.node,
+            rank=message.rank,  # the rank is the component: its node's GPU feed keys by gpu
+            job=self.job,
+        )
+
+    def tick(self, now: float) -> list[Finding]:
+        return []
+
+    def flush(self) -> list[Finding]:
+        return self.detector.flush()

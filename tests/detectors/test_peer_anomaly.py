@@ -1,0 +1,171 @@
+"""The river models of the engine: peer residuals per window, one model per node or stage."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from guard.agents.simulator import ClusterSimulator, SimConfig
+from guard.detectors.engine import DetectionEngine, EngineConfig, JobDetectors, NodeDetectors
+from guard.detectors.findings import Finding
+from guard.schemas import GpuSample, GuardMessage, StepTiming
+
+T0 = 1_767_225_600.0
+
+
+def node_samples(change: Callable[[int, int], dict[str, float]], seconds: int) -> list[GpuSample]:
+    """Eight busy GPUs of one chassis, sampled every second, with sensor noise and a steady
+    airflow spread (GPU 7 by the warm exhaust runs 10 degrees above its siblings);
+    ``change(t, gpu)`` adds to the readings."""
+    rng = np.random.default_rng(3)
+    out = []
+    for t in range(seconds):
+        for g in range(8):
+            d = change(t, g)
+            out.append(
+                GpuSample(
+                    ts=T0 + t + 0.01 * g,
+                    node="n1",
+                    job="j",
+                    gpu=g,
+                    temp_c=round(61.0 + 0.6 * g + (10.0 if g == 7 else 0.0) + d.get("temp", 0.0)
+                                 + rng.normal(0, 0.7)),
+                    power_w=round(610.0 * (1 + d.get("power", 0.0)) + rng.normal(0, 12), 2),
+                    power_limit_w=700.0,
+                    sm_clock_mhz=round(1980.0 * (1 + d.get("clock", 0.0)) - abs(rng.normal(0, 8))),
+                    sm_clock_max_mhz=1980.0,
+                    util_pct=100.0,
+                    clock_event_reasons=0,
+                )
+            )  # fmt: skip
+    return out
+
+
+def anomalies(found: list[Finding]) -> list[Finding]:
+    return [f for f in found if f.detector == "peer_anomaly" and not f.clear]
+
+
+def run_node(samples: list[GpuSample], node: NodeDetectors | None = None) -> list[Finding]:
+    node = node or NodeDetectors("n1")
+    found: list[Finding] = []
+    for s in samples:
+        found += node.update(s)
+    return found + node.flush()
+
+
+def test_a_steadily_warmer_gpu_is_its_own_normal() -> None:
+    """Hot but healthy: GPU 7 is 10 degrees above its siblings all along, at full clocks and
+    power. Twenty minutes of it give no anomaly at all."""
+    assert anomalies(run_node(node_samples(lambda t, g: {}, 1200))) == []
+
+
+def test_a_gpu_that_starts_to_differ_is_an_info_anomaly_naming_the_features() -> None:
+    def fault(t: int, g: int) -> dict[str, float]:
+        return {"temp": 6.0, "power": -0.1, "clock": -0.05} if g == 3 and t >= 600 else {}
+
+    found = anomalies(run_node(node_samples(fault, 900)))
+    assert {(f.gpu, f.severity, f.category) for f in found} == {(3, "info", "anomaly")}
+    first = found[0]
+    assert first.since >= T0 + 600 and first.ts <= T0 + 660  # within a minute of the onset
+    assert first.evidence["stand_out"][:1] in (["sm_clock"], ["power"], ["temp_c"])
+    assert set(first.evidence["stand_out"]) == {"temp_c", "power", "sm_clock"}
+    assert first.evidence["features"]["sm_clock"] < -0.03 and first.score >= 0.6
+
+
+def test_the_anomaly_clears_when_the_gpu_is_like_its_peers_again() -> None:
+    def episode(t: int, g: int) -> dict[str, float]:
+        return {"clock": -0.08, "power": -0.12} if g == 2 and 500 <= t < 620 else {}
+
+    node = NodeDetectors("n1")
+    found = [f for f in run_node(node_samples(episode, 900), node) if f.detector == "peer_anomaly"]
+    assert [(f.gpu, f.clear) for f in found] == [(2, False), (2, True)]
+    assert found[1].ts < T0 + 700
+
+
+def rank_steps(change: Callable[[int, int], float], steps: int) -> list[StepTiming]:
+    """32 ranks in two pipeline stages; stage 1 does 30 % more work (structure, not a fault);
+    ``change(step, rank)`` is a fractional slowdown of a rank's compute."""
+    rng = np.random.default_rng(5)
+    out = []
+    for step in range(steps):
+        for rank in range(32):
+            stage = rank // 16
+            base = 0.8 * (1.3 if stage == 1 else 1.0)
+            compute = base * (1 + change(step, rank)) * (1 + rng.normal(0, 0.005))
+            out.append(
+                StepTiming(
+                    ts=T0 + step + 0.001 * rank,
+                    node=f"n{rank // 8}",
+                    job="j",
+                    rank=rank,
+                    gpu=rank % 8,
+                    step=step,
+                    step_s=1.0,
+                    compute_s=compute,
+                    pp_stage=stage,
+                )
+            )
+    return out
+
+
+def run_job(messages: list[StepTiming]) -> list[Finding]:
+    job = JobDetectors("j")
+    found: list[Finding] = []
+    for m in messages:
+        found += job.update(m)
+    return anomalies(found + job.flush())
+
+
+def test_ranks_are_compared_within_their_stage() -> None:
+    """The heavy stage is no anomaly; a rank 8 % slower than its own stage is."""
+    assert run_job(rank_steps(lambda step, rank: 0.0, 900)) == []
+    found = run_job(rank_steps(lambda step, rank: 0.08 if rank == 21 and step >= 500 else 0.0, 900))
+    assert {(f.node, f.rank, f.gpu) for f in found} == {("n2", 21, None)}
+    assert found[0].evidence["stand_out"] == ["compute"]
+    assert found[0].evidence["features"]["compute"] > 0.06
+
+
+def test_a_checkpointed_model_resumes_where_it_stopped() -> None:
+    """Pickled mid-run (a streams checkpoint) and restored, the node gives the same findings
+    as one that never stopped."""
+
+    def fault(t: int, g: int) -> dict[str, float]:
+        return {"clock": -0.08, "power": -0.1} if g == 5 and t >= 500 else {}
+
+    samples = node_samples(fault, 1000)
+    whole = run_node(samples)
+    node = NodeDetectors("n1")
+    half: list[Finding] = []
+    for s in samples[: len(samples) // 2]:
+        half += node.update(s)
+    restored = pickle.loads(pickle.dumps(node, protocol=pickle.HIGHEST_PROTOCOL))
+    rest = run_node(samples[len(samples) // 2 :], restored)
+    assert anomalies(whole) and [(f.gpu, f.ts, f.score) for f in anomalies(half + rest)] == [
+        (f.gpu, f.ts, f.score) for f in anomalies(whole)
+    ]
+
+
+def _simulated(nodes: int, seconds: float) -> list[GuardMessage]:
+    sim = ClusterSimulator(SimConfig(nodes=nodes, duration_s=seconds, seed=4))
+    return list(sim.messages())
+
+
+def test_state_stays_within_the_per_gpu_budget_and_the_switch_turns_it_off() -> None:
+    messages = _simulated(8, 240)
+
+    def per_gpu(config: EngineConfig) -> tuple[float, dict[str, Any]]:
+        engine = DetectionEngine(config)
+        for m in messages:
+            engine.update(m)
+        engine.flush()
+        gpus = sum(len(p.errors.gpus) for p in engine.nodes.values())
+        return sum(engine.state_bytes().values()) / gpus, engine.nodes
+
+    on, nodes_on = per_gpu(EngineConfig())
+    off, nodes_off = per_gpu(EngineConfig(peer_anomaly=False))
+    assert all(p.anomaly is not None for p in nodes_on.values())
+    assert all(p.anomaly is None for p in nodes_off.values())
+    assert off < on < 10_000  # the design's budget: under 10 KB of detector state per GPU

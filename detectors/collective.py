@@ -72,7 +72,7 @@ from typing import Any
 from guard.schemas import CollectiveTiming, StepTiming
 
 from .findings import Finding
-from .peer_groups import structure_groups
+from .peer_groups import LevelTracker
 from .persistent_deviation import DeviationTracker, GroupNoise, PersistenceRule
 from .robust import median
 
@@ -118,8 +118,9 @@ class CollectiveHomogeneityDetector:
         self.imbalance_late = imbalance_late
         self.stage_of: dict[int, int | None] = {}  # rank -> pipeline stage (step telemetry)
         self.gpu_of: dict[int, int] = {}
-        self.level: dict[tuple[str, int], float] = {}  # smoothed lateness against the job
+        self.level: dict[str, LevelTracker] = {}  # ranks' smoothed lateness against the job
         self.imbalanced: dict[str, bool] = {}
+        self.group_of: dict[tuple[str, int], str] = {}
         self.rule = rule or PersistenceRule(min_residual=0.02, abs_residual=0.06)
         self.link_rule = link_rule or PersistenceRule(min_residual=0.15, abs_residual=0.3)
         self.close_lag = close_lag
@@ -248,12 +249,10 @@ class CollectiveHomogeneityDetector:
         self, comm: str, arrive: dict[int, float], center: float, interval: float
     ) -> dict[tuple[str, int | None], list[int]]:
         """The op's ranks by the work they do: pipeline stage where known, else structure."""
-        level = self.level
-        for rank, t in arrive.items():
-            r = (t - center) / interval
-            key = (comm, rank)
-            prev = level.get(key)
-            level[key] = r if prev is None else prev + _SMOOTHING * (r - prev)
+        level = self.level.get(comm)
+        if level is None:
+            level = self.level[comm] = LevelTracker()
+        level.update({rank: (t - center) / interval for rank, t in arrive.items()})
         stage_of = self.stage_of
         known = {r: stage_of[r] for r in arrive if stage_of.get(r) is not None}
         groups: dict[tuple[str, int | None], list[int]] = {}
@@ -261,9 +260,7 @@ class CollectiveHomogeneityDetector:
             for rank in arrive:
                 groups.setdefault(("stage", known[rank]), []).append(rank)
             return groups
-        found = structure_groups(
-            {r: level[(comm, r)] for r in arrive}, self.node_of, self.structure_gap, self.min_peers
-        )
+        found = level.groups(list(arrive), self.node_of, self.structure_gap, self.min_peers)
         for rank in arrive:
             groups.setdefault(("late", found[rank]), []).append(rank)
         return groups
@@ -283,10 +280,14 @@ class CollectiveHomogeneityDetector:
         center = median([arrive[r] for r in members])
         residuals = [(arrive[r] - center) / interval for r in members]
         trackers = []
+        group_of = self.group_of
         for rank in members:
-            tracker = self.late.get((comm, rank))
-            if tracker is None:
-                tracker = self.late[(comm, rank)] = DeviationTracker()
+            key = (comm, rank)
+            tracker = self.late.get(key)
+            if tracker is None or group_of.get(key) != noise_key:
+                # a rank that changed groups starts a fresh history among its new peers
+                tracker = self.late[key] = DeviationTracker()
+                group_of[key] = noise_key
             trackers.append(tracker)
         noise = self.noise.get(noise_key)
         if noise is None:
@@ -335,9 +336,9 @@ class CollectiveHomogeneityDetector:
         """A group late as a whole against the earliest group: job-level structure (info)."""
         if len(groups) < 2:
             return []
-        level = self.level
+        levels = self.level[comm].levels
         means = {
-            str(k[1]): median([level[(comm, r)] for r in members])
+            str(k[1]): median([levels[r] for r in members])
             for k, members in groups.items()
             if len(members) >= self.min_peers
         }

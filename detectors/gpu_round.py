@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from guard.schemas import GpuSample
-from guard.schemas.nvml_codes import TROUBLE_REASONS
+from guard.schemas.nvml_codes import SW_POWER_CAP, TROUBLE_REASONS
 
 from .findings import Finding
 from .hold import Hold
@@ -90,7 +90,7 @@ def impact_of(
     med: RoundMedians,
     slowdown_c: float,
     margin_c: float = 2.0,
-    clock_deficit: float = 0.03,
+    clock_deficit: float = 0.05,
     power_deficit: float = 0.1,
     min_util: float = 50.0,
     reasons: int = TROUBLE_REASONS,
@@ -100,10 +100,14 @@ def impact_of(
     ``slowdown_c`` is the threshold used when the sample does not carry NVML's own
     (``temp_slowdown_c``). Deficits count only under load, against loaded siblings.
     """
-    if (s.clock_event_reasons or 0) & reasons:
+    bits = s.clock_event_reasons or 0
+    if bits & reasons:
         return "reason_bits"
     loaded = s.util_pct is not None and s.util_pct >= min_util
-    if loaded and med.util_pct is not None and med.util_pct >= min_util:
+    # a GPU at its power limit (0x4 alone) is held back by its limit, which every loaded
+    # GPU touches now and then: a deficit then is the power rule's business, not this one's
+    capped = bool(bits & SW_POWER_CAP) and not (bits & reasons)
+    if loaded and not capped and med.util_pct is not None and med.util_pct >= min_util:
         if (
             s.sm_clock_mhz is not None
             and med.sm_clock_mhz

@@ -10,8 +10,10 @@ finds the one rank that is late *within* it.
 
 Where telemetry names the pipeline stage (``StepTiming.pp_stage``), the stage is the group.
 Where it does not, :func:`structure_groups` finds the groups from each rank's smoothed level
-(its persistent lateness or slowness against the whole job): sorted levels split where two
-neighbours differ by more than ``gap``; a cluster of at least ``min_size`` ranks on at least
+(its persistent lateness or slowness against the whole job, :class:`LevelTracker`): sorted
+levels split where two neighbours differ by more than ``gap`` and by more than four times
+the levels' own noise (a noisy job's smoothed levels wander; only a separation well beyond
+that is structure); a cluster of at least ``min_size`` ranks on at least
 two nodes is a structural group (a fault does not strike several nodes at once, at the same
 level); every other rank — a lone late rank, all the ranks of one node — stays with the
 largest cluster, where it can be claimed.
@@ -33,9 +35,52 @@ Rank 3, late by itself, stays in group 0, where it is compared with its peers an
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping
 
-__all__ = ["structure_groups"]
+from .robust import mad_sigma
+
+__all__ = ["LevelTracker", "structure_groups"]
+
+_ALPHA = 0.1  # smoothing of a rank's level
+#: standard deviation of an exponentially smoothed level, per unit of round-to-round noise
+_LEVEL_NOISE = math.sqrt(_ALPHA / (2.0 - _ALPHA))
+
+
+class LevelTracker:
+    """Each member's smoothed residual against the whole group, and the rounds' own noise."""
+
+    __slots__ = ("jitter", "levels")
+
+    def __init__(self) -> None:
+        self.levels: dict[int, float] = {}
+        self.jitter = -1.0  # smoothed MAD-sigma of residual minus level (round-to-round noise)
+
+    def update(self, residuals: Mapping[int, float]) -> None:
+        levels = self.levels
+        innovations = [r - levels[k] for k, r in residuals.items() if k in levels]
+        if len(innovations) >= 3:
+            step = mad_sigma(innovations)
+            self.jitter = step if self.jitter < 0 else self.jitter + _ALPHA * (step - self.jitter)
+        for k, r in residuals.items():
+            prev = levels.get(k)
+            levels[k] = r if prev is None else prev + _ALPHA * (r - prev)
+
+    def noise(self) -> float:
+        """Standard deviation of a level from noise alone."""
+        return max(0.0, self.jitter) * _LEVEL_NOISE
+
+    def groups(
+        self, members: list[int], node_of: Mapping[int, str], gap: float, min_size: int
+    ) -> dict[int, int]:
+        """:func:`structure_groups` of ``members``, the gap at least four level noises."""
+        levels = self.levels
+        return structure_groups(
+            {m: levels.get(m, 0.0) for m in members},
+            node_of,
+            max(gap, 4.0 * self.noise()),
+            min_size,
+        )
 
 
 def structure_groups(

@@ -62,7 +62,7 @@ from typing import Any
 from guard.schemas import StepTiming
 
 from .findings import Finding
-from .peer_groups import structure_groups
+from .peer_groups import LevelTracker
 from .persistent_deviation import DeviationTracker, GroupNoise, PersistenceRule
 from .robust import median
 
@@ -87,7 +87,8 @@ class PeerStragglerDetector:
     ) -> None:
         self.structure_gap = structure_gap
         self.worse_factor = worse_factor
-        self.level: dict[int, float] = {}  # smoothed slowness against the job (stage unknown)
+        self.level = LevelTracker()  # smoothed slowness against the job (stage unknown)
+        self.group_of: dict[int, tuple[str, int | None]] = {}
         self.reported: dict[int, float] = {}  # claimed rank -> slowdown last reported
         self.job = job
         self.rule = rule or PersistenceRule()
@@ -164,16 +165,10 @@ class PeerStragglerDetector:
                 groups[("late", 0)] = unknown
             return groups
         center = median([row[r] for r in unknown])
-        level = self.level
         if center > 0.0:
-            for rank in unknown:
-                r = row[rank] / center - 1.0
-                prev = level.get(rank)
-                level[rank] = r if prev is None else prev + 0.1 * (r - prev)
+            self.level.update({r: row[r] / center - 1.0 for r in unknown})
         node_of = {r: ranks[r][0] for r in unknown}
-        found = structure_groups(
-            {r: level.get(r, 0.0) for r in unknown}, node_of, self.structure_gap, self.min_peers
-        )
+        found = self.level.groups(unknown, node_of, self.structure_gap, self.min_peers)
         for rank in unknown:
             groups.setdefault(("late", found[rank]), []).append(rank)
         return groups
@@ -192,10 +187,13 @@ class PeerStragglerDetector:
             stage_medians[key[1] if key[0] == "stage" else f"late{key[1]}"] = center
             residuals = [v / center - 1.0 for v in values]
             trackers = []
+            group_of = self.group_of
             for rank in members:
                 tracker = self.trackers.get(rank)
-                if tracker is None:
+                if tracker is None or group_of.get(rank) != key:
+                    # a rank that changed groups starts a fresh history among its new peers
                     tracker = self.trackers[rank] = DeviationTracker()
+                    group_of[rank] = key
                 trackers.append(tracker)
             noise = self.noise.get(key)
             if noise is None:

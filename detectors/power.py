@@ -115,8 +115,14 @@ class PowerDetector(GpuRoundRule):
                     and s.sm_clock_mhz < 0.97 * clock_med
                 ):
                     impact = "sm_clock_deficit"
-            watched = self.watched(gpu, capped or low, s.ts)
-            held = self.held(gpu, impact is not None, s.ts)
+            odd = capped or low
+            # the common case, a healthy GPU without state, costs no call
+            watched = self.watched(gpu, odd, s.ts) if odd or gpu in self.watch else None
+            held = (
+                self.held(gpu, True, s.ts)
+                if impact is not None
+                else (self.held(gpu, False, s.ts) if gpu in self.holds else None)
+            )
             if held is None and watched is None:
                 continue
             evidence: dict[str, Any] = {

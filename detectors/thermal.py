@@ -108,8 +108,10 @@ class ThermalDetector(GpuRoundRule):
                 if medians is None:
                     medians = RoundMedians.of(message)
                 impact = impact_of(s, medians, self.limit_c, self.margin_c, reasons=_REASONS)
-            watched = self.watched(gpu, hot, s.ts)
-            held = self.held(gpu, bool(bits) or (hot and impact is not None), s.ts)
+            claim = bool(bits) or (hot and impact is not None)
+            # the common case, a healthy GPU without state, costs no call
+            watched = self.watched(gpu, hot, s.ts) if hot or gpu in self.watch else None
+            held = self.held(gpu, claim, s.ts) if claim or gpu in self.holds else None
             if held is None and watched is None:
                 continue
             evidence: dict[str, Any] = {

@@ -111,10 +111,12 @@ class CollectiveHomogeneityDetector:
         hang_min_s: float = 20.0,
         min_peers: int = 4,
         structure_gap: float = 0.02,
+        min_group: int = 8,
         imbalance_late: float = 0.02,
     ) -> None:
         self.job = job
         self.structure_gap = structure_gap
+        self.min_group = min_group  # smallest structural group: a stage, a rack
         self.imbalance_late = imbalance_late
         self.stage_of: dict[int, int | None] = {}  # rank -> pipeline stage (step telemetry)
         self.gpu_of: dict[int, int] = {}
@@ -260,7 +262,7 @@ class CollectiveHomogeneityDetector:
             for rank in arrive:
                 groups.setdefault(("stage", known[rank]), []).append(rank)
             return groups
-        found = level.groups(list(arrive), self.node_of, self.structure_gap, self.min_peers)
+        found = level.groups(list(arrive), self.node_of, self.structure_gap, self.min_group)
         for rank in arrive:
             groups.setdefault(("late", found[rank]), []).append(rank)
         return groups
@@ -281,13 +283,16 @@ class CollectiveHomogeneityDetector:
         residuals = [(arrive[r] - center) / interval for r in members]
         trackers = []
         group_of = self.group_of
+        level = self.level.get(comm)
+        where = f"{noise_key}@{level.version if level is not None else 0}"
         for rank in members:
             key = (comm, rank)
             tracker = self.late.get(key)
-            if tracker is None or group_of.get(key) != noise_key:
+            if tracker is None or (group_of.get(key) != where and not tracker.active):
                 # a rank that changed groups starts a fresh history among its new peers
+                # (a claimed one keeps its claim: its own lateness may have moved it)
                 tracker = self.late[key] = DeviationTracker()
-                group_of[key] = noise_key
+            group_of[key] = where
             trackers.append(tracker)
         noise = self.noise.get(noise_key)
         if noise is None:

@@ -13,10 +13,11 @@ Where it does not, :func:`structure_groups` finds the groups from each rank's sm
 (its persistent lateness or slowness against the whole job, :class:`LevelTracker`): sorted
 levels split where two neighbours differ by more than ``gap`` and by more than four times
 the levels' own noise (a noisy job's smoothed levels wander; only a separation well beyond
-that is structure); a cluster of at least ``min_size`` ranks on at least
-two nodes is a structural group (a fault does not strike several nodes at once, at the same
-level); every other rank — a lone late rank, all the ranks of one node — stays with the
-largest cluster, where it can be claimed.
+that is structure). A cluster of at least ``min_size`` ranks (the detectors ask for eight:
+a stage or a rack, not a handful of noisy workers) on at least two nodes is a structural
+group (a fault does not strike several nodes at once, at the same level) once the same
+grouping has held ``settle`` rounds in a row; every other rank (a lone late rank, all the
+ranks of one node) stays with the largest cluster, where it can be claimed.
 
 Example
 -------
@@ -50,11 +51,16 @@ _LEVEL_NOISE = math.sqrt(_ALPHA / (2.0 - _ALPHA))
 class LevelTracker:
     """Each member's smoothed residual against the whole group, and the rounds' own noise."""
 
-    __slots__ = ("jitter", "levels")
+    __slots__ = ("accepted", "candidate", "jitter", "levels", "settle", "streak", "version")
 
-    def __init__(self) -> None:
+    def __init__(self, settle: int = 10) -> None:
         self.levels: dict[int, float] = {}
         self.jitter = -1.0  # smoothed MAD-sigma of residual minus level (round-to-round noise)
+        self.settle = settle
+        self.accepted: dict[int, int] = {}
+        self.candidate: dict[int, int] = {}
+        self.streak = 0
+        self.version = 0  # counts changes of the accepted grouping (members' peers changed)
 
     def update(self, residuals: Mapping[int, float]) -> None:
         levels = self.levels
@@ -73,14 +79,26 @@ class LevelTracker:
     def groups(
         self, members: list[int], node_of: Mapping[int, str], gap: float, min_size: int
     ) -> dict[int, int]:
-        """:func:`structure_groups` of ``members``, the gap at least four level noises."""
+        """:func:`structure_groups` of ``members``, the gap at least four level noises, once
+        the same grouping has come out ``settle`` rounds in a row (persistently late
+        together: clusters that form and dissolve in a noisy job are not structure)."""
         levels = self.levels
-        return structure_groups(
+        found = structure_groups(
             {m: levels.get(m, 0.0) for m in members},
             node_of,
             max(gap, 4.0 * self.noise()),
             min_size,
         )
+        found = {m: g for m, g in found.items() if g}  # only ranks outside group 0
+        if found == self.candidate:
+            self.streak += 1
+        else:
+            self.candidate, self.streak = found, 1
+        if self.streak >= self.settle and found != self.accepted:
+            self.accepted = found
+            self.version += 1
+        accepted = self.accepted
+        return {m: accepted.get(m, 0) for m in members}
 
 
 def structure_groups(

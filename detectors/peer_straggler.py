@@ -83,12 +83,14 @@ class PeerStragglerDetector:
         imbalance_ratio: float = 1.05,
         critical_slowdown: float = 0.5,
         structure_gap: float = 0.02,
+        min_group: int = 8,
         worse_factor: float = 2.0,
     ) -> None:
         self.structure_gap = structure_gap
+        self.min_group = min_group  # smallest structural group: a stage, a rack
         self.worse_factor = worse_factor
         self.level = LevelTracker()  # smoothed slowness against the job (stage unknown)
-        self.group_of: dict[int, tuple[str, int | None]] = {}
+        self.group_of: dict[int, tuple[tuple[str, int | None], int]] = {}
         self.reported: dict[int, float] = {}  # claimed rank -> slowdown last reported
         self.job = job
         self.rule = rule or PersistenceRule()
@@ -168,7 +170,7 @@ class PeerStragglerDetector:
         if center > 0.0:
             self.level.update({r: row[r] / center - 1.0 for r in unknown})
         node_of = {r: ranks[r][0] for r in unknown}
-        found = self.level.groups(unknown, node_of, self.structure_gap, self.min_peers)
+        found = self.level.groups(unknown, node_of, self.structure_gap, self.min_group)
         for rank in unknown:
             groups.setdefault(("late", found[rank]), []).append(rank)
         return groups
@@ -188,12 +190,17 @@ class PeerStragglerDetector:
             residuals = [v / center - 1.0 for v in values]
             trackers = []
             group_of = self.group_of
+            where = (key, self.level.version)
             for rank in members:
                 tracker = self.trackers.get(rank)
-                if tracker is None or group_of.get(rank) != key:
+                if tracker is None or (group_of.get(rank) != where and not tracker.active):
                     # a rank that changed groups starts a fresh history among its new peers
                     tracker = self.trackers[rank] = DeviationTracker()
-                    group_of[rank] = key
+                elif group_of.get(rank) != where and rank in self.reported:
+                    # a claimed one keeps its claim (its own lateness may have moved it), but
+                    # its residuals against new peers are no measure of a worse slowdown
+                    self.reported[rank] = float("inf")
+                group_of[rank] = where
                 trackers.append(tracker)
             noise = self.noise.get(key)
             if noise is None:

@@ -71,7 +71,7 @@ from typing import Any
 
 from guard.schemas import CollectiveTiming, StepTiming
 
-from .findings import Finding
+from .findings import Finding, imbalance_info
 from .peer_groups import LevelTracker
 from .persistent_deviation import DeviationTracker, GroupNoise, PersistenceRule
 from .robust import median
@@ -364,20 +364,7 @@ class CollectiveHomogeneityDetector:
             },
             "grouped_by": "pp_stage" if next(iter(groups))[0] == "stage" else "late_together",
         }
-        return [
-            Finding(
-                detector=self.name,
-                category="imbalance",
-                severity="info",
-                node=None,
-                ts=op.ts,
-                since=op.ts,
-                score=round(late, 4),
-                job=self.job,
-                evidence=evidence,
-                clear=not now,
-            )
-        ]
+        return [imbalance_info(self.name, self.job, op.ts, round(late, 4), evidence, not now)]
 
     def _connections(self, comm: str, seq: int, op: _PendingOp) -> list[Finding]:
         if len(op.conns) < self.min_peers:

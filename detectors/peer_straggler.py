@@ -61,7 +61,7 @@ from typing import Any
 
 from guard.schemas import StepTiming
 
-from .findings import Finding
+from .findings import Finding, imbalance_info
 from .peer_groups import LevelTracker
 from .persistent_deviation import DeviationTracker, GroupNoise, PersistenceRule
 from .robust import median
@@ -297,17 +297,4 @@ class PeerStragglerDetector:
             "ratio": round(ratio, 3),
             "step": step,
         }
-        return [
-            Finding(
-                detector=self.name,
-                category="imbalance",
-                severity="info",
-                node=None,
-                ts=ts,
-                since=ts,
-                score=round(ratio, 3),
-                job=self.job,
-                evidence=evidence,
-                clear=not now,
-            )
-        ]
+        return [imbalance_info(self.name, self.job, ts, round(ratio, 3), evidence, not now)]

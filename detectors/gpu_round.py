@@ -91,14 +91,16 @@ def impact_of(
     slowdown_c: float,
     margin_c: float = 2.0,
     clock_deficit: float = 0.05,
-    power_deficit: float = 0.1,
+    power_deficit: float = 0.2,
     min_util: float = 50.0,
     reasons: int = TROUBLE_REASONS,
 ) -> str | None:
     """The first signal that ``s``'s GPU is or will soon be slower, or ``None``.
 
     ``slowdown_c`` is the threshold used when the sample does not carry NVML's own
-    (``temp_slowdown_c``). Deficits count only under load, against loaded siblings.
+    (``temp_slowdown_c``). Deficits count only under load, against loaded siblings; the power
+    deficit only from ``power_deficit`` (20 %): healthy GPUs at the same clocks and load differ
+    by several per cent in draw (silicon, cooling), which costs no speed.
     """
     bits = s.clock_event_reasons or 0
     if bits & reasons:

@@ -33,8 +33,9 @@ minute or two), small clock skew between hosts, and slightly out-of-order arriva
 node's messages. Always there, as in real clusters: each chassis's GPUs spread by 5-15 deg C
 with airflow position (steady, at full clocks), and a pipeline job's job-wide gradient-norm
 all-reduce (``<job>/world``) where the heaviest stage arrives last every step; about a third
-of the random faults land in that stage. Baseline noise also has healthy GPUs touch their power limit now and then
-(``0x4`` for a sample) and a rare single symbol error on healthy links.
+of the random faults land in that stage. Baseline noise also has healthy GPUs touch their
+power limit now and then (``0x4`` for a sample) and a rare single symbol error on healthy
+links.
 
 Library use (what ``guard demo`` and the detection-quality benchmark do)::
 

@@ -430,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     for family in [*FAMILIES, "ALL"]:
         for name in DETECTORS:
             t = tallies.get((family, name))
-            if t is None:
+            if t is None or not t.runs:
                 continue
             span = (
                 f"{100 * t.min_slowdown:.0f}-{100 * t.max_slowdown:.0f}%"
@@ -450,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  guard false claims in {family}: {t.false_by}")
     print("-" * len(head))
     real = [] if args.soak_only else pai_rows() + nab_rows()
-    if not (args.quick or args.no_smd):
+    if not (args.quick or args.no_smd or args.soak_only):
         real += smd_rows()
     for source, name, text in real:
         print(f"{source:<17} {name:<11} {text}")

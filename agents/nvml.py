@@ -120,6 +120,13 @@ class NvmlCollector:
             power = call(index, "power_w", nv.nvmlDeviceGetPowerUsage, handle)
             limit = call(index, "power_limit_w", nv.nvmlDeviceGetEnforcedPowerLimit, handle)
             values["temp_c"] = temp
+            values["temp_slowdown_c"] = self._static_value(
+                index,
+                "temp_slowdown_c",
+                nv.nvmlDeviceGetTemperatureThreshold,
+                handle,
+                nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+            )
             values["power_w"] = None if power is None else power / 1000.0
             values["power_limit_w"] = None if limit is None else limit / 1000.0
             values["sm_clock_mhz"] = call(

@@ -4,7 +4,8 @@ Per sampling round of a node, a GPU is suspect when it is under load (``util_pct
 min_util``), the idle reason bit (0x1) is clear, and its SM clock is more than ``low_ratio``
 below the node's median SM clock. Thermal and power throttling also lower clocks; fusion
 reports those under their cause, and this rule catches the rest (a stuck clock, an
-application clock set low, a hw slowdown 0x8 without a thermal reason).
+application clock set low, a hw slowdown 0x8 without a thermal reason). The clock deficit
+under load is itself the impact that a claim needs (``impact: sm_clock_deficit``).
 
 Parameters
 ----------
@@ -85,6 +86,7 @@ class ClockDetector(GpuRoundRule):
                 "below_peers_pct": round(100.0 * below, 1),
                 "util_pct": s.util_pct,
                 "reasons": hex(s.clock_event_reasons or 0),
+                "impact": "sm_clock_deficit",
             }
             score = round(below, 3)
             found.append(self.finding(message, gpu, held, "clock", "warning", score, evidence))

@@ -4,10 +4,15 @@ In a healthy bulk-synchronous job the ranks of one communicator enter each colle
 about the same time and every connection moves its bytes at about the same speed. Per job,
 per communicator and sequence number, this detector finds:
 
-* **non-communication slow** — the rank that persistently arrives late: its lateness
-  ``(arrive - median arrive) / typical interval between collectives`` goes through the same
-  persistence rule as :mod:`~guard.detectors.peer_straggler` (category ``straggler``); this is
-  also the fallback when ranks report no ``compute_s``;
+* **non-communication slow** — the rank that persistently arrives late *within its own
+  group*: its lateness ``(arrive - median arrive of its group) / typical interval between
+  collectives`` goes through the same persistence rule as
+  :mod:`~guard.detectors.peer_straggler` (category ``straggler``); this is also the fallback
+  when ranks report no ``compute_s``. Groups are the ranks that do the same work
+  (:mod:`~guard.detectors.peer_groups`): the pipeline stage from the job's step telemetry
+  (:meth:`observe`), or, where unknown, ranks persistently late together on several nodes.
+  A group late as a whole at a collective that spans groups is structure, not a fault: a
+  job-level ``imbalance`` info finding;
 * **communication slow** — connections slower per byte than the op's median; a node whose
   connections to other nodes are *all* persistently slow (its fastest connection is slower
   than its peers' — a node's NIC, not one neighbour's) is at fault (category ``comm_slow``);
@@ -41,7 +46,7 @@ non-communication hang, communication slow and non-communication slow.
 
 Example
 -------
->>> from guard.schemas import CollectiveTiming
+>>> from guard.schemas import CollectiveTiming, StepTiming
 >>> from guard.detectors.collective import CollectiveHomogeneityDetector
 >>> det = CollectiveHomogeneityDetector("job-a")
 >>> found = []
@@ -64,9 +69,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from guard.schemas import CollectiveTiming
+from guard.schemas import CollectiveTiming, StepTiming
 
-from .findings import Finding
+from .findings import Finding, imbalance_info
+from .peer_groups import LevelTracker
 from .persistent_deviation import DeviationTracker, GroupNoise, PersistenceRule
 from .robust import median
 
@@ -104,8 +110,19 @@ class CollectiveHomogeneityDetector:
         hang_factor: float = 20.0,
         hang_min_s: float = 20.0,
         min_peers: int = 4,
+        structure_gap: float = 0.02,
+        min_group: int = 8,
+        imbalance_late: float = 0.02,
     ) -> None:
         self.job = job
+        self.structure_gap = structure_gap
+        self.min_group = min_group  # smallest structural group: a stage, a rack
+        self.imbalance_late = imbalance_late
+        self.stage_of: dict[int, int | None] = {}  # rank -> pipeline stage (step telemetry)
+        self.gpu_of: dict[int, int] = {}
+        self.level: dict[str, LevelTracker] = {}  # ranks' smoothed lateness against the job
+        self.imbalanced: dict[str, bool] = {}
+        self.group_of: dict[tuple[str, int], str] = {}
         self.rule = rule or PersistenceRule(min_residual=0.02, abs_residual=0.06)
         self.link_rule = link_rule or PersistenceRule(min_residual=0.15, abs_residual=0.3)
         self.close_lag = close_lag
@@ -126,6 +143,12 @@ class CollectiveHomogeneityDetector:
         self.slow_nodes: dict[str, DeviationTracker] = {}
 
     # --- input -----------------------------------------------------------------------------
+
+    def observe(self, message: StepTiming) -> None:
+        """Learn a rank's pipeline stage and GPU from the job's step telemetry."""
+        self.stage_of[message.rank] = message.pp_stage
+        if message.gpu is not None:
+            self.gpu_of[message.rank] = message.gpu
 
     def update(self, message: CollectiveTiming) -> list[Finding]:
         """Add one rank's timing of one op; return findings of the ops it closed."""
@@ -217,20 +240,66 @@ class CollectiveHomogeneityDetector:
         self.interval[comm] = interval
         if len(arrive) < self.min_peers or interval <= 0.0:
             return []
-        ranks = list(arrive)
-        residuals = [(arrive[r] - center) / interval for r in ranks]
+        found: list[Finding] = []
+        groups = self._groups(comm, arrive, center, interval)
+        for key, members in groups.items():
+            found += self._judge_group(comm, seq, op, f"{comm}#{key[0]}{key[1]}", members, interval)
+        found += self._imbalance(comm, seq, op, groups, interval)
+        return found
+
+    def _groups(
+        self, comm: str, arrive: dict[int, float], center: float, interval: float
+    ) -> dict[tuple[str, int | None], list[int]]:
+        """The op's ranks by the work they do: pipeline stage where known, else structure."""
+        level = self.level.get(comm)
+        if level is None:
+            level = self.level[comm] = LevelTracker()
+        level.update({rank: (t - center) / interval for rank, t in arrive.items()})
+        stage_of = self.stage_of
+        known = {r: stage_of[r] for r in arrive if stage_of.get(r) is not None}
+        groups: dict[tuple[str, int | None], list[int]] = {}
+        if len(known) == len(arrive):
+            for rank in arrive:
+                groups.setdefault(("stage", known[rank]), []).append(rank)
+            return groups
+        found = level.groups(list(arrive), self.node_of, self.structure_gap, self.min_group)
+        for rank in arrive:
+            groups.setdefault(("late", found[rank]), []).append(rank)
+        return groups
+
+    def _judge_group(
+        self,
+        comm: str,
+        seq: int,
+        op: _PendingOp,
+        noise_key: str,
+        members: list[int],
+        interval: float,
+    ) -> list[Finding]:
+        arrive = op.arrive
+        if len(members) < self.min_peers:
+            return []
+        center = median([arrive[r] for r in members])
+        residuals = [(arrive[r] - center) / interval for r in members]
         trackers = []
-        for rank in ranks:
-            tracker = self.late.get((comm, rank))
-            if tracker is None:
-                tracker = self.late[(comm, rank)] = DeviationTracker()
+        group_of = self.group_of
+        level = self.level.get(comm)
+        where = f"{noise_key}@{level.version if level is not None else 0}"
+        for rank in members:
+            key = (comm, rank)
+            tracker = self.late.get(key)
+            if tracker is None or (group_of.get(key) != where and not tracker.active):
+                # a rank that changed groups starts a fresh history among its new peers
+                # (a claimed one keeps its claim: its own lateness may have moved it)
+                tracker = self.late[key] = DeviationTracker()
+            group_of[key] = where
             trackers.append(tracker)
-        noise = self.noise.get(comm)
+        noise = self.noise.get(noise_key)
         if noise is None:
-            noise = self.noise[comm] = GroupNoise()
+            noise = self.noise[noise_key] = GroupNoise()
         found: list[Finding] = []
         for i, event in noise.judge(trackers, residuals, self.rule, op.ts):
-            rank, tracker = ranks[i], trackers[i]
+            rank, tracker = members[i], trackers[i]
             mean = tracker.slow_mean()
             evidence: dict[str, Any] = {
                 "metric": "arrival_lateness",
@@ -239,6 +308,8 @@ class CollectiveHomogeneityDetector:
                 "late_pct_of_interval": round(100.0 * mean, 1),
                 "interval_s": round(interval, 6),
                 "late_ops": f"{tracker.slow_rounds()}/{len(tracker.scores)}",
+                "group_ranks": len(members),
+                "pp_stage": self.stage_of.get(rank),
                 "since_ts": tracker.since_ts,
             }
             found.append(
@@ -251,12 +322,49 @@ class CollectiveHomogeneityDetector:
                     since=tracker.since_ts,
                     score=round(mean, 4),
                     job=self.job,
+                    gpu=self.gpu_of.get(rank),
                     rank=rank,
                     evidence=evidence,
                     clear=event == "clear",
                 )
             )
         return found
+
+    def _imbalance(
+        self,
+        comm: str,
+        seq: int,
+        op: _PendingOp,
+        groups: dict[tuple[str, int | None], list[int]],
+        interval: float,
+    ) -> list[Finding]:
+        """A group late as a whole against the earliest group: job-level structure (info)."""
+        if len(groups) < 2:
+            return []
+        levels = self.level[comm].levels
+        means = {
+            str(k[1]): median([levels[r] for r in members])
+            for k, members in groups.items()
+            if len(members) >= self.min_peers
+        }
+        if len(means) < 2:
+            return []
+        late = max(means.values()) - min(means.values())
+        was = self.imbalanced.get(comm, False)
+        now = late >= (0.5 * self.imbalance_late if was else self.imbalance_late)
+        if now == was:
+            return []
+        self.imbalanced[comm] = now
+        evidence: dict[str, Any] = {
+            "metric": "arrival_lateness",
+            "comm": comm,
+            "seq": seq,
+            "group_late_pct_of_interval": {
+                k: round(100.0 * v, 1) for k, v in sorted(means.items())
+            },
+            "grouped_by": "pp_stage" if next(iter(groups))[0] == "stage" else "late_together",
+        }
+        return [imbalance_info(self.name, self.job, op.ts, round(late, 4), evidence, not now)]
 
     def _connections(self, comm: str, seq: int, op: _PendingOp) -> list[Finding]:
         if len(op.conns) < self.min_peers:

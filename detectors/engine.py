@@ -255,6 +255,8 @@ class JobDetectors(_DetectorSet):
         """A step or collective timing of this job, to the detectors that read it."""
         if isinstance(message, StepTiming):
             found: list[Finding] = []
+            if self.collectives is not None:
+                self.collectives.observe(message)  # ranks' stages: C4D compares within them
             if self.stragglers is not None:
                 found += self.stragglers.update(message)
             if self.regression is not None:

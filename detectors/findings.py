@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["Detector", "Finding"]
+__all__ = ["Detector", "Finding", "imbalance_info"]
 
 _Message_contra = TypeVar("_Message_contra", contravariant=True)
 
@@ -98,3 +98,21 @@ class Detector(Protocol[_Message_contra]):
     def flush(self) -> list[Finding]:
         """End of input: evaluate what is still pending."""
         ...
+
+
+def imbalance_info(
+    detector: str, job: str, ts: float, score: float, evidence: dict[str, Any], clear: bool
+) -> Finding:
+    """A job-level ``imbalance`` observation: ranks doing different work, not a node fault."""
+    return Finding(
+        detector=detector,
+        category="imbalance",
+        severity="info",
+        node=None,
+        ts=ts,
+        since=ts,
+        score=score,
+        job=job,
+        evidence=evidence,
+        clear=clear,
+    )

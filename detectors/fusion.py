@@ -5,14 +5,20 @@ clock is low (clocks), its rank computes slowly (peer straggler) and arrives lat
 collective (C4D). :class:`NodeFusion` keeps the node's active findings and emits a flag only
 when the node's suspicion *starts*, *escalates* (a higher severity) or is *explained* by a
 more specific cause (a category of higher :data:`PRIORITY`, e.g. a straggler turns out to be
-thermal). Every other finding only adds to the evidence of the next flag. A suspicion ends
-when its detectors withdraw all their findings.
+thermal), or when **new independent evidence** arrives on a node already under suspicion: a
+claim on a component (GPU, NIC, rank) not yet claimed, or a materially worse slowdown
+(``score`` at least :data:`WORSE_FACTOR` times the flagged one and :data:`WORSE_MIN` more)
+of the same category on the same component — a second fault is never absorbed by the first
+suspicion. Every other finding only adds to the evidence of the next flag. A suspicion ends
+when its detectors withdraw all their claims.
 
 Each flag's id is :func:`guard.schemas.stable_id` of the finding that triggered it (node,
 category, detector, component and the event time its evidence began), so replays and
 duplicated deliveries give the same ids. Its evidence says why at a glance: a one-line
-``summary``, the triggering detector's figures, and ``also``: the node's other active
-findings.
+``summary``, the triggering detector's figures, ``also``: the node's other active
+findings, and ``agree``: every detector with an active finding on the same component or on
+the node as a whole, info observations included (a thermal ``info``, a river ``anomaly``
+score from ``peer_anomaly``), so corroboration is visible at a glance.
 
 Job-level findings (``node`` is ``None``: imbalance, communication hang, step-time
 regression) pass through :class:`JobFusion`, which drops repeats of an active finding.
@@ -47,7 +53,12 @@ from guard.schemas import SEVERITY_RANK, Flag, stable_id
 
 from .findings import Finding
 
-__all__ = ["PRIORITY", "JobFusion", "NodeFusion", "to_flag"]
+__all__ = ["PRIORITY", "WORSE_FACTOR", "WORSE_MIN", "JobFusion", "NodeFusion", "to_flag"]
+
+#: A finding is materially worse than the flagged one of its component at this many times
+#: its score, and at least :data:`WORSE_MIN` more (scores of slowdowns are fractions).
+WORSE_FACTOR = 1.5
+WORSE_MIN = 0.05
 
 #: How specific a category is as an explanation of a node's trouble (higher wins).
 PRIORITY = {
@@ -118,38 +129,67 @@ def to_flag(f: Finding, also: list[dict[str, Any]] | None = None) -> Flag:
 
 
 class NodeFusion:
-    """The current suspicion of one node (state: its active findings)."""
+    """The current suspicion of one node (state: its active findings, what was flagged)."""
 
-    __slots__ = ("active", "level", "node", "top")
+    __slots__ = ("active", "flagged", "level", "node", "top")
 
     def __init__(self, node: str) -> None:
         self.node = node
-        self.active: dict[tuple[str, str, str], Finding] = {}
+        self.active: dict[tuple[str, str, str, bool], Finding] = {}
         self.level = -1  # severity rank of the suspicion flagged so far; -1: none
         self.top = -1  # priority of the most specific category flagged so far
+        self.flagged: dict[str, tuple[int, str, float]] = {}  # component -> priority, cat, score
 
     def update(self, f: Finding) -> Flag | None:
         """Fold one finding into the node's suspicion; return a flag when it is news."""
-        key = (f.detector, f.category, f.component)
+        severity = SEVERITY_RANK[f.severity]
+        key = (f.detector, f.category, f.component, severity > 0)
         if f.clear:
             self.active.pop(key, None)
-            if not any(a.severity != "info" for a in self.active.values()):
+            if not any(k[3] for k in self.active):
                 self.level = -1
                 self.top = -1
+                self.flagged.clear()
             return None
         previous = self.active.get(key)
         self.active[key] = f
-        severity = SEVERITY_RANK[f.severity]
         if severity == 0:
             if previous is not None:
                 return None
             return self._emit(f)
         priority = PRIORITY.get(f.category, 0)
-        if severity > self.level or (severity == self.level and priority > self.top):
-            self.level = max(self.level, severity)
-            self.top = max(self.top, priority)
-            return self._emit(f)
-        return None
+        news = severity > self.level or (severity == self.level and priority > self.top)
+        if not news:
+            news = self._independent(f, priority)
+        if not news:
+            return None
+        self.level = max(self.level, severity)
+        self.top = max(self.top, priority)
+        old = self.flagged.get(f.component)
+        if old is None or priority >= old[0]:
+            self.flagged[f.component] = (
+                priority,
+                f.category,
+                max(f.score, old[2] if old and old[1] == f.category else 0.0),
+            )
+        return self._emit(f)
+
+    def _independent(self, f: Finding, priority: int) -> bool:
+        """New evidence on a node already under suspicion: a new component, a more specific
+        cause on a flagged one, or a materially worse slowdown of the same category."""
+        flagged = self.flagged
+        if f.component == "node":
+            return not flagged  # a node-wide finding is explained by any flagged component
+        old = flagged.get(f.component)
+        if old is None:
+            return True
+        if priority > old[0]:
+            return True
+        return (
+            f.category == old[1]
+            and f.score >= WORSE_FACTOR * old[2]
+            and f.score - old[2] >= WORSE_MIN
+        )
 
     def _emit(self, f: Finding) -> Flag:
         also = [
@@ -164,7 +204,13 @@ class NodeFusion:
             for k, a in sorted(self.active.items())
             if a is not f
         ]
-        return to_flag(f, also)
+        agree = sorted(
+            {a.detector for a in self.active.values() if a.component in (f.component, "node")}
+            | {f.detector}
+        )
+        flag = to_flag(f, also)
+        flag.evidence["agree"] = list(agree)
+        return flag
 
 
 class JobFusion:

@@ -9,7 +9,16 @@ Missing GPUs, gaps and slightly out-of-order samples only make a round smaller.
 
 The rules over a round (thermal, power, clocks) share :class:`GpuRoundRule`: one
 :class:`~guard.detectors.hold.Hold` per GPU, made on the GPU's first hit, and nothing
-pending between rounds.
+pending between rounds; and a second set of holds (:meth:`GpuRoundRule.watched`) for
+anomalies without impact, which are ``info`` observations, never claims.
+
+**Claims need impact.** A GPU that is hot or draws odd power is a fault only when it is or
+will soon be slower: :func:`impact_of` names the signal that shows it — a throttle or brake
+reason bit held (``reason_bits``), an SM-clock deficit against its loaded siblings
+(``sm_clock_deficit``), a power deficit against them (``power_deficit``), or a temperature
+within ``margin_c`` of the GPU's own slowdown threshold (``near_slowdown_temp``; NVML's
+``temp_slowdown_c``, or the rule's absolute limit where the GPU does not report one). A GPU
+that runs 10 deg C above its siblings at full clocks (its airflow position) has none.
 
 Example
 -------
@@ -30,12 +39,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from guard.schemas import GpuSample
+from guard.schemas.nvml_codes import SW_POWER_CAP, TROUBLE_REASONS
 
 from .findings import Finding
 from .hold import Hold
 from .robust import median
 
-__all__ = ["GpuRound", "GpuRoundRule"]
+__all__ = ["GpuRound", "GpuRoundRule", "RoundMedians", "impact_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +70,64 @@ class GpuRound:
         return median(values)
 
 
+@dataclass(frozen=True, slots=True)
+class RoundMedians:
+    """The siblings' medians an impact test compares a GPU with (``None``: too few report)."""
+
+    sm_clock_mhz: float | None
+    power_w: float | None
+    util_pct: float | None
+
+    @classmethod
+    def of(cls, rnd: GpuRound) -> RoundMedians:
+        return cls(
+            rnd.peer_median("sm_clock_mhz"), rnd.peer_median("power_w"), rnd.peer_median("util_pct")
+        )
+
+
+def impact_of(
+    s: GpuSample,
+    med: RoundMedians,
+    slowdown_c: float,
+    margin_c: float = 2.0,
+    clock_deficit: float = 0.05,
+    power_deficit: float = 0.2,
+    min_util: float = 50.0,
+    reasons: int = TROUBLE_REASONS,
+) -> str | None:
+    """The first signal that ``s``'s GPU is or will soon be slower, or ``None``.
+
+    ``slowdown_c`` is the threshold used when the sample does not carry NVML's own
+    (``temp_slowdown_c``). Deficits count only under load, against loaded siblings; the power
+    deficit only from ``power_deficit`` (20 %): healthy GPUs at the same clocks and load differ
+    by several per cent in draw (silicon, cooling), which costs no speed.
+    """
+    bits = s.clock_event_reasons or 0
+    if bits & reasons:
+        return "reason_bits"
+    loaded = s.util_pct is not None and s.util_pct >= min_util
+    # a GPU at its power limit (0x4 alone) is held back by its limit, which every loaded
+    # GPU touches now and then: a deficit then is the power rule's business, not this one's
+    capped = bool(bits & SW_POWER_CAP) and not (bits & reasons)
+    if loaded and not capped and med.util_pct is not None and med.util_pct >= min_util:
+        if (
+            s.sm_clock_mhz is not None
+            and med.sm_clock_mhz
+            and s.sm_clock_mhz < (1.0 - clock_deficit) * med.sm_clock_mhz
+        ):
+            return "sm_clock_deficit"
+        if (
+            s.power_w is not None
+            and med.power_w
+            and s.power_w < (1.0 - power_deficit) * med.power_w
+        ):
+            return "power_deficit"
+    threshold = s.temp_slowdown_c if s.temp_slowdown_c is not None else slowdown_c
+    if s.temp_c is not None and s.temp_c >= threshold - margin_c:
+        return "near_slowdown_temp"
+    return None
+
+
 class GpuRoundRule:
     """Base of the per-round rules: a hold per GPU; ``update`` is the rule's own."""
 
@@ -68,6 +136,7 @@ class GpuRoundRule:
     def __init__(self, raise_after: int, within: int, clear_after: int) -> None:
         self.hold_args = (raise_after, within, clear_after)
         self.holds: dict[int, Hold] = {}
+        self.watch: dict[int, Hold] = {}  # anomalies without impact: info observations
 
     def update(self, message: GpuRound) -> list[Finding]:
         raise NotImplementedError
@@ -78,15 +147,22 @@ class GpuRoundRule:
     def flush(self) -> list[Finding]:
         return []
 
-    def held(self, gpu: int, condition: bool, ts: float) -> tuple[Hold, str] | None:
+    def held(
+        self, gpu: int, condition: bool, ts: float, holds: dict[int, Hold] | None = None
+    ) -> tuple[Hold, str] | None:
         """The GPU's hold and its event when this round raises or clears it, else ``None``."""
-        hold = self.holds.get(gpu)
+        holds = self.holds if holds is None else holds
+        hold = holds.get(gpu)
         if hold is None:
             if not condition:
                 return None  # the common case: a healthy GPU needs no state
-            hold = self.holds[gpu] = Hold(*self.hold_args)
+            hold = holds[gpu] = Hold(*self.hold_args)
         event = hold.update(condition, ts)
         return None if event is None else (hold, event)
+
+    def watched(self, gpu: int, condition: bool, ts: float) -> tuple[Hold, str] | None:
+        """:meth:`held` for the GPU's anomaly-without-impact hold (an ``info`` finding)."""
+        return self.held(gpu, condition, ts, self.watch)
 
     def finding(
         self,

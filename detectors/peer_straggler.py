@@ -7,8 +7,12 @@ residual is ``compute_s / median(peers) - 1``;
 :class:`~guard.detectors.persistent_deviation.DeviationTracker`
 turns the residuals into a claim only when the slowness persists. A whole-job slowdown
 (checkpoint, data stall) moves the median with it and cancels out; ranks of different
-pipeline stages are never compared; stage medians that differ by more than
-``imbalance_ratio`` give one job-level ``imbalance`` info flag.
+pipeline stages are never compared, and where ranks report no stage, ranks persistently
+slow together on several nodes form their own group (:mod:`~guard.detectors.peer_groups`):
+group medians that differ by more than ``imbalance_ratio`` give one job-level ``imbalance``
+info flag, while one rank slow within its own group stays a claim. A claimed rank whose
+slowdown becomes materially worse (``worse_factor`` times the reported one, and 5 points
+more) is reported again, so a second fault on a suspect GPU is not absorbed.
 
 A step is closed (evaluated) when all ranks seen in earlier steps have reported, or when a
 message ``close_lag`` steps later arrives, so late or missing ranks and slightly
@@ -57,7 +61,8 @@ from typing import Any
 
 from guard.schemas import StepTiming
 
-from .findings import Finding
+from .findings import Finding, imbalance_info
+from .peer_groups import LevelTracker
 from .persistent_deviation import DeviationTracker, GroupNoise, PersistenceRule
 from .robust import median
 
@@ -77,7 +82,16 @@ class PeerStragglerDetector:
         close_lag: int = 2,
         imbalance_ratio: float = 1.05,
         critical_slowdown: float = 0.5,
+        structure_gap: float = 0.02,
+        min_group: int = 8,
+        worse_factor: float = 2.0,
     ) -> None:
+        self.structure_gap = structure_gap
+        self.min_group = min_group  # smallest structural group: a stage, a rack
+        self.worse_factor = worse_factor
+        self.level = LevelTracker()  # smoothed slowness against the job (stage unknown)
+        self.group_of: dict[int, tuple[tuple[str, int | None], int]] = {}
+        self.reported: dict[int, float] = {}  # claimed rank -> slowdown last reported
         self.job = job
         self.rule = rule or PersistenceRule()
         self.min_peers = min_peers
@@ -86,9 +100,9 @@ class PeerStragglerDetector:
         self.critical_slowdown = critical_slowdown
         self.pending: dict[int, dict[int, float]] = {}
         self.pending_ts: dict[int, float] = {}
-        self.ranks: dict[int, tuple[str, int | None, int]] = {}  # rank -> node, gpu, stage
+        self.ranks: dict[int, tuple[str, int | None, int | None]] = {}  # node, gpu, stage
         self.trackers: dict[int, DeviationTracker] = {}
-        self.noise: dict[int, GroupNoise] = {}
+        self.noise: dict[tuple[str, int | None], GroupNoise] = {}
         self.expected = 0
         self.closed_through = -1
         self.imbalanced = False
@@ -96,7 +110,7 @@ class PeerStragglerDetector:
     def update(self, message: StepTiming) -> list[Finding]:
         """Add one rank's step timing; return findings made by the steps it closed."""
         step = message.step
-        stage = message.pp_stage or 0
+        stage = message.pp_stage
         info = self.ranks.get(message.rank)
         if info is None or info[0] != message.node or info[2] != stage:
             self.ranks[message.rank] = (message.node, message.gpu, stage)
@@ -137,36 +151,90 @@ class PeerStragglerDetector:
             found += self._evaluate(step, ts, row)
         return found
 
-    def _evaluate(self, step: int, ts: float, row: dict[int, float]) -> list[Finding]:
-        groups: dict[int, list[int]] = {}
+    def _groups(self, row: dict[int, float]) -> dict[tuple[str, int | None], list[int]]:
+        """The step's ranks by the work they do: pipeline stage where known, else structure."""
         ranks = self.ranks
+        groups: dict[tuple[str, int | None], list[int]] = {}
+        unknown = []
         for rank in row:
-            groups.setdefault(ranks[rank][2], []).append(rank)
+            stage = ranks[rank][2]
+            if stage is None:
+                unknown.append(rank)
+            else:
+                groups.setdefault(("stage", stage), []).append(rank)
+        if len(unknown) < self.min_peers:
+            if unknown:
+                groups[("late", 0)] = unknown
+            return groups
+        center = median([row[r] for r in unknown])
+        if center > 0.0:
+            self.level.update({r: row[r] / center - 1.0 for r in unknown})
+        node_of = {r: ranks[r][0] for r in unknown}
+        found = self.level.groups(unknown, node_of, self.structure_gap, self.min_group)
+        for rank in unknown:
+            groups.setdefault(("late", found[rank]), []).append(rank)
+        return groups
+
+    def _evaluate(self, step: int, ts: float, row: dict[int, float]) -> list[Finding]:
         found: list[Finding] = []
-        stage_medians: dict[int, float] = {}
+        stage_medians: dict[object, float] = {}
         rule = self.rule
-        for stage, members in groups.items():
+        for key, members in self._groups(row).items():
             if len(members) < self.min_peers:
                 continue
             values = [row[r] for r in members]
             center = median(values)
             if center <= 0.0:
                 continue
-            stage_medians[stage] = center
+            stage_medians[key[1] if key[0] == "stage" else f"late{key[1]}"] = center
             residuals = [v / center - 1.0 for v in values]
             trackers = []
+            group_of = self.group_of
+            where = (key, self.level.version)
             for rank in members:
                 tracker = self.trackers.get(rank)
-                if tracker is None:
+                if tracker is None or (group_of.get(rank) != where and not tracker.active):
+                    # a rank that changed groups starts a fresh history among its new peers
                     tracker = self.trackers[rank] = DeviationTracker()
+                elif group_of.get(rank) != where and rank in self.reported:
+                    # a claimed one keeps its claim (its own lateness may have moved it), but
+                    # its residuals against new peers are no measure of a worse slowdown
+                    self.reported[rank] = float("inf")
+                group_of[rank] = where
                 trackers.append(tracker)
-            noise = self.noise.get(stage)
+            noise = self.noise.get(key)
             if noise is None:
-                noise = self.noise[stage] = GroupNoise()
+                noise = self.noise[key] = GroupNoise()
             for i, event in noise.judge(trackers, residuals, rule, ts):
                 rank = members[i]
                 found.append(self._finding(event, rank, step, ts, trackers[i], center, row[rank]))
+            found += self._worse(members, trackers, step, ts, center, row)
         found += self._imbalance(step, ts, stage_medians)
+        return found
+
+    def _worse(
+        self,
+        members: list[int],
+        trackers: list[DeviationTracker],
+        step: int,
+        ts: float,
+        center: float,
+        row: dict[int, float],
+    ) -> list[Finding]:
+        """Claimed ranks whose slowdown became materially worse than the one reported."""
+        if not self.reported:
+            return []
+        found = []
+        for rank, tracker in zip(members, trackers, strict=True):
+            old = self.reported.get(rank)
+            if old is None or not tracker.active:
+                continue
+            mean = tracker.slow_mean()
+            if mean >= self.worse_factor * old and mean - old >= 0.05:
+                f = self._finding("raise", rank, step, ts, tracker, center, row[rank])
+                f.since = ts  # new evidence: a flag of its own
+                f.evidence["previous_slowdown_pct"] = round(100.0 * old, 1)
+                found.append(f)
         return found
 
     def _finding(
@@ -181,6 +249,10 @@ class PeerStragglerDetector:
     ) -> Finding:
         node, gpu, stage = self.ranks[rank]
         mean = tracker.slow_mean()
+        if event == "raise":
+            self.reported[rank] = mean
+        else:
+            self.reported.pop(rank, None)
         severity = "critical" if mean >= self.critical_slowdown else "warning"
         evidence: dict[str, Any] = {
             "metric": "compute_s",
@@ -209,7 +281,7 @@ class PeerStragglerDetector:
             clear=event == "clear",
         )
 
-    def _imbalance(self, step: int, ts: float, stage_medians: dict[int, float]) -> list[Finding]:
+    def _imbalance(self, step: int, ts: float, stage_medians: dict[object, float]) -> list[Finding]:
         if len(stage_medians) < 2:
             return []
         low, high = min(stage_medians.values()), max(stage_medians.values())
@@ -225,17 +297,4 @@ class PeerStragglerDetector:
             "ratio": round(ratio, 3),
             "step": step,
         }
-        return [
-            Finding(
-                detector=self.name,
-                category="imbalance",
-                severity="info",
-                node=None,
-                ts=ts,
-                since=ts,
-                score=round(ratio, 3),
-                job=self.job,
-                evidence=evidence,
-                clear=not now,
-            )
-        ]
+        return [imbalance_info(self.name, self.job, ts, round(ratio, 3), evidence, not now)]

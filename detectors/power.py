@@ -12,6 +12,11 @@ Per sampling round of a node, a GPU is suspect when
 A GPU running at its limit with the sw power-cap bit set and the same power as its siblings
 is normal life under heavy load and is not flagged.
 
+Claims need impact: a brake, or a capped limit / low draw *with* its clocks held back (the
+sw power-cap bit or an SM clock below its siblings'), is a ``warning`` whose evidence names
+the impact signal (``impact``). A limit set below the siblings' or a low draw at full clocks
+costs no speed: an ``info`` observation, never a sweep trigger.
+
 Parameters
 ----------
 low_ratio
@@ -35,8 +40,8 @@ Example
 ...                             power_w=690 - (250 if g == 2 else 0), power_limit_w=700,
 ...                             clock_event_reasons=0x4 if g == 2 else 0) for g in range(8)}
 ...     found += det.update(GpuRound.of("n1", "job", samples))
->>> [(f.gpu, f.category, f.evidence["below_peers_pct"]) for f in found]
-[(2, 'power', 36.2)]
+>>> [(f.gpu, f.severity, f.evidence["below_peers_pct"], f.evidence.get("impact")) for f in found]
+[(2, 'info', 36.2, None), (2, 'warning', 36.2, 'sw_power_cap')]
 
 """
 
@@ -91,23 +96,34 @@ class PowerDetector(GpuRoundRule):
             below = 0.0
             if s.power_w is not None and power_med:
                 below = 1.0 - s.power_w / power_med
-            low = (
-                below >= self.low_ratio
-                and (
-                    bool(bits & SW_POWER_CAP)  # held back: capped, or clocked below siblings
-                    or (
-                        s.sm_clock_mhz is not None
-                        and clock_med is not None
-                        and s.sm_clock_mhz < 0.97 * clock_med
-                    )
-                )
-                and s.util_pct is not None
+            loaded = (
+                s.util_pct is not None
                 and util_med is not None
                 and s.util_pct >= self.min_util
                 and abs(s.util_pct - util_med) <= self.util_band
             )
-            held = self.held(gpu, brake or capped or low, s.ts)
-            if held is None:
+            low = below >= self.low_ratio and loaded
+            impact = None
+            if brake:
+                impact = "hw_power_brake"
+            elif capped or low:
+                if bits & SW_POWER_CAP:
+                    impact = "sw_power_cap"  # held back by its limit
+                elif (
+                    s.sm_clock_mhz is not None
+                    and clock_med is not None
+                    and s.sm_clock_mhz < 0.97 * clock_med
+                ):
+                    impact = "sm_clock_deficit"
+            odd = capped or low
+            # the common case, a healthy GPU without state, costs no call
+            watched = self.watched(gpu, odd, s.ts) if odd or gpu in self.watch else None
+            held = (
+                self.held(gpu, True, s.ts)
+                if impact is not None
+                else (self.held(gpu, False, s.ts) if gpu in self.holds else None)
+            )
+            if held is None and watched is None:
                 continue
             evidence: dict[str, Any] = {
                 "metric": "power_w",
@@ -120,5 +136,11 @@ class PowerDetector(GpuRoundRule):
                 "reasons": hex(bits),
             }
             score = round(max(below, 1.0 if brake else 0.0, 0.5 if capped else 0.0), 3)
-            found.append(self.finding(message, gpu, held, "power", "warning", score, evidence))
+            if watched is not None:
+                found.append(
+                    self.finding(message, gpu, watched, "power", "info", score, dict(evidence))
+                )
+            if held is not None:
+                evidence["impact"] = impact or "hw_power_brake"
+                found.append(self.finding(message, gpu, held, "power", "warning", score, evidence))
         return found

@@ -98,6 +98,9 @@ class GpuSample(GuardMessage):
     gpu: Index = Field(description="GPU index on the node")
     uuid: Name | None = None
     temp_c: float | None = Field(None, ge=-273.15, le=1000, description="core temperature, deg C")
+    temp_slowdown_c: float | None = Field(
+        None, ge=-273.15, le=1000, description="slowdown temperature threshold (NVML), deg C"
+    )
     power_w: float | None = Field(None, ge=0, le=100_000, description="power draw, W")
     power_limit_w: float | None = Field(None, ge=0, le=100_000, description="enforced limit, W")
     sm_clock_mhz: float | None = Field(None, ge=0, le=100_000, description="SM clock, MHz")

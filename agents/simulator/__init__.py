@@ -30,8 +30,12 @@ throttling temperature, fabric-wide congestion (ECN / CNP / ``port_xmit_wait`` u
 everywhere, connections slower, no errors), an agent restart (a gap, then NIC counters and
 the PCIe replay counter start again from zero), a telemetry gap (no GPU / NIC samples for a
 minute or two), small clock skew between hosts, and slightly out-of-order arrival of one
-node's messages. Baseline noise also has healthy GPUs touch their power limit now and then
-(``0x4`` for a sample) and a rare single symbol error on healthy links.
+node's messages. Always there, as in real clusters: each chassis's GPUs spread by 5-15 deg C
+with airflow position (steady, at full clocks), and a pipeline job's job-wide gradient-norm
+all-reduce (``<job>/world``) where the heaviest stage arrives last every step; about a third
+of the random faults land in that stage. Baseline noise also has healthy GPUs touch their
+power limit now and then (``0x4`` for a sample) and a rare single symbol error on healthy
+links.
 
 Library use (what ``guard demo`` and the detection-quality benchmark do)::
 

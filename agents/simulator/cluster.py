@@ -12,7 +12,7 @@ import numpy as np
 
 from guard.schemas.truth import Truth
 
-from .config import SimConfig
+from .config import SimConfig, chassis_temp_offsets
 from .hardware import HardwareModel
 from .scenario import Scenario
 from .training import TrainingModel
@@ -42,7 +42,7 @@ class ClusterSimulator:
         n, g = config.nodes, config.gpus_per_node
         # The planning stream's draws, in their fixed order (the same seed, the same bytes).
         gpu_speed = 1.0 + config.gpu_speed_sigma * plan.standard_normal((n, g))
-        temp_offset = 2.0 * plan.standard_normal((n, g))
+        temp_offset = chassis_temp_offsets(plan, n, g)
         power_offset = 1.0 + 0.03 * plan.standard_normal((n, g))
         phase = plan.uniform(0.05, 0.9, n)
         uuids = [

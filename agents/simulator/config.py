@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 __all__ = [
     "CATEGORY_BY_KIND",
     "CONFOUNDER_KINDS",
@@ -12,6 +14,7 @@ __all__ = [
     "FaultSpec",
     "JobSpec",
     "SimConfig",
+    "chassis_temp_offsets",
 ]
 
 CATEGORY_BY_KIND = {
@@ -59,7 +62,11 @@ POWER_LIMIT_W = 700.0
 SM_CLOCK_MAX_MHZ = 1980.0
 SM_CLOCK_IDLE_MHZ = 345.0
 MEM_CLOCK_MHZ = 2619.0
-THROTTLE_TEMP_C = 87.0
+THROTTLE_TEMP_C = 87.0  # what NVML reports as the slowdown threshold (temp_slowdown_c)
+BUSY_TEMP_C = 58.0
+IDLE_TEMP_C = 32.0
+#: Hottest minus coolest GPU of one chassis, from its airflow positions (steady), deg C.
+CHASSIS_SPREAD_C = (5.0, 15.0)
 LINK_GBPS = 400.0
 # Share of a step's compute that scales with the SM clock (the rest is memory-bound).
 CLOCK_BOUND = 0.9
@@ -123,3 +130,18 @@ class SimConfig:
 
     def node_names(self) -> list[str]:
         return [f"node-{i:03d}" for i in range(self.nodes)]
+
+
+def chassis_temp_offsets(plan: np.random.Generator, nodes: int, gpus: int) -> np.ndarray:
+    """Each GPU's steady temperature offset: its airflow position in the chassis, plus a little.
+
+    In an 8-GPU chassis the GPUs downstream in the airflow run hotter: the spread between the
+    coolest and the hottest is 5-15 deg C, the same every hour. The profile is convex (the
+    last positions heat up most), so the hottest GPU sits ~10 deg C above its siblings'
+    median at full clocks without any fault. Which GPU index sits where varies by chassis.
+    """
+    position = np.linspace(0.0, 1.0, gpus) ** 2 if gpus > 1 else np.zeros(1)
+    position = position - np.median(position)
+    spread = plan.uniform(*CHASSIS_SPREAD_C, nodes)
+    order = np.argsort(plan.random((nodes, gpus)), axis=1)
+    return spread[:, None] * position[order] + 1.0 * plan.standard_normal((nodes, gpus))

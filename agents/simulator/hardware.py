@@ -24,7 +24,9 @@ from guard.schemas.nvml_codes import (
 from guard.schemas.truth import ramped_slowdown
 
 from .config import (
+    BUSY_TEMP_C,
     CLOCK_BOUND,
+    IDLE_TEMP_C,
     LINK_GBPS,
     MEM_CLOCK_MHZ,
     NIC_COUNTERS,
@@ -74,7 +76,7 @@ class HardwareModel:
         self._ecc_sbe = plan.poisson(0.3, (n, g)).astype(np.int64)
         self._ecc_dbe = np.zeros((n, g), dtype=np.int64)
         self._pcie = plan.poisson(0.5, (n, g)).astype(np.int64)
-        self._temp = np.where(scenario.busy_mask(), 60.0, 32.0) + self._temp_offset
+        self._temp = np.where(scenario.busy_mask(), BUSY_TEMP_C, IDLE_TEMP_C) + self._temp_offset
         self._templates: dict[
             int, tuple[str | None, list[dict[str, Any]], list[dict[str, Any]]]
         ] = {}
@@ -88,7 +90,7 @@ class HardwareModel:
         cfg = self.config
         n, g = cfg.nodes, cfg.gpus_per_node
         busy = self.scenario.busy_mask()
-        temp_target = np.where(busy, 60.0, 32.0) + self._temp_offset
+        temp_target = np.where(busy, BUSY_TEMP_C, IDLE_TEMP_C) + self._temp_offset
         temp_target[self.scenario.hot_nodes, :] += self.scenario.hot_extra
         s = {
             "busy": busy,
@@ -364,6 +366,7 @@ class HardwareModel:
                 "gpu": j,
                 "uuid": self._uuids[node][j],
                 "temp_c": None,
+                "temp_slowdown_c": THROTTLE_TEMP_C,
                 "power_w": None,
                 "power_limit_w": None,
                 "sm_clock_mhz": None,

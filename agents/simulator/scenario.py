@@ -20,6 +20,8 @@ from .config import CATEGORY_BY_KIND, LINK_GBPS, POWER_LIMIT_W, FaultSpec, JobSp
 __all__ = ["InjectedFault", "RunningJob", "Scenario"]
 
 NIC_FAULT_KINDS = ("degraded_nic", "nic_reduced_speed", "link_flap")
+#: Share of random faults placed in a pipeline-parallel job's heaviest stage.
+HEAVY_STAGE_SHARE = 0.35
 
 
 @dataclass
@@ -106,7 +108,7 @@ class Scenario:
             idle = round(len(available) * cfg.idle_fraction) if len(available) >= 4 else 0
             idle = max(idle, 1) if len(available) >= 4 else idle
             busy = len(available) - idle
-            if busy >= 16:
+            if busy >= 8:
                 second = max(2, busy // 4)
                 specs = [
                     JobSpec("job-a", busy - second, 1, cfg.step_s_nominal),
@@ -170,10 +172,27 @@ class Scenario:
         for _ in range(count):
             kind = str(plan.choice(kinds, p=weights / weights.sum()))
             specs.append(FaultSpec(kind))
+        heavy = set(self.heaviest_stage_nodes())
         faults: list[InjectedFault] = []
         for number, spec in enumerate(specs, 1):
-            faults.append(self._make_fault(plan, number, spec, free))
+            # A share of the faults lands in a pipeline's heaviest stage, where a straggler
+            # hides behind the stage's own lateness at every cross-stage collective.
+            pool = free
+            if heavy and spec.node is None and plan.random() < HEAVY_STAGE_SHARE:
+                pool = [n for n in free if n in heavy] or free
+            faults.append(self._make_fault(plan, number, spec, pool))
+            if pool is not free:
+                free.remove(faults[-1].node)
         return faults
+
+    def heaviest_stage_nodes(self) -> list[int]:
+        """The nodes of each pipeline-parallel job's heaviest stage."""
+        nodes: list[int] = []
+        for job in self.jobs:
+            if job.pp_stages > 1:
+                stage = int(np.argmax(job.stage_factor))
+                nodes += np.unique(job.rank_node[job.rank_stage == stage]).tolist()
+        return nodes
 
     def _make_fault(
         self, plan: np.random.Generator, number: int, spec: FaultSpec, free: list[int]

@@ -33,6 +33,7 @@ __all__ = ["TrainingModel"]
 _GRADIENT_BYTES = 2 * 1024**3
 #: Fault kinds that kill the job's processes (a lost GPU, Xid 79; a double-bit ECC error).
 FAIL_STOP_KINDS = frozenset({"xid", "ecc_dbe"})
+_WORLD_LATENCY_S = 0.004  # a small all-reduce (one scalar per rank) across the whole job
 _step_model = fast_builder(StepTiming)
 _coll_model = fast_builder(CollectiveTiming)
 _conn_model = fast_builder(ConnectionStat)
@@ -200,6 +201,13 @@ class TrainingModel:
             job, s, arrive, self.scenario.comm_factor(start), conn_nominal, hang, flapped_nodes
         )
         end = float(stage_end.max())
+        world = None
+        if job.pp_stages > 1:
+            # The gradient-norm all-reduce over every rank spans the stages: each rank enters
+            # it when its stage's all-reduce ends, so the heaviest stage arrives last.
+            world = stage_end[job.rank_stage] + 0.0003 * self._step_noise.random(len(arrive))
+            end = float(world.max()) + _WORLD_LATENCY_S
+        world_end = end
         step_s = end - start
         # Checkpoint after this step: everyone waits for the save.
         if job.checkpoints and job.checkpoints[0][0] <= end:
@@ -213,6 +221,8 @@ class TrainingModel:
             self._step_messages(
                 job, step_s, end, arrive, compute, conn, stage_end, next_peer, prev_peer, out
             )
+            if world is not None:
+                self._world_messages(job, world, world_end, out)
         job.step += 1
         job.seq += 1
         return end
@@ -385,6 +395,43 @@ class TrainingModel:
             d["step_s"] = step_s
             d["compute_s"] = compute_r
             out.append((rank_end + delay, _step_model(d)))
+
+    def _world_messages(
+        self, job: RunningJob, world: np.ndarray, end: float, out: list[tuple[float, Any]]
+    ) -> None:
+        """Each rank's view of the step's job-wide gradient-norm all-reduce."""
+        gaps = {
+            n
+            for n, start, stop, everything in self.scenario.gaps
+            if everything and start <= end < stop
+        }
+        skews = self.scenario.skew_list
+        comm = f"{job.name}/world" + (f".g{job.layout_version}" if job.layout_version else "")
+        seq = job.seq
+        names = self.scenario.node_names
+        rows = zip(job.rank_node.tolist(), job.active.tolist(), world.tolist(), strict=True)
+        for r, (node, active, arrive_r) in enumerate(rows):
+            if not active or node in gaps:
+                continue
+            skew = skews[node]
+            message = _coll_model(
+                {
+                    "kind": "collective",
+                    "v": 1,
+                    "ts": end + skew,
+                    "node": names[node],
+                    "job": job.name,
+                    "rank": r,
+                    "comm": comm,
+                    "op": "allreduce",
+                    "seq": seq,
+                    "bytes": 4,
+                    "arrive_ts": arrive_r + skew,
+                    "end_ts": end + skew,
+                    "peers": None,
+                }
+            )
+            out.append((end + skew + self.scenario.delay(node, end), message))
 
     def _rank_templates(self, job: RunningJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The fields of each rank's step and collective messages that stay the same."""

@@ -111,6 +111,14 @@ class NvmlStandIn:
         """The pre-``V`` call, still in every driver."""
         return int(self._now(self._gpu(handle, "temp", "nvmlDeviceGetTemperature"))["temp_c"])
 
+    def nvmlDeviceGetTemperatureThreshold(self, handle: _Handle, threshold: int) -> int:
+        """The slowdown threshold when the fixture recorded one, else NOT_SUPPORTED."""
+        assert threshold == pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+        gpu = self._gpu(handle, "temp_slowdown", "nvmlDeviceGetTemperatureThreshold")
+        if "temp_slowdown_c" not in gpu:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return int(gpu["temp_slowdown_c"])
+
     def nvmlDeviceGetPowerUsage(self, handle: _Handle) -> int:
         return int(self._now(self._gpu(handle, "power", "nvmlDeviceGetPowerUsage"))["power_mw"])
 

@@ -375,3 +375,59 @@ def test_guard_simulate_cli_writes_telemetry_and_truth(
     assert main([*args, "--truth", str(truth), "--fault", "slow_gpu:gpu=99"]) == 2
     assert main(["simulate", "--out", str(tmp_path / "no" / "t.jsonl"), "--truth", str(truth)]) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_gpus_of_a_chassis_spread_by_airflow_position_steadily(run: Any, index: Any) -> None:
+    messages, truth = run
+    faulty = {f["node"] for f in truth["faults"]}
+    hot_rack = {c["node"] for c in truth["confounders"] if c["kind"] == "hot_rack"}
+    busy = {n for j in truth["jobs"] for n in j["nodes"]} - faulty - hot_rack
+    settled = truth["start_ts"] + 300
+    spreads, hottest_above = [], []
+    for node in sorted(busy):
+        per_gpu: dict[int, list[float]] = defaultdict(list)
+        for s in index[("gpu", node)]:
+            if s.ts > settled:
+                per_gpu[s.gpu].append(s.temp_c)
+        first = {g: statistics.median(v[: len(v) // 2]) for g, v in per_gpu.items()}
+        last = {g: statistics.median(v[len(v) // 2 :]) for g, v in per_gpu.items()}
+        assert all(abs(first[g] - last[g]) <= 1.0 for g in first)  # steady
+        temps = sorted(last.values())
+        spreads.append(temps[-1] - temps[0])
+        hottest_above.append(temps[-1] - statistics.median(temps))
+        assert temps[-1] < THROTTLE_TEMP_C - 3  # healthy: far from the slowdown threshold
+    assert min(spreads) >= 4.0 and max(spreads) <= 18.0
+    assert max(hottest_above) >= 8.0  # some healthy GPU runs ~10 C above its siblings
+    assert all(s.temp_slowdown_c == THROTTLE_TEMP_C for s in messages[:50] if s.kind == "gpu")
+
+
+def test_pipeline_job_has_a_cross_stage_collective_where_the_heaviest_stage_arrives_last(
+    run: Any,
+) -> None:
+    messages, truth = run
+    pp = next(j for j in truth["jobs"] if j["pp_stages"] > 1)
+    stage_of = {m.rank: m.pp_stage for m in messages if m.kind == "step" and m.job == pp["job"]}
+    world: dict[int, list[Any]] = defaultdict(list)
+    for m in messages:
+        if (
+            m.kind == "collective"
+            and m.job == pp["job"]
+            and m.comm.startswith(f"{pp['job']}/world")
+        ):
+            world[m.seq].append(m)
+    assert len(world) > 50
+    heavy = pp["pp_stages"] - 1  # the last stage also runs the loss
+    for ops in list(world.values())[5:50]:
+        assert len(ops) == pp["ranks"]
+        last = max(ops, key=lambda m: m.arrive_ts)
+        assert stage_of[last.rank] == heavy
+        assert len({m.end_ts for m in ops}) <= 1 + len({m.node for m in ops})  # one end (+skew)
+
+
+def test_a_share_of_random_faults_lands_in_the_heaviest_stage() -> None:
+    sim = ClusterSimulator(SimConfig(nodes=64, duration_s=3600, seed=5, faults_per_node_hour=0.5))
+    heavy = {sim.node_names[n] for n in sim.scenario.heaviest_stage_nodes()}
+    nodes = [f["node"] for f in sim.truth().model_dump()["faults"]]
+    share = sum(n in heavy for n in nodes) / len(nodes)
+    # 35 % of faults are drawn into a stage that holds ~12 % of the nodes
+    assert len(nodes) >= 20 and 0.2 <= share <= 0.6

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from guard.detectors.collective import CollectiveHomogeneityDetector
 from guard.detectors.findings import Finding
-from guard.schemas import CollectiveTiming, ConnectionStat
+from guard.schemas import CollectiveTiming, ConnectionStat, StepTiming
 
 RANKS = 16
 T0 = 1_767_225_600.0
@@ -48,9 +48,16 @@ def run(
     seqs: int = 80,
     skew: dict[int, float] | None = None,
     seed: int = 1,
+    stages: dict[int, int] | None = None,
 ) -> list[Finding]:
     rng = random.Random(seed)
     det = CollectiveHomogeneityDetector("job")
+    for rank, stage in (stages or {}).items():  # what the job's step telemetry says
+        det.observe(
+            StepTiming(
+                ts=T0, node=node_of(rank), job="job", rank=rank, step=0, step_s=2.0, pp_stage=stage
+            )
+        )
     found: list[Finding] = []
     for seq in range(seqs):
         t0 = T0 + 2.0 * seq
@@ -171,3 +178,25 @@ def test_all_arrived_but_stuck_inside_is_a_communication_hang_of_the_job() -> No
     found = det.tick(t0 + 15.0)
     assert [(f.category, f.node) for f in found] == [("comm_hang", None)]
     assert found[0].evidence["ranks_stuck_inside"] == list(range(8))
+
+
+def heavy_stage(seq: int, rank: int) -> float:
+    """A collective spanning two pipeline stages: ranks 8-15 (nodes n2, n3) arrive last."""
+    return 0.1 if rank >= 8 else 0.0
+
+
+def test_heaviest_stage_arriving_last_is_job_imbalance_not_a_claim() -> None:
+    for stages in ({r: int(r >= 8) for r in range(RANKS)}, None):  # stage known, unknown
+        found = run(late=heavy_stage, stages=stages)
+        assert claims(found) == [], stages
+        info = [f for f in found if f.category == "imbalance" and not f.clear]
+        assert len(info) == 1 and info[0].node is None and info[0].severity == "info"
+
+
+def test_rank_late_within_its_own_stage_stays_a_claim() -> None:
+    def late(seq: int, rank: int) -> float:
+        return heavy_stage(seq, rank) + (0.08 if (rank == 13 and seq >= 30) else 0.0)
+
+    for stages in ({r: int(r >= 8) for r in range(RANKS)}, None):
+        found = claims(run(late=late, stages=stages))
+        assert [(f.category, f.rank, f.node) for f in found] == [("straggler", 13, "n3")], stages

@@ -61,6 +61,52 @@ def test_hot_node_or_rack_below_the_limit_is_not_a_gpu_fault() -> None:
     assert claims(gpu_run(lambda t, g: {"temp_c": 74.0 + g % 4})) == []
 
 
+def infos(found: list[Finding]) -> list[tuple[str, int | None]]:
+    return [(f.category, f.gpu) for f in found if f.severity == "info" and not f.clear]
+
+
+def test_gpu_hot_from_its_airflow_position_at_full_clocks_is_info_not_a_claim() -> None:
+    # 12 C above its siblings, full clocks, full power, no reason bit, far from slowdown
+    found = gpu_run(lambda t, g: {"temp_c": 74.0, "temp_slowdown_c": 87.0} if g == 7 else {})
+    assert claims(found) == []
+    assert infos(found) == [("thermal", 7)]
+
+
+def test_hot_gpu_with_impact_is_a_claim_that_names_the_impact() -> None:
+    cases = {
+        "sm_clock_deficit": {"temp_c": 76.0, "sm_clock_mhz": 1860.0},
+        "power_deficit": {"temp_c": 76.0, "power_w": 450.0},
+        "near_slowdown_temp": {"temp_c": 86.0, "temp_slowdown_c": 87.0},
+        "reason_bits": {"temp_c": 76.0, "clock_event_reasons": 0x8},
+    }
+    for impact, values in cases.items():
+        found = gpu_run(lambda t, g, v=values: v if (g == 4 and t >= 10) else {})
+        thermal = [f for f in found if f.category == "thermal" and f.severity == "warning"]
+        assert [f.gpu for f in thermal] == [4], impact
+        assert thermal[0].evidence["impact"] == impact
+
+
+def test_near_slowdown_uses_the_gpus_own_threshold() -> None:
+    # 86 C, 12 C above siblings: near a slowdown threshold of 87 C, far from one of 95 C
+    near = gpu_run(lambda t, g: {"temp_c": 86.0, "temp_slowdown_c": 87.0} if g == 2 else {})
+    far = gpu_run(lambda t, g: {"temp_c": 86.0, "temp_slowdown_c": 95.0} if g == 2 else {})
+    assert claims(near) == [("thermal", 2)] and claims(far) == []
+
+
+def test_hot_gpu_drawing_a_little_less_at_full_clocks_is_not_a_claim() -> None:
+    # 12 C above its siblings and 10 % below their power, at full clocks: silicon, not a fault
+    found = gpu_run(lambda t, g: {"temp_c": 74.0, "power_w": 540.0} if g == 4 else {})
+    assert claims(found) == [] and infos(found) == [("thermal", 4)]
+
+
+def test_power_limit_below_siblings_without_impact_is_info() -> None:
+    # capped to 600 W but drawing 590 W at full clocks without the power-cap bit: no slowdown
+    found = gpu_run(
+        lambda t, g: {"power_limit_w": 600.0, "power_w": 590.0} if (g == 1 and t >= 5) else {}
+    )
+    assert claims(found) == [] and infos(found) == [("power", 1)]
+
+
 def test_one_hot_sample_is_not_thermal() -> None:
     assert claims(gpu_run(lambda t, g: {"temp_c": 95.0} if (g == 1 and t == 30) else {})) == []
 

@@ -17,7 +17,7 @@ from guard.evaluation.scoring import evaluate
 from guard.schemas import encode, parse_message
 
 FAULTS = [
-    FaultSpec("slow_gpu", node="node-003", gpu=2, onset_s=90, slowdown=0.08),
+    FaultSpec("slow_gpu", node="node-003", gpu=2, onset_s=90, slowdown=0.08, pattern="steady"),
     FaultSpec("degraded_nic", node="node-006", gpu=5, onset_s=120),
     FaultSpec("xid", node="node-009", gpu=1, onset_s=150),
 ]

@@ -1,6 +1,7 @@
-"""A fixed simulated cluster gives the same telemetry, flags and scores as before the restructure.
+"""A fixed simulated cluster gives the same telemetry, flags and scores as when last recorded.
 
-The fixture was recorded with the pre-restructure code (tests/data/backtest-regression/README.md):
+The fixture was recorded before the restructure and re-recorded for issue 9, which changed
+the simulator and the detectors on purpose (tests/data/backtest-regression/README.md):
 the simulator's output must hash the same, the backtest's flags must be byte-equal and the
 evaluation's figures equal.
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 FIXTURE = Path(__file__).resolve().parent.parent / "data" / "backtest-regression"
-TELEMETRY_SHA256 = "ea5124fc27fa026f1d2c4e2322073a4cb651e77d150ddb4c00b9ae85df5646df"
+TELEMETRY_SHA256 = "8007799a358b761edec9ec225213933e52a0404191d5aa1b706dede960bbf774"
 SIMULATE = [
     "simulate", "--nodes", "8", "--duration", "900", "--seed", "11", "--random-faults", "6",
     "--fault", "slow_gpu:node=node-003:gpu=2:onset=300",

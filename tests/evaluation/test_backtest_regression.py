@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 FIXTURE = Path(__file__).resolve().parent.parent / "data" / "backtest-regression"
-TELEMETRY_SHA256 = "8007799a358b761edec9ec225213933e52a0404191d5aa1b706dede960bbf774"
+TELEMETRY_SHA256 = "b66da7bd5cb7266bb955865979be7925449537ab83ca68dc08f9eb1e51771ff0"
 SIMULATE = [
     "simulate", "--nodes", "8", "--duration", "900", "--seed", "11", "--random-faults", "6",
     "--fault", "slow_gpu:node=node-003:gpu=2:onset=300",

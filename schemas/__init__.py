@@ -13,10 +13,13 @@ from .codec import (
 )
 from .fast import fast_builder
 from .messages import (
+    ADVICE_ACTIONS,
     CATEGORIES,
     NODE_STATES,
     SEVERITIES,
     SEVERITY_RANK,
+    Advice,
+    AdviceAction,
     CollectiveTiming,
     ConnectionStat,
     Flag,
@@ -24,6 +27,7 @@ from .messages import (
     GuardMessage,
     NicSample,
     NodeState,
+    PathAssignment,
     StepTiming,
     SweepCheck,
     SweepResult,
@@ -32,12 +36,15 @@ from .messages import (
 from .truth import Truth
 
 __all__ = [
+    "ADVICE_ACTIONS",
     "CATEGORIES",
     "MAX_MESSAGE_BYTES",
     "MODELS",
     "NODE_STATES",
     "SEVERITIES",
     "SEVERITY_RANK",
+    "Advice",
+    "AdviceAction",
     "CollectiveTiming",
     "ConnectionStat",
     "Flag",
@@ -46,6 +53,7 @@ __all__ = [
     "Message",
     "NicSample",
     "NodeState",
+    "PathAssignment",
     "SchemaError",
     "StepTiming",
     "SweepCheck",

@@ -13,6 +13,19 @@ operator can apply today, each kept only when the model says it helps:
   list that leaves it out (not part of the modelled gain: NCCL then moves that rail's traffic).
 
 Pure: ``ts`` is passed in.
+
+Example: two jobs striped over four pods of a 4-spine fabric, one uplink at half speed.
+
+>>> from guard.schemas.topology import infer_topology
+>>> nodes = [f"n{i:02d}" for i in range(16)]
+>>> fabric = infer_topology(nodes, rails=8, nodes_per_leaf=4, spines=4)
+>>> fabric = fabric.with_capacity({"pod0-rail0->spine0": 0.5})
+>>> jobs = [JobPattern("a", tuple(nodes[0::2]), 1e9), JobPattern("b", tuple(nodes[1::2]), 1e9)]
+>>> advice = advise(fabric, jobs, ts=1_700_000_000.0)
+>>> [(a.job, a.flows) for a in advice]
+[('a', 64), ('b', 64)]
+>>> all(a.planned_allreduce_s <= a.ecmp_allreduce_s for a in advice)
+True
 """
 
 from __future__ import annotations

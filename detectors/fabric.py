@@ -101,7 +101,9 @@ class FabricHotSpotDetector:
         return self._close(float((self._window + 1) * self.window_s))
 
     def flush(self) -> list[Finding]:
-        return self._close(float((self._window + 1) * self.window_s)) if self._sums else []
+        if self._window is None or not self._sums:
+            return []
+        return self._close(float((self._window + 1) * self.window_s))
 
     def _close(self, end: float) -> list[Finding]:
         groups: dict[tuple[str, str], dict[str, list[float]]] = {}
@@ -141,7 +143,7 @@ class FabricHotSpotDetector:
     def _hot(self, members: dict[str, list[float]]) -> dict[str, dict[str, float]]:
         if len(members) < 3:  # no peer median worth the name
             return {}
-        hot = {}
+        hot: dict[str, dict[str, float]] = {}
         for i, signal in enumerate(("xmit_wait_per_s", "ecn_cnp_per_s")):
             rates = {name: v[i] / self.window_s for name, v in members.items()}
             typical = median(list(rates.values()))

@@ -7,7 +7,8 @@ scheduler); each runs ring all-reduces of ``--message-mb`` MB per rank, all at o
 worst case: their collectives overlap). The load level is the number of concurrent jobs.
 For each level and each of ``--seeds`` placements, three routings of the same flows:
 
-* ``ecmp`` — a deterministic hash of each flow's 5-tuple (RoCE v2 source port from the QP);
+* ``ecmp`` — a deterministic hash of each flow's 5-tuple (RoCE v2 source port from the QP),
+  ``--base-qps`` queue pairs per connection (default 1, NCCL's default);
 * ``ecmp x4`` — the same with ``NCCL_IB_QPS_PER_CONNECTION=4`` + ``NCCL_IB_SPLIT_DATA_ON_QPS=1``
   (what an operator can set today);
 * ``planned`` — :func:`guard.detectors.paths.plan_routes` (min-max link load).
@@ -85,7 +86,7 @@ def level(args: argparse.Namespace, topo: Topology, jobs: int) -> dict[str, list
     out: dict[str, list[float]] = {}
     for seed in range(args.seeds):
         placement = place_jobs(topo, jobs, n, random.Random(seed))
-        one = flows_of(placement, message, 1)
+        one = flows_of(placement, message, args.base_qps)
         four = flows_of(placement, message, 4)
         results = {
             "ecmp": judge(fabric, one, ecmp_routes(fabric, one), ideal_s),
@@ -151,6 +152,9 @@ def main() -> None:
     parser.add_argument("--job-nodes", type=int, default=16)
     parser.add_argument("--message-mb", type=float, default=256.0)
     parser.add_argument("--comm-share", type=float, default=0.3)
+    parser.add_argument(
+        "--base-qps", type=int, default=1, help="QPs per connection of ecmp and planned"
+    )
     parser.add_argument("--degraded", type=float, default=0.125)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--runs", type=int, default=3)
@@ -161,6 +165,7 @@ def main() -> None:
         f"fabric: {args.gpus} GPUs, {len(topo.nodes)} nodes x {RAILS} rails, "
         f"{args.nodes_per_leaf} nodes per leaf, {args.spines} spines, "
         f"jobs of {args.job_nodes} nodes, {args.message_mb:g} MB all-reduce, "
+        f"{args.base_qps} QP(s) per connection (x4: 4), "
         f"medians over {args.seeds} placements; times relative to the NIC-bound ideal"
     )
     print_levels(args, topo, "healthy fabric")

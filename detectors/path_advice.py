@@ -33,13 +33,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from guard.schemas import Advice, AdviceAction, PathAssignment, stable_id
+from guard.schemas import (
+    Advice,
+    AdviceAction,
+    CollectiveTiming,
+    GuardMessage,
+    PathAssignment,
+    StepTiming,
+    stable_id,
+)
 from guard.schemas.topology import Topology
 
 from .paths import Fabric, Flow, Route, ecmp_routes, evaluate_routes, plan_routes
 from .paths import ring_allreduce_flows as _ring
 
-__all__ = ["JobPattern", "advise"]
+__all__ = ["JobPattern", "JobPatterns", "advise"]
 
 SPLIT_QPS = 4
 #: An action is advised when the model says it saves at least this share of all-reduce time.
@@ -59,6 +67,44 @@ class JobPattern:
         return _ring(
             self.job, self.nodes, rails, self.message_bytes, qps or self.qps_per_connection
         )
+
+
+class JobPatterns:
+    """Each job's nodes and all-reduce size, learnt from its step and collective messages.
+
+    The nodes are those seen reporting for the job; the message size is the largest
+    all-reduce seen (``default_bytes`` until one is). State: a job's node names and a number.
+
+    >>> from guard.schemas import StepTiming
+    >>> seen = JobPatterns(default_bytes=1e9)
+    >>> for rank, node in enumerate(["b", "a", "b"]):
+    ...     seen.update(StepTiming(ts=1.0, node=node, job="j", rank=rank, step=1, step_s=2.0))
+    >>> seen.patterns()
+    [JobPattern(job='j', nodes=('a', 'b'), message_bytes=1000000000.0, qps_per_connection=1)]
+    """
+
+    def __init__(self, default_bytes: float = 256e6) -> None:
+        self.default_bytes = default_bytes
+        self._nodes: dict[str, set[str]] = {}
+        self._bytes: dict[str, float] = {}
+
+    def update(self, message: GuardMessage) -> None:
+        if not isinstance(message, (StepTiming, CollectiveTiming)):
+            return
+        self._nodes.setdefault(message.job, set()).add(message.node)
+        if isinstance(message, CollectiveTiming) and message.op == "allreduce":
+            self._bytes[message.job] = max(self._bytes.get(message.job, 0.0), message.bytes)
+
+    def forget(self, job: str) -> None:
+        """A finished job."""
+        self._nodes.pop(job, None)
+        self._bytes.pop(job, None)
+
+    def patterns(self) -> list[JobPattern]:
+        return [
+            JobPattern(job, tuple(sorted(nodes)), self._bytes.get(job, self.default_bytes))
+            for job, nodes in sorted(self._nodes.items())
+        ]
 
 
 def _all_flows(jobs: Sequence[JobPattern], rails: int, qps: int | None = None) -> list[Flow]:

@@ -19,9 +19,9 @@ import pytest
 
 from guard.agents.simulator import ClusterSimulator, SimConfig
 from guard.config import Settings, load_settings
-from guard.detectors.path_advice import JobPattern, advise
+from guard.detectors.path_advice import JobPatterns, advise
 from guard.evaluation.backtest import make_detector
-from guard.schemas import Advice, Flag, GuardMessage, StepTiming
+from guard.schemas import Advice, Flag, GuardMessage
 from guard.schemas.topology import infer_topology
 from guard.store import insert_messages, migrate
 from guard.sweeps import DryRunScheduler, SimulatedSweepExecutor
@@ -71,14 +71,12 @@ def _orchestrate(settings: Settings, sim: ClusterSimulator, flags: list[Flag]) -
 
 def _advice(telemetry: list[GuardMessage], ts: float) -> list[Advice]:
     """C4P advice for the simulated jobs on an inferred fabric of 4-node pods."""
-    nodes: dict[str, set[str]] = {}
+    seen = JobPatterns()
     for m in telemetry:
-        if isinstance(m, StepTiming):
-            nodes.setdefault(m.job, set()).add(m.node)
-    everyone = sorted(set().union(*nodes.values()))
-    topology = infer_topology(everyone, rails=8, nodes_per_leaf=4, spines=4)
-    jobs = [JobPattern(job, tuple(sorted(members)), 1e9) for job, members in nodes.items()]
-    return advise(topology, jobs, ts)
+        seen.update(m)
+    jobs = seen.patterns()
+    everyone = sorted({node for job in jobs for node in job.nodes})
+    return advise(infer_topology(everyone, rails=8, nodes_per_leaf=4, spines=4), jobs, ts)
 
 
 @pytest.fixture(scope="module")

@@ -174,3 +174,29 @@ def test_advice_has_the_plan_the_gain_and_operator_actions() -> None:
     wire = decode(encode(improved), "advice")
     assert isinstance(wire, Advice) and wire == improved
     assert wire.kafka_key() == improved.job.encode()
+
+
+def test_job_patterns_from_simulated_telemetry_feed_the_advice() -> None:
+    from guard.agents.simulator import ClusterSimulator, SimConfig
+    from guard.detectors.path_advice import JobPatterns
+    from guard.schemas import CollectiveTiming, StepTiming
+
+    sim = ClusterSimulator(SimConfig(nodes=8, duration_s=60.0, seed=3, start_ts=1_700_000_000.0))
+    seen = JobPatterns(default_bytes=1.0)
+    nodes: dict[str, set[str]] = {}
+    largest: dict[str, int] = {}
+    for message in sim.messages():
+        seen.update(message)
+        if isinstance(message, (StepTiming, CollectiveTiming)):
+            nodes.setdefault(message.job, set()).add(message.node)
+        if isinstance(message, CollectiveTiming) and message.op == "allreduce":
+            largest[message.job] = max(largest.get(message.job, 0), message.bytes)
+    patterns = seen.patterns()
+    assert patterns and {p.job: set(p.nodes) for p in patterns} == nodes
+    assert {p.job: p.message_bytes for p in patterns} == {j: largest.get(j, 1.0) for j in nodes}
+    everyone = sorted(set().union(*nodes.values()))
+    topo = infer_topology(everyone, rails=8, nodes_per_leaf=2, spines=2)
+    advice = advise(topo, patterns, ts=sim.config.start_ts)
+    assert {a.job for a in advice} == {p.job for p in patterns if len(p.nodes) > 1}
+    seen.forget(patterns[0].job)
+    assert patterns[0].job not in {p.job for p in seen.patterns()}

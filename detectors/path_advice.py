@@ -3,7 +3,8 @@
 For the concurrent jobs on a fabric, :func:`advise` plans every job's ring all-reduce flows
 together (they share links), judges the plan and ECMP with the bottleneck model of
 :mod:`guard.detectors.paths`, and writes one :class:`~guard.schemas.Advice` per job. Besides
-the plan (which needs source-port steering, as C4P does), the actions are the ones an
+the plan (the flows it moves off their ECMP spine, at most ``ADVICE_MAX_PLAN`` listed; applying it
+needs source-port steering, as C4P does), the actions are the ones an
 operator can apply today, each kept only when the model says it helps:
 
 - ``nccl_env``: ``NCCL_IB_QPS_PER_CONNECTION=4`` with ``NCCL_IB_SPLIT_DATA_ON_QPS=1`` splits
@@ -34,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from guard.schemas import (
+    ADVICE_MAX_PLAN,
     Advice,
     AdviceAction,
     CollectiveTiming,
@@ -141,7 +143,8 @@ def advise(topology: Topology, jobs: Sequence[JobPattern], ts: float) -> list[Ad
         used = sorted({link for i in mine for link in ecmp[i].links}, key=lambda k: -busy[k])
         hot = [fabric.link_names[k] for k in used[:8] if busy[k] >= 0.9 * before]
         actions = _actions(topology, job, before, after, split_s, drained_s, degraded, hot)
-        plan = [_assignment(flows[i], planned[i], ecmp[i]) for i in mine if planned[i].spine]
+        moved = [i for i in mine if planned[i].spine != ecmp[i].spine]
+        plan = [_assignment(flows[i], planned[i], ecmp[i]) for i in moved[:ADVICE_MAX_PLAN]]
         out.append(
             Advice(
                 ts=ts,
@@ -149,6 +152,7 @@ def advise(topology: Topology, jobs: Sequence[JobPattern], ts: float) -> list[Ad
                 id=stable_id("c4p", job.job, topology.name, *(p.spine for p in plan)),
                 topology=topology.name,
                 flows=len(mine),
+                moved_flows=len(moved),
                 ecmp_allreduce_s=before,
                 planned_allreduce_s=after,
                 expected_gain_pct=round(100 * (before / after - 1), 2) if after > 0 else 0.0,

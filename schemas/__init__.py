@@ -14,6 +14,7 @@ from .codec import (
 from .fast import fast_builder
 from .messages import (
     ADVICE_ACTIONS,
+    ADVICE_MAX_PLAN,
     CATEGORIES,
     NODE_STATES,
     SEVERITIES,
@@ -37,6 +38,7 @@ from .truth import Truth
 
 __all__ = [
     "ADVICE_ACTIONS",
+    "ADVICE_MAX_PLAN",
     "CATEGORIES",
     "MAX_MESSAGE_BYTES",
     "MODELS",

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 __all__ = [
     "ADVICE_ACTIONS",
+    "ADVICE_MAX_PLAN",
     "CATEGORIES",
     "NODE_STATES",
     "SEVERITIES",
@@ -66,6 +67,8 @@ CATEGORIES: tuple[str, ...] = get_args(Category)
 SEVERITIES: tuple[str, ...] = get_args(Severity)
 NODE_STATES: tuple[str, ...] = get_args(NodeStateName)
 ADVICE_ACTIONS: tuple[str, ...] = get_args(AdviceActionName)
+#: Planned flows listed in one advice message (~100 bytes each, well under the 1 MiB limit).
+ADVICE_MAX_PLAN = 4096
 #: Severity order: a higher rank is a stronger claim.
 SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
 
@@ -293,7 +296,12 @@ class Advice(GuardMessage):
     hot_links: list[Annotated[str, Field(max_length=512)]] = Field(
         default_factory=list, max_length=64, description="most loaded links under ECMP"
     )
-    plan: list[PathAssignment] = Field(default_factory=list, max_length=65_536)
+    moved_flows: Count = Field(0, description="flows the plan moves off their ECMP spine")
+    plan: list[PathAssignment] = Field(
+        default_factory=list,
+        max_length=ADVICE_MAX_PLAN,
+        description=f"the moved flows (the first {ADVICE_MAX_PLAN} when there are more)",
+    )
     actions: list[AdviceAction] = Field(default_factory=list, max_length=256)
 
 

@@ -257,6 +257,7 @@ ADVICE = Table(
         Column("id", "String"),
         Column("topology", NAME),
         Column("flows", "UInt64"),
+        Column("moved_flows", "UInt64"),
         Column("ecmp_allreduce_s", "Float64"),
         Column("planned_allreduce_s", "Float64"),
         Column("expected_gain_pct", "Float64"),

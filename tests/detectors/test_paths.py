@@ -164,7 +164,9 @@ def test_advice_has_the_plan_the_gain_and_operator_actions() -> None:
     improved = next(a for a in advice if a.expected_gain_pct > 3)
     assert improved.planned_allreduce_s < improved.ecmp_allreduce_s
     assert any(a.action == "route_flow" for a in improved.actions)
-    assert improved.plan and all(p.spine for p in improved.plan)
+    # the plan lists the flows it moves off their ECMP spine
+    assert improved.moved_flows == len(improved.plan) > 0
+    assert all(p.spine and p.spine != p.ecmp_spine for p in improved.plan)
     assert improved.hot_links
     rail = next(a for a in by_job["job-0"].actions if a.action == "drain_rail")
     assert rail.target == f"{slow_node}/mlx5_0"
@@ -200,3 +202,24 @@ def test_job_patterns_from_simulated_telemetry_feed_the_advice() -> None:
     assert {a.job for a in advice} == {p.job for p in patterns if len(p.nodes) > 1}
     seen.forget(patterns[0].job)
     assert patterns[0].job not in {p.job for p in seen.patterns()}
+
+
+def test_a_full_plan_fits_in_one_message() -> None:
+    from guard.schemas import ADVICE_MAX_PLAN, MAX_MESSAGE_BYTES, PathAssignment
+
+    long = "gpu-node-rack42-slot07.cluster.example.com"
+    plan = [
+        PathAssignment(src=long, dst=long, rail=7, qp=3, spine="spine-031", ecmp_spine="spine-017")
+    ] * ADVICE_MAX_PLAN
+    advice = Advice(
+        ts=1.0,
+        job="j",
+        id="x",
+        topology="t",
+        flows=1,
+        ecmp_allreduce_s=2.0,
+        planned_allreduce_s=1.0,
+        expected_gain_pct=100.0,
+        plan=plan,
+    )
+    assert len(encode(advice)) < MAX_MESSAGE_BYTES

@@ -271,6 +271,7 @@ def topic_specs(settings: Settings) -> list[NewTopic]:
         # The latest state per node wins; tombstones are kept a day for slow readers.
         "node-state": {"cleanup.policy": "compact", "delete.retention.ms": str(24 * hours)},
         "dlq": {"retention.ms": str(int(k.dlq_retention_hours * hours))},
+        "advice": {"retention.ms": str(int(k.dlq_retention_hours * hours))},  # C4P plans
     }
     specs += [
         NewTopic(

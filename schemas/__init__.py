@@ -13,10 +13,14 @@ from .codec import (
 )
 from .fast import fast_builder
 from .messages import (
+    ADVICE_ACTIONS,
+    ADVICE_MAX_PLAN,
     CATEGORIES,
     NODE_STATES,
     SEVERITIES,
     SEVERITY_RANK,
+    Advice,
+    AdviceAction,
     CollectiveTiming,
     ConnectionStat,
     Flag,
@@ -24,6 +28,7 @@ from .messages import (
     GuardMessage,
     NicSample,
     NodeState,
+    PathAssignment,
     StepTiming,
     SweepCheck,
     SweepResult,
@@ -32,12 +37,16 @@ from .messages import (
 from .truth import Truth
 
 __all__ = [
+    "ADVICE_ACTIONS",
+    "ADVICE_MAX_PLAN",
     "CATEGORIES",
     "MAX_MESSAGE_BYTES",
     "MODELS",
     "NODE_STATES",
     "SEVERITIES",
     "SEVERITY_RANK",
+    "Advice",
+    "AdviceAction",
     "CollectiveTiming",
     "ConnectionStat",
     "Flag",
@@ -46,6 +55,7 @@ __all__ = [
     "Message",
     "NicSample",
     "NodeState",
+    "PathAssignment",
     "SchemaError",
     "StepTiming",
     "SweepCheck",

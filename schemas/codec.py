@@ -13,6 +13,7 @@ from typing import Annotated, Any, Union
 from pydantic import Field, TypeAdapter, ValidationError
 
 from .messages import (
+    Advice,
     CollectiveTiming,
     Flag,
     GpuSample,
@@ -47,10 +48,11 @@ MODELS: dict[str, type[GuardMessage]] = {
     "flag": Flag,
     "sweep": SweepResult,
     "node_state": NodeState,
+    "advice": Advice,
 }
 
 Message = Annotated[
-    Union[GpuSample, NicSample, StepTiming, CollectiveTiming, Flag, SweepResult, NodeState],
+    Union[GpuSample, NicSample, StepTiming, CollectiveTiming, Flag, SweepResult, NodeState, Advice],
     Field(discriminator="kind"),
 ]
 

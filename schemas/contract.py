@@ -18,7 +18,15 @@ from typing import Any
 from pydantic import BaseModel
 
 from .codec import MODELS
-from .messages import CATEGORIES, NODE_STATES, SEVERITIES, ConnectionStat, SweepCheck
+from .messages import (
+    CATEGORIES,
+    NODE_STATES,
+    SEVERITIES,
+    AdviceAction,
+    ConnectionStat,
+    PathAssignment,
+    SweepCheck,
+)
 from .nvml_codes import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, IDLE, SW_POWER_CAP, SW_THERMAL
 from .topics import TOPIC_BY_KIND
 
@@ -61,7 +69,7 @@ def render_markdown() -> str:
     parts = [_INTRO]
     for kind, model in MODELS.items():
         parts.append(_kind_section(kind, model))
-    for nested in (ConnectionStat, SweepCheck):
+    for nested in (ConnectionStat, SweepCheck, PathAssignment, AdviceAction):
         parts.append(f"### `{nested.__name__}`\n\n{_doc(nested)}\n\n{_field_table(nested)}")
     parts.append(_vocabularies())
     return "\n".join(part.rstrip("\n") + "\n" for part in parts)

@@ -15,10 +15,14 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 __all__ = [
+    "ADVICE_ACTIONS",
+    "ADVICE_MAX_PLAN",
     "CATEGORIES",
     "NODE_STATES",
     "SEVERITIES",
     "SEVERITY_RANK",
+    "Advice",
+    "AdviceAction",
     "CollectiveTiming",
     "ConnectionStat",
     "Flag",
@@ -26,6 +30,7 @@ __all__ = [
     "GuardMessage",
     "NicSample",
     "NodeState",
+    "PathAssignment",
     "StepTiming",
     "SweepCheck",
     "SweepResult",
@@ -55,11 +60,15 @@ Category = Literal[
 ]
 Severity = Literal["info", "warning", "critical"]
 NodeStateName = Literal["healthy", "suspect", "cordoned", "sweeping", "failed", "repair"]
+AdviceActionName = Literal["nccl_env", "drain_uplink", "drain_rail", "route_flow"]
 
 # The same vocabularies as tuples, for code that iterates them.
 CATEGORIES: tuple[str, ...] = get_args(Category)
 SEVERITIES: tuple[str, ...] = get_args(Severity)
 NODE_STATES: tuple[str, ...] = get_args(NodeStateName)
+ADVICE_ACTIONS: tuple[str, ...] = get_args(AdviceActionName)
+#: Planned flows listed in one advice message (~100 bytes each, well under the 1 MiB limit).
+ADVICE_MAX_PLAN = 4096
 #: Severity order: a higher rank is a stronger claim.
 SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
 
@@ -242,6 +251,61 @@ class NodeState(GuardMessage):
     @classmethod
     def _null_reason_is_empty(cls, value: Any) -> Any:
         return "" if value is None else value
+
+
+class PathAssignment(BaseModel):
+    """One planned flow: a queue pair of a connection on a rail, and the spine it should use."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    src: Name
+    dst: Name
+    rail: Index
+    qp: Index = 0
+    spine: Name | None = Field(None, description="null: the flow stays on its leaf")
+    ecmp_spine: Name | None = Field(None, description="the spine ECMP hashing picks")
+
+
+class AdviceAction(BaseModel):
+    """Something an operator can apply today, with the reason."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    action: AdviceActionName
+    target: Annotated[str, Field(max_length=512)] = Field(
+        description="what it applies to: the job, an uplink `leaf->spine`, a node's NIC"
+    )
+    value: ShortText = Field("", description="e.g. an environment setting `NAME=value`")
+    why: ShortText = ""
+
+
+class Advice(GuardMessage):
+    """Traffic-engineering advice for a job: its path plan against ECMP and what to apply."""
+
+    kind: Literal["advice"] = "advice"
+    key_field: ClassVar[str] = "job"
+    node: Name | None = None  # type: ignore[assignment]
+    job: Name = Field(description="training job id")
+    id: Annotated[str, Field(min_length=1, max_length=128)] = Field(
+        description="stable id: the same plan gives the same id"
+    )
+    topology: Name = Field(description="name of the topology the plan was made on")
+    flows: Count = Field(description="inter-node flows of the job's collective pattern")
+    ecmp_allreduce_s: Seconds = Field(description="modelled all-reduce time under ECMP, s")
+    planned_allreduce_s: Seconds = Field(description="modelled all-reduce time planned, s")
+    expected_gain_pct: float = Field(
+        ge=-100, le=10_000, description="all-reduce speed-up of the plan over ECMP, %"
+    )
+    hot_links: list[Annotated[str, Field(max_length=512)]] = Field(
+        default_factory=list, max_length=64, description="most loaded links under ECMP"
+    )
+    moved_flows: Count = Field(0, description="flows the plan moves off their ECMP spine")
+    plan: list[PathAssignment] = Field(
+        default_factory=list,
+        max_length=ADVICE_MAX_PLAN,
+        description=f"the moved flows (the first {ADVICE_MAX_PLAN} when there are more)",
+    )
+    actions: list[AdviceAction] = Field(default_factory=list, max_length=256)
 
 
 def stable_id(*parts: object) -> str:

@@ -246,6 +246,41 @@ NODE_STATES = Table(
     partition_by="toYYYYMM(ts)",
 )
 
+ADVICE = Table(
+    "advice",
+    "advice",
+    (
+        Column("ts", TS, convert=micros),
+        Column("node", NAME, convert=lambda n: n or ""),  # '' : advice is about a job
+        Column("job", NAME),
+        Column("v", "UInt8"),
+        Column("id", "String"),
+        Column("topology", NAME),
+        Column("flows", "UInt64"),
+        Column("moved_flows", "UInt64"),
+        Column("ecmp_allreduce_s", "Float64"),
+        Column("planned_allreduce_s", "Float64"),
+        Column("expected_gain_pct", "Float64"),
+        Column("hot_links", "Array(String)"),
+        Column(
+            "plan",
+            "Array(Tuple(src String, dst String, rail UInt16, qp UInt16, "
+            "spine Nullable(String), ecmp_spine Nullable(String))) CODEC(ZSTD(3))",
+            convert=lambda plan: [
+                (p.src, p.dst, p.rail, p.qp, p.spine, p.ecmp_spine) for p in plan
+            ],
+        ),
+        Column(
+            "actions",
+            "Array(Tuple(action String, target String, value String, why String))",
+            convert=lambda actions: [(a.action, a.target, a.value, a.why) for a in actions],
+        ),
+    ),
+    engine="ReplacingMergeTree",
+    order_by="(job, id)",
+    partition_by="toYYYYMM(ts)",
+)
+
 TABLES: tuple[Table, ...] = (
     GPU_SAMPLES,
     NIC_SAMPLES,
@@ -254,6 +289,7 @@ TABLES: tuple[Table, ...] = (
     FLAGS,
     SWEEPS,
     NODE_STATES,
+    ADVICE,
 )
 TABLE_BY_KIND: dict[str, Table] = {t.kind: t for t in TABLES}
 

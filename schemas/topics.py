@@ -29,6 +29,7 @@ TOPIC_BY_KIND: dict[str, str] = {
     "flag": "remediation",
     "sweep": "sweeps",
     "node_state": "node-state",
+    "advice": "advice",
 }
 KIND_BY_TOPIC: dict[str, str] = {topic: kind for kind, topic in TOPIC_BY_KIND.items()}
 #: Telemetry keyed by node (per-node detectors) and by job (peer comparison within a job).
@@ -37,4 +38,4 @@ JOB_KINDS = ("step", "collective")
 TELEMETRY_TOPICS = tuple(TOPIC_BY_KIND[k] for k in NODE_KINDS + JOB_KINDS)
 #: Streams-internal: findings repartitioned by node (co-partitioned with the telemetry).
 INTERNAL_TOPICS = ("findings",)
-CONTROL_TOPICS = ("remediation", "sweeps", "node-state", "dlq")
+CONTROL_TOPICS = ("remediation", "sweeps", "node-state", "dlq", "advice")

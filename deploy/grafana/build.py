@@ -611,7 +611,26 @@ def job_tables() -> list[table.Panel]:
             "ORDER BY time DESC LIMIT 500",
             "Job-level findings: slow ranks, stage imbalance, slow or hung communication.",
         ),
+        advice_table(),
     ]
+
+
+def advice_table() -> table.Panel:
+    """C4P advice (guard.advice): the plan's gain over ECMP and what to apply today."""
+    return table_panel(
+        "Traffic-engineering advice (C4P)",
+        "SELECT ts AS time, job, round(expected_gain_pct, 1) AS gain_pct,\n"
+        "  round(ecmp_allreduce_s * 1000, 3) AS ecmp_ms,"
+        " round(planned_allreduce_s * 1000, 3) AS planned_ms,\n"
+        "  flows, length(plan) AS planned_flows, arrayStringConcat(hot_links, ', ') AS hot_links,\n"
+        "  arrayStringConcat(arrayMap(a -> concat(tupleElement(a, 1), ' ', tupleElement(a, 2),"
+        " ': ', tupleElement(a, 3)), actions), '; ') AS apply\n"
+        f"FROM advice FINAL WHERE $__timeFilter(ts) AND {in_var('job', 'job')}\n"
+        "ORDER BY time DESC LIMIT 200",
+        "Path plan against ECMP hashing per job (modelled all-reduce time), the hottest links "
+        "under ECMP, and the actions an operator can apply: NCCL settings, uplinks or rails "
+        "to drain (docs/c4p.md).",
+    )
 
 
 def job() -> gd.Dashboard:

@@ -19,8 +19,10 @@ import pytest
 
 from guard.agents.simulator import ClusterSimulator, SimConfig
 from guard.config import Settings, load_settings
+from guard.detectors.path_advice import JobPatterns, advise
 from guard.evaluation.backtest import make_detector
-from guard.schemas import Flag, GuardMessage
+from guard.schemas import Advice, Flag, GuardMessage
+from guard.schemas.topology import infer_topology
 from guard.store import insert_messages, migrate
 from guard.sweeps import DryRunScheduler, SimulatedSweepExecutor
 from guard.sweeps.orchestrator import Orchestrator
@@ -67,6 +69,16 @@ def _orchestrate(settings: Settings, sim: ClusterSimulator, flags: list[Flag]) -
     return out
 
 
+def _advice(telemetry: list[GuardMessage], ts: float) -> list[Advice]:
+    """C4P advice for the simulated jobs on an inferred fabric of 4-node pods."""
+    seen = JobPatterns()
+    for m in telemetry:
+        seen.update(m)
+    jobs = seen.patterns()
+    everyone = sorted({node for job in jobs for node in job.nodes})
+    return advise(infer_topology(everyone, rails=8, nodes_per_leaf=4, spines=4), jobs, ts)
+
+
 @pytest.fixture(scope="module")
 def filled_store(chdb_client: Any) -> Iterator[FilledStore]:
     settings = load_settings(clickhouse={"database": f"graf_{uuid.uuid4().hex[:10]}"})
@@ -92,7 +104,7 @@ def filled_store(chdb_client: Any) -> Iterator[FilledStore]:
     flags.extend(engine.flush())
     control = _orchestrate(settings, sim, flags)
     migrate(chdb_client, settings)
-    messages = [*telemetry, *flags, *control]
+    messages = [*telemetry, *flags, *control, *_advice(telemetry, sim.end_ts - 60)]
     for offset in range(0, len(messages), 20_000):  # batches, as the sink writes them
         insert_messages(chdb_client, settings, messages[offset : offset + 20_000])
     previous = chdb_client.database

@@ -108,7 +108,8 @@ def test_bad_message_goes_to_the_dead_letter_topic_untouched(kafka_settings: Set
 def test_topics_are_created_once_with_their_configs(kafka_settings: Settings) -> None:
     again = create_topics(kafka_settings)
     assert set(again.values()) == {"exists"}
-    assert len(again) == 9
+    # 4 telemetry, findings, 5 control (remediation, sweeps, node-state, dlq, advice)
+    assert len(again) == 10
     assert to_record(
         kafka_settings,
         parse_message(b'{"kind":"node_state","ts":1,"node":"n1","state":"cordoned"}'),

@@ -1,0 +1,208 @@
+"""Fabric hot spots: NICs and leaves congested far beyond their rail's peers, persistently.
+
+Per NIC port, the increases of ``port_xmit_wait`` (ticks the port had data but no credit to
+send) and of ECN marks + CNPs (``np_ecn_marked_roce_packets``, ``rp_cnp_handled``) are
+summed over event-time windows of ``window_s``. When a window closes, every NIC is compared
+with the other NICs on its rail (equivalent paths: the same rail of other nodes), and, with
+a topology, every leaf with the other leaves of its rail (sum of its NICs). A member whose
+rate is at least ``ratio`` times its group's median (and above ``floor_per_s``) is hot in
+that window; hot for ``windows`` windows in a row it is reported. Congestion is the fabric's
+doing, not the node's: hot spots are ``info`` observations (category ``nic`` for a NIC,
+``link`` for a leaf, ``evidence.observation = "hot_spot"``), attributed to the jobs seen on
+them, and withdrawn (``clear``) when the member cools down. Broken links stay with the NIC
+detector's ``link`` claims. A counter that goes down was reset: that interval adds nothing.
+
+Tiny state: per port the last sample's three numbers; per member of a window two sums.
+
+Example
+-------
+>>> from guard.schemas import NicSample
+>>> det = FabricHotSpotDetector(window_s=10.0, windows=2)
+>>> def nic(ts, node, wait):
+...     return NicSample(ts=ts, node=node, job="j", device="mlx5_0", port=1,
+...                      counters={"port_xmit_wait": wait})
+>>> out = []
+>>> for t in range(0, 40, 5):
+...     for i in range(4):
+...         out += det.update(nic(float(t), f"n{i}", t * (10_000 if i == 2 else 1_000)))
+>>> [(f.node, f.category, f.severity, f.evidence["observation"]) for f in out]
+[('n2', 'nic', 'info', 'hot_spot')]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from guard.schemas import NicSample
+from guard.schemas.topology import Topology, TopologyError
+
+from .findings import Finding
+from .nic import CONGESTION_COUNTERS
+from .robust import median
+
+__all__ = ["FabricHotSpotDetector"]
+
+_WAIT = "port_xmit_wait"
+
+
+class _Member:
+    __slots__ = ("jobs", "raised", "since", "streak")
+
+    def __init__(self) -> None:
+        self.streak = 0
+        self.since = 0.0
+        self.raised = False
+        self.jobs: set[str] = set()
+
+
+class FabricHotSpotDetector:
+    """Persistent congestion hot spots per NIC and per leaf, against their rail's peers."""
+
+    name = "fabric"
+
+    def __init__(
+        self,
+        topology: Topology | None = None,
+        window_s: float = 60.0,
+        ratio: float = 3.0,
+        floor_per_s: float = 1_000.0,
+        windows: int = 3,
+    ) -> None:
+        self.topology = topology
+        self.window_s, self.ratio, self.floor, self.windows = window_s, ratio, floor_per_s, windows
+        self._last: dict[tuple[str, str, int], tuple[float, int, int]] = {}
+        self._sums: dict[tuple[str, str], list[float]] = {}  # (node, device) -> [wait, marks]
+        self._jobs: dict[tuple[str, str], set[str]] = {}
+        self._window: int | None = None
+        self._members: dict[tuple[str, str], _Member] = {}
+
+    def update(self, message: NicSample) -> list[Finding]:
+        window = int(message.ts // self.window_s)
+        out = self.tick(message.ts) if self._window is not None else []
+        self._window = window
+        c = message.counters
+        wait = c.get(_WAIT, 0)
+        marks = sum(c.get(name, 0) for name in CONGESTION_COUNTERS)
+        port = (message.node, message.device, message.port)
+        last = self._last.get(port)
+        self._last[port] = (message.ts, wait, marks)
+        if last is None or wait < last[1] or marks < last[2] or message.ts <= last[0]:
+            return out  # first sample or a reset: re-baseline
+        sums = self._sums.setdefault((message.node, message.device), [0.0, 0.0])
+        sums[0] += wait - last[1]
+        sums[1] += marks - last[2]
+        if message.job is not None:
+            self._jobs.setdefault((message.node, message.device), set()).add(message.job)
+        return out
+
+    def tick(self, now: float) -> list[Finding]:
+        if self._window is None or int(now // self.window_s) <= self._window:
+            return []
+        return self._close(float((self._window + 1) * self.window_s))
+
+    def flush(self) -> list[Finding]:
+        if self._window is None or not self._sums:
+            return []
+        return self._close(float((self._window + 1) * self.window_s))
+
+    def _close(self, end: float) -> list[Finding]:
+        groups: dict[tuple[str, str], dict[str, list[float]]] = {}
+        jobs: dict[tuple[str, str], set[str]] = {}
+        for (node, device), (wait, marks) in self._sums.items():
+            rail, leaf = self._place(node, device)
+            groups.setdefault(("nic", rail), {})[f"{node}/{device}"] = [wait, marks]
+            jobs[("nic", f"{node}/{device}")] = self._jobs.get((node, device), set())
+            if leaf is not None:
+                total = groups.setdefault(("leaf", rail), {}).setdefault(leaf, [0.0, 0.0])
+                total[0] += wait
+                total[1] += marks
+                jobs.setdefault(("leaf", leaf), set()).update(jobs[("nic", f"{node}/{device}")])
+        self._sums, self._jobs = {}, {}
+        out = []
+        for (level, rail), members in groups.items():
+            hot = self._hot(members)
+            for name in members:
+                key = (level, name)
+                member = self._members.setdefault(key, _Member())
+                member.jobs |= jobs.get(key, set())
+                finding = self._judge(level, rail, name, member, hot.get(name), end)
+                if finding is not None:
+                    out.append(finding)
+        return out
+
+    def _place(self, node: str, device: str) -> tuple[str, str | None]:
+        """The NIC's rail (the topology's, else its device name) and leaf (when known)."""
+        if self.topology is None:
+            return device, None
+        try:
+            nic = next(n for n in self.topology.node(node).nics if n.device == device)
+        except (TopologyError, StopIteration):
+            return device, None
+        return f"rail{nic.rail}", nic.leaf
+
+    def _hot(self, members: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+        if len(members) < 3:  # no peer median worth the name
+            return {}
+        hot: dict[str, dict[str, float]] = {}
+        for i, signal in enumerate(("xmit_wait_per_s", "ecn_cnp_per_s")):
+            rates = {name: v[i] / self.window_s for name, v in members.items()}
+            typical = median(list(rates.values()))
+            for name, rate in rates.items():
+                if rate >= self.floor and rate >= self.ratio * max(typical, 1e-9):
+                    hot.setdefault(name, {})[signal] = round(rate, 1)
+                    hot[name][f"rail_median_{signal}"] = round(typical, 1)
+        return hot
+
+    def _judge(
+        self,
+        level: str,
+        rail: str,
+        name: str,
+        member: _Member,
+        rates: dict[str, float] | None,
+        end: float,
+    ) -> Finding | None:
+        if rates is None:
+            member.streak = 0
+            was, member.raised = member.raised, False
+            return self._finding(level, rail, name, member, {}, end, clear=True) if was else None
+        if member.streak == 0:
+            member.since = end - self.window_s
+        member.streak += 1
+        if member.streak < self.windows or member.raised:
+            return None
+        member.raised = True
+        return self._finding(level, rail, name, member, rates, end)
+
+    def _finding(
+        self,
+        level: str,
+        rail: str,
+        name: str,
+        member: _Member,
+        rates: dict[str, Any],
+        end: float,
+        clear: bool = False,
+    ) -> Finding:
+        node, _, device = name.partition("/") if level == "nic" else (None, "", name)
+        return Finding(
+            detector=self.name,
+            category="nic" if level == "nic" else "link",
+            severity="info",
+            node=node,
+            ts=end,
+            since=member.since,
+            score=max((v for k, v in rates.items() if not k.startswith("rail")), default=0.0),
+            job=next(iter(member.jobs)) if len(member.jobs) == 1 else None,
+            device=device,
+            window_s=self.window_s * member.streak,
+            evidence={
+                "observation": "hot_spot",
+                "level": level,
+                "rail": rail,
+                "windows": member.streak,
+                "jobs": sorted(member.jobs)[:32],
+                **rates,
+            },
+            clear=clear,
+        )

@@ -1,0 +1,245 @@
+"""Traffic-engineering advice per job: the path plan, its gain over ECMP, and what to apply.
+
+For the concurrent jobs on a fabric, :func:`advise` plans every job's ring all-reduce flows
+together (they share links), judges the plan and ECMP with the bottleneck model of
+:mod:`guard.detectors.paths`, and writes one :class:`~guard.schemas.Advice` per job. Besides
+the plan (the flows it moves off their ECMP spine, at most ``ADVICE_MAX_PLAN`` listed; applying it
+needs source-port steering, as C4P does), the actions are the ones an
+operator can apply today, each kept only when the model says it helps:
+
+- ``nccl_env``: ``NCCL_IB_QPS_PER_CONNECTION=4`` with ``NCCL_IB_SPLIT_DATA_ON_QPS=1`` splits
+  each connection over four queue pairs, i.e. four ECMP hashes instead of one;
+- ``drain_uplink``: a degraded uplink that ECMP still loads with an equal share;
+- ``drain_rail``: a node's NIC running below its rail's speed, with the ``NCCL_IB_HCA``
+  list that leaves it out (not part of the modelled gain: NCCL then moves that rail's traffic).
+
+Pure: ``ts`` is passed in.
+
+Example: two jobs striped over four pods of a 4-spine fabric, one uplink at half speed.
+
+>>> from guard.schemas.topology import infer_topology
+>>> nodes = [f"n{i:02d}" for i in range(16)]
+>>> fabric = infer_topology(nodes, rails=8, nodes_per_leaf=4, spines=4)
+>>> fabric = fabric.with_capacity({"pod0-rail0->spine0": 0.5})
+>>> jobs = [JobPattern("a", tuple(nodes[0::2]), 1e9), JobPattern("b", tuple(nodes[1::2]), 1e9)]
+>>> advice = advise(fabric, jobs, ts=1_700_000_000.0)
+>>> [(a.job, a.flows) for a in advice]
+[('a', 64), ('b', 64)]
+>>> all(a.planned_allreduce_s <= a.ecmp_allreduce_s for a in advice)
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from guard.schemas import (
+    ADVICE_MAX_PLAN,
+    Advice,
+    AdviceAction,
+    CollectiveTiming,
+    GuardMessage,
+    PathAssignment,
+    StepTiming,
+    stable_id,
+)
+from guard.schemas.topology import Topology
+
+from .paths import Fabric, Flow, Route, ecmp_routes, evaluate_routes, plan_routes
+from .paths import ring_allreduce_flows as _ring
+
+__all__ = ["JobPattern", "JobPatterns", "advise"]
+
+SPLIT_QPS = 4
+#: An action is advised when the model says it saves at least this share of all-reduce time.
+MIN_GAIN = 0.03
+
+
+@dataclass(frozen=True)
+class JobPattern:
+    """A job's collective pattern: a ring all-reduce of ``message_bytes`` over its nodes."""
+
+    job: str
+    nodes: tuple[str, ...]
+    message_bytes: float
+    qps_per_connection: int = 1
+
+    def flows(self, rails: int, qps: int | None = None) -> list[Flow]:
+        return _ring(
+            self.job, self.nodes, rails, self.message_bytes, qps or self.qps_per_connection
+        )
+
+
+class JobPatterns:
+    """Each job's nodes and all-reduce size, learnt from its step and collective messages.
+
+    The nodes are those seen reporting for the job; the message size is the largest
+    all-reduce seen (``default_bytes`` until one is). State: a job's node names and a number.
+
+    >>> from guard.schemas import StepTiming
+    >>> seen = JobPatterns(default_bytes=1e9)
+    >>> for rank, node in enumerate(["b", "a", "b"]):
+    ...     seen.update(StepTiming(ts=1.0, node=node, job="j", rank=rank, step=1, step_s=2.0))
+    >>> seen.patterns()
+    [JobPattern(job='j', nodes=('a', 'b'), message_bytes=1000000000.0, qps_per_connection=1)]
+    """
+
+    def __init__(self, default_bytes: float = 256e6) -> None:
+        self.default_bytes = default_bytes
+        self._nodes: dict[str, set[str]] = {}
+        self._bytes: dict[str, float] = {}
+
+    def update(self, message: GuardMessage) -> None:
+        if not isinstance(message, (StepTiming, CollectiveTiming)):
+            return
+        self._nodes.setdefault(message.job, set()).add(message.node)
+        if isinstance(message, CollectiveTiming) and message.op == "allreduce":
+            self._bytes[message.job] = max(self._bytes.get(message.job, 0.0), message.bytes)
+
+    def forget(self, job: str) -> None:
+        """A finished job."""
+        self._nodes.pop(job, None)
+        self._bytes.pop(job, None)
+
+    def patterns(self) -> list[JobPattern]:
+        return [
+            JobPattern(job, tuple(sorted(nodes)), self._bytes.get(job, self.default_bytes))
+            for job, nodes in sorted(self._nodes.items())
+        ]
+
+
+def _all_flows(jobs: Sequence[JobPattern], rails: int, qps: int | None = None) -> list[Flow]:
+    return [flow for job in jobs for flow in job.flows(rails, qps)]
+
+
+def _ecmp_times(fabric: Fabric, flows: list[Flow]) -> dict[str, float]:
+    return evaluate_routes(fabric, flows, ecmp_routes(fabric, flows)).allreduce_s
+
+
+def advise(topology: Topology, jobs: Sequence[JobPattern], ts: float) -> list[Advice]:
+    """One advice message per job with inter-node traffic."""
+    fabric = Fabric(topology)
+    rails = topology.rails
+    flows = _all_flows(jobs, rails)
+    ecmp = ecmp_routes(fabric, flows)
+    planned = plan_routes(fabric, flows)
+    ecmp_report = evaluate_routes(fabric, flows, ecmp)
+    planned_s = evaluate_routes(fabric, flows, planned).allreduce_s
+    split_s = _ecmp_times(fabric, _all_flows(jobs, rails, SPLIT_QPS))
+    degraded = [u.name for u in topology.uplinks if 0 < u.capacity_factor < 1]
+    drained_s = (
+        _ecmp_times(Fabric(topology.with_capacity(dict.fromkeys(degraded, 0.0))), flows)
+        if degraded
+        else {}
+    )
+    out = []
+    for job in jobs:
+        mine = [i for i, f in enumerate(flows) if f.job == job.job]
+        if not mine:
+            continue
+        before, after = ecmp_report.allreduce_s[job.job], planned_s[job.job]
+        busy = ecmp_report.link_busy_s
+        used = sorted({link for i in mine for link in ecmp[i].links}, key=lambda k: -busy[k])
+        hot = [fabric.link_names[k] for k in used[:8] if busy[k] >= 0.9 * before]
+        actions = _actions(topology, job, before, after, split_s, drained_s, degraded, hot)
+        moved = [i for i in mine if planned[i].spine != ecmp[i].spine]
+        plan = [_assignment(flows[i], planned[i], ecmp[i]) for i in moved[:ADVICE_MAX_PLAN]]
+        out.append(
+            Advice(
+                ts=ts,
+                job=job.job,
+                id=stable_id("c4p", job.job, topology.name, *(p.spine for p in plan)),
+                topology=topology.name,
+                flows=len(mine),
+                moved_flows=len(moved),
+                ecmp_allreduce_s=before,
+                planned_allreduce_s=after,
+                expected_gain_pct=round(100 * (before / after - 1), 2) if after > 0 else 0.0,
+                hot_links=hot,
+                plan=plan,
+                actions=actions,
+            )
+        )
+    return out
+
+
+def _assignment(flow: Flow, planned: Route, ecmp: Route) -> PathAssignment:
+    return PathAssignment(
+        src=flow.src,
+        dst=flow.dst,
+        rail=flow.rail,
+        qp=flow.qp,
+        spine=planned.spine,
+        ecmp_spine=ecmp.spine,
+    )
+
+
+def _actions(
+    topology: Topology,
+    job: JobPattern,
+    before: float,
+    after: float,
+    split_s: dict[str, float],
+    drained_s: dict[str, float],
+    degraded: list[str],
+    hot: list[str],
+) -> list[AdviceAction]:
+    actions = []
+    if after < before * (1 - MIN_GAIN):
+        actions.append(
+            AdviceAction(
+                action="route_flow",
+                target=job.job,
+                value="apply the plan (source-port steering)",
+                why=f"all-reduce {before:.4g} s under ECMP, {after:.4g} s planned",
+            )
+        )
+    split = split_s.get(job.job, before)
+    if job.qps_per_connection < SPLIT_QPS and split < before * (1 - MIN_GAIN):
+        actions.append(
+            AdviceAction(
+                action="nccl_env",
+                target=job.job,
+                value=f"NCCL_IB_QPS_PER_CONNECTION={SPLIT_QPS} NCCL_IB_SPLIT_DATA_ON_QPS=1",
+                why=f"{SPLIT_QPS} hashes per connection instead of 1: {split:.4g} s under ECMP",
+            )
+        )
+    drained = drained_s.get(job.job, before)
+    for link in degraded:
+        if drained < before * (1 - MIN_GAIN) and any(link in h for h in hot):
+            actions.append(
+                AdviceAction(
+                    action="drain_uplink",
+                    target=link,
+                    value="drain",
+                    why=f"degraded but hashed an equal share; drained: {drained:.4g} s under ECMP",
+                )
+            )
+    actions += _slow_rails(topology, job)
+    return actions
+
+
+def _slow_rails(topology: Topology, job: JobPattern) -> list[AdviceAction]:
+    fastest: dict[int, float] = {}
+    for node in topology.nodes:
+        for nic in node.nics:
+            fastest[nic.rail] = max(fastest.get(nic.rail, 0.0), nic.gbps)
+    actions = []
+    for name in job.nodes:
+        node = topology.node(name)
+        slow = [nic for nic in node.nics if nic.gbps < fastest[nic.rail]]
+        if slow:
+            keep = ",".join(
+                n.device for n in sorted(node.nics, key=lambda n: n.rail) if n not in slow
+            )
+            actions.append(
+                AdviceAction(
+                    action="drain_rail",
+                    target=f"{name}/{slow[0].device}",
+                    value=f"NCCL_IB_HCA={keep}",
+                    why=f"{slow[0].gbps:g} Gb/s against {fastest[slow[0].rail]:g} on its rail; "
+                    "gates every ring through it (not in the modelled gain)",
+                )
+            )
+    return actions

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from guard.agents.simulator import ClusterSimulator, SimConfig
+from guard.agents.simulator import ClusterSimulator, FaultSpec, SimConfig
 from guard.config import Settings, load_settings
 from guard.detectors.path_advice import JobPatterns, advise
 from guard.evaluation.backtest import make_detector
@@ -84,16 +84,31 @@ def filled_store(chdb_client: Any) -> Iterator[FilledStore]:
     settings = load_settings(clickhouse={"database": f"graf_{uuid.uuid4().hex[:10]}"})
     # Recent event times: the tables' TTL drops rows older than 30 days on insert.
     start = float(int(time.time() - DURATION_S - 300))
-    # Seed 1 with three random faults at 0.6 severity: a straggler (released by its sweep),
-    # a power brake and an Xid (failed sweeps, repair); chosen so both sweep outcomes occur.
+    # Faults placed so that both sweep outcomes occur: a GPU slow for 24 s only (claimed, the
+    # fault gone by its sweep: passed, released), a steady 15 % straggler and an Xid (failed
+    # sweeps, repair), a link flap.
+    faults = [
+        FaultSpec("slow_gpu", node="node-003", gpu=2, onset_s=120, slowdown=0.15, pattern="steady"),
+        FaultSpec("xid", node="node-007", onset_s=200),
+        FaultSpec("link_flap", node="node-005", onset_s=150),
+        FaultSpec(
+            "slow_gpu",
+            node="node-009",
+            gpu=4,
+            onset_s=100,
+            end_s=124,
+            slowdown=0.2,
+            pattern="steady",
+        ),
+    ]
     config = SimConfig(
         nodes=12,
         duration_s=DURATION_S,
         seed=1,
         start_ts=start,
         sample_interval_s=2.0,
-        random_faults=3,
-        severity=0.6,
+        random_faults=0,
+        faults=faults,
     )
     sim = ClusterSimulator(config)
     telemetry = list(sim.messages())

@@ -170,6 +170,8 @@ class TrainingModel:
             self._hung[job.name] = now + cfg.watchdog_s
             job.next_start = now + cfg.watchdog_s + cfg.restart_s
             job.seq = 0
+            # It resumes from that checkpoint: what it does from the restart on is at risk again.
+            self._checkpoint_step[job.name] = job.step
             self._crash_due[key] = job.next_start + cfg.recrash_s
             if not any(c["fault"] == f.id for c in self.crashes):
                 node = self.scenario.node_names[f.node]
@@ -211,6 +213,9 @@ class TrainingModel:
         step_s = end - start
         # Checkpoint after this step: everyone waits for the save.
         if job.checkpoints and job.checkpoints[0][0] <= end:
+            # One save, however many came due while the job was down (a hang, a restart).
+            while len(job.checkpoints) > 1 and job.checkpoints[1][0] <= end:
+                job.checkpoints.pop(0)
             ck_s = job.checkpoints.pop(0)[1]
             self.scenario.add_confounder("checkpoint", end, end + ck_s, job=job.name, step=job.step)
             end += ck_s

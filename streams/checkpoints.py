@@ -56,6 +56,7 @@ STATE_MODULES = (
     "river.drift.",
     "river.proba.",
     "river.stats.",
+    "river.tree.",  # HalfSpaceTrees' nodes
     "river.utils.",
 )
 #: Globals outside those modules that detector state is made of.
@@ -66,9 +67,13 @@ STATE_GLOBALS = frozenset(
         ("builtins", "frozenset"),
         ("builtins", "set"),
         ("builtins", "slice"),
+        ("builtins", "tuple"),
         ("collections", "OrderedDict"),
         ("collections", "defaultdict"),
         ("collections", "deque"),
+        # river's HalfSpaceTrees keeps defaultdict(partial(tuple, (0.0, 1.0))): a partial can
+        # only wrap what this unpickler lets through.
+        ("functools", "partial"),
         ("random", "Random"),
         ("numpy", "dtype"),
         ("numpy", "ndarray"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from guard.schemas.nvml_codes import NONFATAL_XIDS
+from guard.schemas.nvml_codes import APPLICATION_XIDS
 
 from .base import CheckContext, CheckError, CheckResult
 
@@ -171,7 +171,7 @@ class XidCheck:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
-        fatal = [(g, x) for g, x in self._events if x not in NONFATAL_XIDS]
+        fatal = [(g, x) for g, x in self._events if x not in APPLICATION_XIDS]
         seen = ", ".join(f"gpu{g} xid {x}" for g, x in self._events) or "none"
         if self._error:
             failed = f"listening for Xid events failed: {self._error}"
@@ -184,6 +184,6 @@ class XidCheck:
                 passed=not fatal,
                 baseline=0.0,
                 detail=f"Xids during the sweep: {seen} (application Xids "
-                f"{', '.join(map(str, NONFATAL_XIDS))} do not fail the node)",
+                f"{', '.join(map(str, APPLICATION_XIDS))} do not fail the node)",
             )
         ]

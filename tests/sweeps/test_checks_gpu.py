@@ -283,7 +283,7 @@ def test_nvml_health_fails_a_missing_gpu_uncorrectable_ecc_and_pending_remaps() 
     assert by["retired_pages_pending"].passed  # NotSupported on a row-remapping part
 
 
-@pytest.mark.parametrize("xid,fails", [(XID_GPU_LOST, True), (13, False)])
+@pytest.mark.parametrize("xid,fails", [(XID_GPU_LOST, True), (74, True), (13, False)])
 def test_an_xid_during_the_sweep_fails_it_unless_it_is_an_application_error(
     xid: int, fails: bool
 ) -> None:

@@ -8,6 +8,7 @@ and sent to repair; healthy nodes stay healthy; everything is queryable in Click
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,8 @@ def test_faults_are_flagged_swept_and_repaired_across_an_orchestrator_restart(
         home=tmp_path,
     )
     settings.clickhouse.dsn = None
+    # its own database: other tests of the session write flags into the session's chDB too
+    settings.clickhouse.database = f"e2e_{uuid.uuid4().hex[:10]}"
     settings.streams.app_id = "e2e-streams"
     settings.clickhouse.batch_seconds = 0.5
     pipe = Pipeline(settings, config)

@@ -13,12 +13,13 @@ runs.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 import time
 import uuid
 from pathlib import Path
+
+from _broker import bootstrap_or_embedded  # benchmarks/ is on sys.path when run
 
 from guard.agents.simulator import SimConfig, write_jsonl
 from guard.config import load_settings
@@ -32,13 +33,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=300)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    broker = None
-    bootstrap = os.environ.get("GUARD_KAFKA_BOOTSTRAP")
-    if not bootstrap:
-        from guard.broker import EmbeddedBroker
-
-        broker = EmbeddedBroker().start()
-        bootstrap = broker.bootstrap
+    bootstrap, broker = bootstrap_or_embedded()
     home = Path(tempfile.mkdtemp(prefix="guard-replay-bench-"))
     recording = home / "run.jsonl"
     config = SimConfig(nodes=args.nodes, duration_s=args.duration, start_ts=1767225600.0, seed=5)

@@ -11,7 +11,6 @@ last, so the group join is not counted). Medians of several runs.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 import time
@@ -19,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import clickhouse_connect
+from _broker import bootstrap_or_embedded  # benchmarks/ is on sys.path when run
 
 from guard.agents.simulator import ClusterSimulator, SimConfig
 from guard.config import load_settings
@@ -33,13 +33,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=300)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    broker = None
-    bootstrap = os.environ.get("GUARD_KAFKA_BOOTSTRAP")
-    if not bootstrap:
-        from guard.broker import EmbeddedBroker
-
-        broker = EmbeddedBroker().start()
-        bootstrap = broker.bootstrap
+    bootstrap, broker = bootstrap_or_embedded()
     home = Path(tempfile.mkdtemp(prefix="guard-sink-bench-"))
     client = clickhouse_connect.get_client(dsn=f"chdb://{home / 'chdb'}")
     messages = list(

@@ -12,7 +12,6 @@ $GUARD_KAFKA_BOOTSTRAP, else an embedded Tansu broker.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -22,6 +21,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import IO
+
+from _broker import bootstrap_or_embedded  # benchmarks/ is on sys.path when run
 
 from guard.agents.simulator import ClusterSimulator, SimConfig
 from guard.config import Settings, load_settings
@@ -124,13 +125,7 @@ def main() -> None:
         help="worker counts for the faust baseline (each faust run takes minutes)",
     )
     args = parser.parse_args()
-    broker = None
-    bootstrap = os.environ.get("GUARD_KAFKA_BOOTSTRAP")
-    if not bootstrap:
-        from guard.broker import EmbeddedBroker
-
-        broker = EmbeddedBroker().start()
-        bootstrap = broker.bootstrap
+    bootstrap, broker = bootstrap_or_embedded()
     home = Path(tempfile.mkdtemp(prefix="guard-bench-"))
     try:
         results: dict[tuple[str, int], list[float]] = {}

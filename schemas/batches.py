@@ -95,14 +95,15 @@ class TelemetryBatch(GuardMessage):
     def samples(self) -> list[GuardMessage]:
         """The single-sample messages this batch stands for, in entry order."""
         build = _BUILDERS[self.kind]
-        single_kind = self.single.model_fields["kind"].default
+        head = {"kind": SINGLE_OF[self.kind], "v": 1, "ts": None, "node": self.node, "job": self.job}
+        ts = self.ts
         out: list[GuardMessage] = []
         for entry in self.entries():
             # key order is the field order (pydantic serialises a model's dict in its order)
-            data = {"kind": single_kind, "v": 1, "ts": None, "node": self.node, "job": self.job}
+            data = head.copy()
             data.update(entry.__dict__)
             if data["ts"] is None:
-                data["ts"] = self.ts
+                data["ts"] = ts
             out.append(build(data))
         return out
 

@@ -71,7 +71,7 @@ def bare_loop(settings: Settings, total: int) -> float:
     deadline = time.monotonic() + 600
     try:
         while n < total and time.monotonic() < deadline:
-            records = consumer.consume(5000, 0.5)
+            records = consumer.consume(2000, 0.1)  # what the native worker asks for
             if records and not t0:
                 t0 = time.perf_counter()
                 n0 = len(records)

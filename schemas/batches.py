@@ -95,7 +95,13 @@ class TelemetryBatch(GuardMessage):
     def samples(self) -> list[GuardMessage]:
         """The single-sample messages this batch stands for, in entry order."""
         build = _BUILDERS[self.kind]
-        head = {"kind": SINGLE_OF[self.kind], "v": 1, "ts": None, "node": self.node, "job": self.job}
+        head = {
+            "kind": SINGLE_OF[self.kind],
+            "v": 1,
+            "ts": None,
+            "node": self.node,
+            "job": self.job,
+        }
         ts = self.ts
         out: list[GuardMessage] = []
         for entry in self.entries():

@@ -36,9 +36,9 @@ def _write_part(
     try:
         with open(path, "wb", buffering=1 << 20) as out:
             write = out.write
-            for batch in sim.batches(emit_from, emit_until):
-                if batched:  # one record per node per interval / per step (contract 1.1)
-                    batch = batch_messages(batch)
+            for tick in sim.batches(emit_from, emit_until):
+                # batched: one record per node per interval / per step (contract 1.1)
+                batch = batch_messages(tick) if batched else tick
                 write(_encode_lines(batch))
                 write(b"\n")
                 counts.update(map(_kind_of, batch))

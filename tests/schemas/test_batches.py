@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import doctest
+import io
+from pathlib import Path
 
 import orjson
 import pytest
@@ -106,3 +108,35 @@ def test_batch_kinds_have_json_schemas() -> None:
     for kind, entries in (("gpu_batch", "gpus"), ("nic_batch", "ports"), ("step_batch", "ranks"),
                           ("collective_batch", "ranks")):  # fmt: skip
         assert entries in schemas[kind]["required"]
+
+
+def test_a_batched_jsonl_run_backtests_to_the_same_flags_as_its_singles(tmp_path: Path) -> None:
+    """The simulator's writer with ``batched=True``, read back by ``guard backtest``."""
+    from guard.agents.simulator import FaultSpec, write_jsonl
+    from guard.evaluation.backtest import BacktestStats, make_detector, read_messages, run_backtest
+
+    config = SimConfig(
+        nodes=6,
+        duration_s=240,
+        seed=21,
+        random_faults=0,
+        faults=[
+            FaultSpec("slow_gpu", node="node-003", gpu=2, onset_s=60, slowdown=0.08),
+            FaultSpec("xid", node="node-001", gpu=1, onset_s=100),
+        ],
+    )
+    results = []
+    for batched in (False, True):
+        path = tmp_path / f"t-{batched}.jsonl"
+        _, counts = write_jsonl(config, path, workers=1, batched=batched)
+        stats = BacktestStats()
+        out = io.BytesIO()
+        run_backtest(read_messages([path], stats), out, make_detector("guard"), stats)
+        assert stats.bad_lines == 0
+        results.append((out.getvalue(), stats.messages, counts, path.stat().st_size))
+    singles, n_singles, counts_singles, size_singles = results[0]
+    batched_flags, n_batched, counts_batched, size_batched = results[1]
+    assert batched_flags == singles and b"node-003" in singles and b"node-001" in singles
+    assert n_batched == n_singles == sum(counts_singles.values())  # every sample read
+    assert sum(counts_batched.values()) < n_singles / 4 and counts_batched.get("gpu", 0) == 0
+    assert size_batched < size_singles

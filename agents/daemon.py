@@ -471,9 +471,9 @@ def run_simulated(
             while not stop.is_set() and time.monotonic() < due:
                 publisher.poll()
                 stop.wait(min(0.1, max(0.0, due - time.monotonic())))
-        for message in batch:
+        for message in batch_messages(batch) if settings.agent.batch_records else batch:
             publisher.publish(message)
-        count += len(batch)
+        count += len(batch)  # samples, however many records carried them
         publisher.poll()
     publisher.flush(30.0)
     if getattr(args, "truth", None):

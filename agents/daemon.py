@@ -45,6 +45,7 @@ from guard.schemas import (
     GuardMessage,
     SchemaError,
     StepTiming,
+    batch_messages,
     encode,
     parse_message,
     stable_id,
@@ -232,8 +233,11 @@ class AgentDaemon:
         jobs: JobTracker,
         listener: ClientListener | None = None,
         interval_s: float = 1.0,
+        batch: bool = False,
     ) -> None:
         self.node = node
+        #: send a cycle's samples as batch records (contract 1.1): one per node and kind
+        self.batch = batch
         self.publisher = publisher
         self.collectors = collectors
         self.jobs = jobs
@@ -259,7 +263,7 @@ class AgentDaemon:
                     "collector %s failed this cycle", getattr(collect, "__qualname__", collect)
                 )
                 continue
-            for message in samples:
+            for message in batch_messages(samples) if self.batch else samples:
                 self.publisher.publish(message)
                 self.kinds[message.kind] += 1
                 count += 1
@@ -416,7 +420,9 @@ def run_agent(args: argparse.Namespace, settings: Settings) -> int:
                 socket_path,
                 exc,
             )
-        daemon = AgentDaemon(node, publisher, collectors, jobs, listener, interval)
+        daemon = AgentDaemon(
+            node, publisher, collectors, jobs, listener, interval, agent.batch_records
+        )
         server = None if getattr(args, "once", False) else _serve_metrics(daemon, settings)
         try:
             if getattr(args, "once", False):
@@ -464,9 +470,9 @@ def run_simulated(
             while not stop.is_set() and time.monotonic() < due:
                 publisher.poll()
                 stop.wait(min(0.1, max(0.0, due - time.monotonic())))
-        for message in batch:
+        for message in batch_messages(batch) if settings.agent.batch_records else batch:
             publisher.publish(message)
-        count += len(batch)
+        count += len(batch)  # samples, however many records carried them
         publisher.poll()
     publisher.flush(30.0)
     if getattr(args, "truth", None):

@@ -8,6 +8,7 @@ of a flag = when it was read − when the message that completed its evidence (t
 ``ts``) was due to be published. Prints median and p95.
 
     .venv/bin/python benchmarks/e2e_latency.py [--nodes 1250] [--duration 60] [--engine native]
+        [--batched]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from guard.broker import EmbeddedBroker
 from guard.config import load_settings
 from guard.demo.pipeline import FlagReader, StreamsWorkers
 from guard.kafka import create_topics, make_producer, produce_raw, to_record
+from guard.schemas import batch_messages
 
 
 def main() -> None:
@@ -35,6 +37,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--engine", choices=["faust", "native"], default="native")
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument(
+        "--batched",
+        action="store_true",
+        help="batch records: one per node per interval, per node per step (contract 1.1)",
+    )
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="guard-latency-"))
     bootstrap = os.environ.get("GUARD_KAFKA_BOOTSTRAP")
@@ -66,7 +73,11 @@ def main() -> None:
         )
     )
     t0 = time.monotonic()
-    records = [to_record(settings, m) for m in sim.messages()]
+    records = [
+        to_record(settings, m)
+        for tick in sim.batches()
+        for m in (batch_messages(tick) if args.batched else tick)
+    ]
     print(f"generated {len(records):,} messages in {time.monotonic() - t0:.0f} s", flush=True)
     workers = StreamsWorkers(settings, args.workers, home)
     workers.start()
@@ -105,8 +116,8 @@ def main() -> None:
     gpus = args.nodes * 8
     print(
         f"{gpus:,} GPUs at 1 Hz, {args.duration:.0f} s at {args.speed}x, {args.workers} "
-        f"{args.engine} worker(s): {len(records):,} messages "
-        f"({len(records) / args.duration * args.speed:,.0f} msg/s offered; publisher ended "
+        f"{args.engine} worker(s): {len(records):,} {'batch ' if args.batched else ''}records "
+        f"({len(records) / args.duration * args.speed:,.0f} records/s offered; publisher ended "
         f"{behind:.1f} s behind schedule), {len(latencies)} Xid flags of {len(faults)}"
     )
     if latencies:

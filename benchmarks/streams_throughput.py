@@ -1,12 +1,17 @@
 """Sustained telemetry throughput of `guard streams` workers: Kafka in → flags out.
 
-Pre-loads the telemetry topics with simulator output, then starts 1 (and then 2) workers
-and follows their progress lines (every 0.5 s): the rate is messages / (time from the first
-line that shows work to the line where every message is handled), so start-up and
-group-join time are not counted. Several runs; the median is reported. Uses
-$GUARD_KAFKA_BOOTSTRAP, else an embedded Tansu broker.
+Pre-loads the telemetry topics with simulator output (single-sample records, or with
+``--records batched`` one record per node per interval / per node per step:
+:mod:`guard.schemas.batches`), then starts 1 (and then 2) workers and follows their
+progress lines (every 0.5 s): the rate is records / (time from the first line that shows
+work to the line where every record is handled), so start-up and group-join time are not
+counted; samples/s is that rate times the samples a record carries on average. The bare
+loop (``--engines ...,bare``) is one confluent-kafka consumer that only consumes and
+JSON-decodes the same records, in this process: the ceiling of any Python worker. Several
+runs; the median is reported. Uses $GUARD_KAFKA_BOOTSTRAP, else an embedded Tansu broker.
 
     .venv/bin/python benchmarks/streams_throughput.py [--nodes 64] [--duration 300] [--runs 3]
+        [--records single,batched] [--engines faust,native,bare]
 """
 
 from __future__ import annotations
@@ -22,29 +27,63 @@ import uuid
 from pathlib import Path
 from typing import IO
 
+import orjson
 from _broker import bootstrap_or_embedded  # benchmarks/ is on sys.path when run
 
 from guard.agents.simulator import ClusterSimulator, SimConfig
 from guard.config import Settings, load_settings
 from guard.demo import worker_env
-from guard.kafka import create_topics, make_producer, produce
+from guard.kafka import TELEMETRY_TOPICS, create_topics, make_consumer, make_producer, produce
+from guard.schemas.batches import batch_messages
 from guard.streams.processing import parse_progress
 
 
-def preload(settings: Settings, nodes: int, duration: float) -> int:
+def preload(settings: Settings, nodes: int, duration: float, batched: bool) -> tuple[int, int]:
+    """Records and samples written."""
     # Event time = record time: a past start (the simulator's default) makes the broker's
     # time-based retention delete the preloaded segments minutes later, mid-benchmark.
     start = float(int(time.time() - duration))
     sim = ClusterSimulator(SimConfig(nodes=nodes, duration_s=duration, seed=3, start_ts=start))
     producer = make_producer(settings)
-    n = 0
-    for message in sim.messages():
-        produce(producer, settings, message)
-        n += 1
-        if n % 20_000 == 0:
-            producer.poll(0)
+    n = samples = 0
+    for tick in sim.batches():
+        samples += len(tick)
+        for message in batch_messages(tick) if batched else tick:
+            produce(producer, settings, message)
+            n += 1
+            if n % 20_000 == 0:
+                producer.poll(0)
     producer.flush(120)
-    return n
+    return n, samples
+
+
+def bare_loop(settings: Settings, total: int) -> float:
+    """Records/s of a bare consume + JSON decode loop over the preloaded topics."""
+    consumer = make_consumer(
+        settings,
+        f"bench-bare-{uuid.uuid4().hex[:8]}",
+        [settings.topic(t) for t in TELEMETRY_TOPICS],
+        **{"fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 16 << 20},
+    )
+    loads = orjson.loads
+    n = 0
+    t0 = 0.0
+    deadline = time.monotonic() + 600
+    try:
+        while n < total and time.monotonic() < deadline:
+            records = consumer.consume(2000, 0.1)  # what the native worker asks for
+            if records and not t0:
+                t0 = time.perf_counter()
+                n0 = len(records)
+            for record in records:
+                if record.error() is None:
+                    loads(record.value())
+                    n += 1
+        if n < total:
+            raise TimeoutError(f"bare loop read {n:,} of {total:,} records in 600 s")
+        return (n - n0) / max(1e-6, time.perf_counter() - t0)
+    finally:
+        consumer.close()
 
 
 def run_workers(settings: Settings, workers: int, total: int, home: Path, engine: str) -> float:
@@ -111,6 +150,60 @@ def run_workers(settings: Settings, workers: int, total: int, home: Path, engine
             p.wait(30)
 
 
+def one_run(
+    args: argparse.Namespace,
+    run: int,
+    records: str,
+    bootstrap: str,
+    home: Path,
+    results: dict[tuple[str, str, int], list[tuple[float, float]]],
+) -> None:
+    settings = load_settings(
+        home=home,
+        kafka={
+            "bootstrap": bootstrap,
+            "topic_prefix": f"b{uuid.uuid4().hex[:6]}.",
+            "telemetry_partitions": args.partitions,
+        },
+    )
+    create_topics(settings)
+    total, samples = preload(settings, args.nodes, args.duration, records == "batched")
+    per_record = samples / total
+    for engine in args.engines.split(","):
+        counts = (
+            args.faust_workers if engine == "faust" else "1" if engine == "bare" else args.workers
+        )
+        for workers in (int(w) for w in counts.split(",")):
+            if engine == "bare":
+                rate = bare_loop(settings, total)
+            else:
+                rate = run_workers(settings, workers, total, home, engine)
+            results.setdefault((records, engine, workers), []).append((rate, rate * per_record))
+            print(
+                f"run {run + 1}: {records} records, {engine}, {workers} worker(s), {total:,} "
+                f"records ({samples:,} samples): {rate:,.0f} records/s, "
+                f"{rate * per_record:,.0f} samples/s",
+                flush=True,
+            )
+
+
+def report(results: dict[tuple[str, str, int], list[tuple[float, float]]]) -> None:
+    for (records, engine, workers), runs in results.items():
+        rate = statistics.median(r for r, _ in runs)
+        samples = statistics.median(s for _, s in runs)
+        bare = results.get((records, "bare", 1))
+        of_bare = (
+            f", {samples / statistics.median(s for _, s in bare):.0%} of bare"
+            if bare and engine != "bare"
+            else ""
+        )
+        print(
+            f"median {records} records, {engine}, {workers} worker(s): {rate:,.0f} records/s, "
+            f"{samples:,.0f} samples/s ({samples / workers:,.0f} samples/s per worker{of_bare}; "
+            f"runs: {', '.join(f'{s:,.0f}' for _, s in runs)} samples/s)"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=64)
@@ -118,7 +211,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--workers", default="1,2")
-    parser.add_argument("--engines", default="faust,native")
+    parser.add_argument("--engines", default="faust,native,bare")
+    parser.add_argument("--records", default="single,batched", help="single and/or batched")
     parser.add_argument(
         "--faust-workers",
         default="1",
@@ -128,37 +222,11 @@ def main() -> None:
     bootstrap, broker = bootstrap_or_embedded()
     home = Path(tempfile.mkdtemp(prefix="guard-bench-"))
     try:
-        results: dict[tuple[str, int], list[float]] = {}
+        results: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
         for run in range(args.runs):
-            settings = load_settings(
-                home=home,
-                kafka={
-                    "bootstrap": bootstrap,
-                    "topic_prefix": f"b{uuid.uuid4().hex[:6]}.",
-                    "telemetry_partitions": args.partitions,
-                },
-            )
-            create_topics(settings)
-            total = preload(settings, args.nodes, args.duration)
-            for engine in args.engines.split(","):
-                counts = args.faust_workers if engine == "faust" else args.workers
-                for workers in (int(w) for w in counts.split(",")):
-                    rate = run_workers(settings, workers, total, home, engine)
-                    results.setdefault((engine, workers), []).append(rate)
-                    print(
-                        f"run {run + 1}: {engine}, {workers} worker(s), {total:,} messages: "
-                        f"{rate:,.0f} msg/s",
-                        flush=True,
-                    )
-        base = {w: statistics.median(r) for (e, w), r in results.items() if e == "faust"}
-        for (engine, workers), rates in results.items():
-            median = statistics.median(rates)
-            ratio = f", {median / base[workers]:.1f}x faust" if workers in base else ""
-            print(
-                f"median {engine}, {workers} worker(s): {median:,.0f} msg/s "
-                f"({median / workers:,.0f} per worker{ratio}; runs: "
-                f"{', '.join(f'{r:,.0f}' for r in rates)})"
-            )
+            for records in args.records.split(","):
+                one_run(args, run, records, bootstrap, home, results)
+        report(results)
     finally:
         if broker is not None:
             broker.stop()

@@ -2,9 +2,9 @@
 
 The same :class:`~guard.detectors.engine.DetectionEngine` the streams app runs, without Kafka:
 each input line is parsed through :mod:`guard.schemas` (a bad line is counted, reported once
-per kind of error, and skipped), several inputs are merged in event-time order, and every
-flag is written as one JSON line. The baselines of the quality benchmark run on the same
-path (``--detector static`` / ``nvrx``).
+per kind of error, and skipped; a batch record is read as its samples), several inputs are
+merged in event-time order, and every flag is written as one JSON line. The baselines of
+the quality benchmark run on the same path (``--detector static`` / ``nvrx``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import IO, Protocol
 from guard.detectors.baselines import NvrxBaseline, StaticRulesBaseline
 from guard.detectors.engine import DetectionEngine, EngineConfig
 from guard.schemas import Flag, GuardMessage, SchemaError, encode, parse_message
+from guard.schemas.batches import TelemetryBatch
 
 __all__ = ["BacktestStats", "FlagSource", "make_detector", "read_messages", "run_backtest"]
 
@@ -71,6 +72,10 @@ def _parse_file(path: Path, stats: BacktestStats) -> Iterator[tuple[float, int, 
                 if key not in stats.errors:
                     print(f"guard backtest: {path}:{number}: skipped: {exc}", file=sys.stderr)
                 stats.errors[key] = stats.errors.get(key, 0) + 1
+                continue
+            if isinstance(msg, TelemetryBatch):  # a batch is its samples, in entry order
+                for single in msg.samples():
+                    yield single.ts, number, single
                 continue
             yield msg.ts, number, msg
 

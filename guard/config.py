@@ -111,6 +111,11 @@ class AgentSettings(Section):
         10.0, gt=0, description="a record not delivered by then is spooled (broker away)"
     )
     client_queue_max: int = Field(100_000, ge=1, description="training-client messages held")
+    batch_records: bool = Field(
+        False,
+        description="send a cycle's GPU and NIC samples as one gpu_batch / nic_batch record "
+        "(wire contract 1.1); needs streams and sink of 1.1 or later",
+    )
 
 
 class StreamsSettings(Section):

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from .batches import BATCH_MODELS
 from .codec import MODELS
 from .messages import (
     CATEGORIES,
@@ -33,7 +34,7 @@ from .topics import TOPIC_BY_KIND
 __all__ = ["render_markdown"]
 
 _INTRO = """\
-# Wire contract v1
+# Wire contract v1 (revision 1.1)
 
 <!-- Generated from schemas/: `guard schema doc --out docs/wire-contract.md`. Do not edit. -->
 
@@ -52,6 +53,17 @@ travel on `guard.node-state` as `node_state` messages with `actor = operator:<na
 A `flag` with `node` null is about the job as a whole (e.g. `imbalance`); it never triggers
 a sweep. `info` flags are observations; `warning` and `critical` flags are claims that a node
 (or link) is at fault.
+
+**Revision 1.1** adds batched telemetry: `gpu_batch` and `nic_batch` (one record per node per
+sampling interval: all its GPUs, all its NIC ports) and `step_batch` and `collective_batch`
+(one record per node per step, or per collective: that node's ranks). A batch travels on its
+single kind's topic with its single kind's key; its common fields are every entry's, and an
+entry may carry its own `ts` (absent: the batch's). Consumers read a batch as the
+single-sample messages it stands for, so tables, detectors and flags are the same either
+way. The single-sample kinds stay valid, and `v` stays `1` in every kind. A consumer older
+than revision 1.1 dead-letters batches as an unknown kind: upgrade `guard streams` and
+`guard sink` before the agents send batches. Revision 1.1 also adds `advice` (path plans
+on `guard.advice`, key = job); consumers of the telemetry topics never see it.
 """
 
 _REASON_BITS = (
@@ -69,6 +81,15 @@ def render_markdown() -> str:
     parts = [_INTRO]
     for kind, model in MODELS.items():
         parts.append(_kind_section(kind, model))
+    for batch in BATCH_MODELS:
+        entry = batch.model_fields[batch.entries_field].annotation.__args__[0]  # type: ignore[union-attr]
+        single = batch.single.model_fields["kind"].default
+        parts.append(
+            f"### `{entry.__name__}`\n\nOne entry of a `{batch.model_fields['kind'].default}`: "
+            f"the fields of `{single}` except the common ones (`kind`, `v`, `ts`, `node`, "
+            "`job`), with their rules, and an optional `ts` (the entry's own event time; "
+            "absent: the batch's)."
+        )
     for nested in (ConnectionStat, SweepCheck, PathAssignment, AdviceAction):
         parts.append(f"### `{nested.__name__}`\n\n{_doc(nested)}\n\n{_field_table(nested)}")
     parts.append(_vocabularies())

@@ -30,8 +30,16 @@ TOPIC_BY_KIND: dict[str, str] = {
     "sweep": "sweeps",
     "node_state": "node-state",
     "advice": "advice",
+    # Batches (guard.schemas.batches) travel with their single kinds.
+    "gpu_batch": "gpu",
+    "nic_batch": "nic",
+    "step_batch": "steps",
+    "collective_batch": "collectives",
 }
-KIND_BY_TOPIC: dict[str, str] = {topic: kind for kind, topic in TOPIC_BY_KIND.items()}
+#: Topic suffix -> the single kind it carries (its batch kind travels there too).
+KIND_BY_TOPIC: dict[str, str] = {
+    topic: kind for kind, topic in TOPIC_BY_KIND.items() if not kind.endswith("_batch")
+}
 #: Telemetry keyed by node (per-node detectors) and by job (peer comparison within a job).
 NODE_KINDS = ("gpu", "nic")
 JOB_KINDS = ("step", "collective")

@@ -27,6 +27,7 @@ from guard.detectors.findings import Finding
 from guard.detectors.fusion import JobFusion, NodeFusion
 from guard.metrics import dead_letter_reason
 from guard.schemas import CATEGORIES, SEVERITY_RANK, Flag, GuardMessage, SchemaError, decode
+from guard.schemas.batches import TelemetryBatch
 from guard.schemas.topics import JOB_KINDS, NODE_KINDS, TOPIC_BY_KIND
 
 from .checkpoints import CHECKPOINT_FORMAT, CheckpointRefused, seal, unseal
@@ -66,7 +67,8 @@ log = logging.getLogger("guard.streams")
 class StreamsCounters:
     """What a worker did, for progress lines, benchmarks and ``/metrics``."""
 
-    telemetry: int = 0
+    telemetry: int = 0  # records (a batch is one)
+    samples: int = 0  # single samples, a batch counted by its entries
     findings: int = 0
     flags: int = 0
     dead_letters: int = 0
@@ -75,9 +77,10 @@ class StreamsCounters:
     dead_reasons: Counter[str] = field(default_factory=Counter)
 
     def totals(self) -> dict[str, int]:
-        """The four running totals of a progress line."""
+        """The running totals of a progress line."""
         return {
             "telemetry": self.telemetry,
+            "samples": self.samples,
             "findings": self.findings,
             "flags": self.flags,
             "dead_letters": self.dead_letters,
@@ -369,7 +372,7 @@ class TelemetryProcessor:
         bad: list[tuple[int, SchemaError]] = []
         latest: dict[str, float] = {}
         kinds = self.counters.kinds
-        n = 0
+        n = samples = 0
         for n, (topic, partition, value) in enumerate(records, 1):
             try:
                 message = decode(value or b"", self.kind_of_topic[topic])
@@ -380,10 +383,21 @@ class TelemetryProcessor:
             key = self.key_of(message)
             if key is None:
                 continue
-            found += self.state.get(key, partition).update(message)
+            detectors = self.state.get(key, partition)
+            if isinstance(message, TelemetryBatch):
+                singles = message.samples()
+                samples += len(singles)
+                for single in singles:
+                    found += detectors.update(single)
+                    if single.ts > latest.get(key, 0.0):
+                        latest[key] = single.ts
+                continue
+            samples += 1
+            found += detectors.update(message)
             if message.ts > latest.get(key, 0.0):
                 latest[key] = message.ts
         self.counters.telemetry += n
+        self.counters.samples += samples
         self.counters.dead_letters += len(bad)
         self.counters.dead_reasons.update(dead_letter_reason(exc) for _, exc in bad)
         self.state.checkpoint_due(latest)

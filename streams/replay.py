@@ -32,6 +32,8 @@ import orjson
 from guard.config import Settings
 from guard.kafka import dead_letter, make_producer, produce
 from guard.schemas import MODELS, GuardMessage, SchemaError, parse_message
+from guard.schemas.batches import BATCH_MODEL_OF_KIND as BATCH_MODELS
+from guard.schemas.batches import SINGLE_OF, expand
 from guard.schemas.tables import TABLE_BY_KIND
 from guard.schemas.topics import JOB_KINDS, NODE_KINDS
 
@@ -179,9 +181,9 @@ class JsonlSource:
                     head = _head(line)
                     if head is None or head[0] not in REPLAYED_KINDS:
                         continue
-                    if not self.only.keeps(*head[1:]):
+                    if not self.only.keeps(*head[1:4]):
                         continue
-                    count += 1
+                    count += head[4]
                     first, last = min(first, head[1]), max(last, head[1])
         return Span(count, first, last) if count else None
 
@@ -201,14 +203,20 @@ class JsonlSource:
                     bad = BadRecord(line.rstrip(b"\r\n"), str(exc), f"{path}:{number}")
                     yield 0.0, index, number, bad  # out of order: to the dead letters at once
                     continue
-                if self.only.keeps(message.ts, message.node, message.job):
-                    yield message.ts, index, number, message
+                for single in expand(message):  # batches are replayed as their samples
+                    if self.only.keeps(single.ts, single.node, single.job):
+                        yield single.ts, index, number, single
 
 
-def _head(line: bytes) -> tuple[str, float, str | None, str | None] | None:
+def _head(line: bytes) -> tuple[str, float, str | None, str | None, int] | None:
+    """Kind (a batch's single kind), ts, node, job and number of samples of a line."""
     try:
         data = orjson.loads(line)
-        return str(data["kind"]), float(data["ts"]), data.get("node"), data.get("job")
+        kind, samples = str(data["kind"]), 1
+        if kind in BATCH_MODELS:
+            model = BATCH_MODELS[kind]
+            kind, samples = SINGLE_OF[kind], len(data[model.entries_field])
+        return kind, float(data["ts"]), data.get("node"), data.get("job"), samples
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
         return None
 

@@ -25,9 +25,11 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from guard.config import Settings
-from guard.kafka import TOPIC_BY_KIND, dead_letter, make_consumer, make_producer
+from guard.kafka import dead_letter, make_consumer, make_producer
 from guard.metrics import Metrics, dead_letter_reason
 from guard.schemas import GuardMessage, SchemaError, decode
+from guard.schemas.batches import TelemetryBatch
+from guard.schemas.topics import KIND_BY_TOPIC
 from guard.store import insert_messages
 
 __all__ = ["Batch", "ClickHouseSink", "SinkStats", "sink_topics"]
@@ -36,8 +38,9 @@ log = logging.getLogger("guard.sink")
 
 
 def sink_topics(settings: Settings) -> dict[str, str]:
-    """Topic → message kind for everything the sink stores."""
-    return {settings.topic(suffix): kind for kind, suffix in TOPIC_BY_KIND.items()}
+    """Topic → message kind for everything the sink stores (a telemetry topic's batches
+    are decoded with its kind: :func:`guard.schemas.decode`)."""
+    return {settings.topic(suffix): kind for suffix, kind in KIND_BY_TOPIC.items()}
 
 
 @dataclass
@@ -48,7 +51,9 @@ class Batch:
     opened: float = field(default_factory=time.monotonic)
 
     def add(self, message: GuardMessage | None, topic: str, partition: int, offset: int) -> None:
-        if message is not None:
+        if isinstance(message, TelemetryBatch):  # rows are per sample, as from singles
+            self.messages += message.samples()
+        elif message is not None:
             self.messages.append(message)
         first, _ = self.offsets.get((topic, partition), (offset, offset))
         self.offsets[(topic, partition)] = (first, offset)

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from guard.schemas import encode
+from guard.schemas import batch_messages, encode
 from guard.schemas.truth import Truth
 
 from .cluster import ClusterSimulator
@@ -24,7 +24,7 @@ __all__ = ["write_jsonl"]
 
 
 def _write_part(
-    config: SimConfig, path: str, emit_from: float, emit_until: float
+    config: SimConfig, path: str, emit_from: float, emit_until: float, batched: bool = False
 ) -> tuple[dict[str, int], Truth]:
     sim = ClusterSimulator(config)
     sim.hardware.reuse_samples = True
@@ -36,7 +36,9 @@ def _write_part(
     try:
         with open(path, "wb", buffering=1 << 20) as out:
             write = out.write
-            for batch in sim.batches(emit_from, emit_until):
+            for tick in sim.batches(emit_from, emit_until):
+                # batched: one record per node per interval / per step (contract 1.1)
+                batch = batch_messages(tick) if batched else tick
                 write(_encode_lines(batch))
                 write(b"\n")
                 counts.update(map(_kind_of, batch))
@@ -83,9 +85,12 @@ def _append_file(src: Any, out: Any) -> None:
 
 
 def write_jsonl(
-    config: SimConfig, out_path: str | Path, workers: int | None = None
+    config: SimConfig, out_path: str | Path, workers: int | None = None, batched: bool = False
 ) -> tuple[Truth, dict[str, int]]:
-    """Simulate ``config`` into a JSONL file; returns ``(truth, message counts by kind)``.
+    """Simulate ``config`` into a JSONL file; returns ``(truth, record counts by kind)``.
+
+    ``batched`` writes batch records (:mod:`guard.schemas.batches`) where a node has more
+    than one sample of a kind at once.
 
     With ``workers`` > 1 the run is split by time: every worker simulates the whole run
     (cheap: arrays), but builds and writes only the messages of its share of the ticks; the
@@ -101,14 +106,14 @@ def write_jsonl(
     bounds = [sim.start_ts + dt * round(ticks * k / workers) for k in range(workers + 1)]
     bounds[-1] = sim.end_ts + 1.0
     if workers == 1:
-        only_counts, truth = _write_part(config, str(out_path), bounds[0], bounds[1])
+        only_counts, truth = _write_part(config, str(out_path), bounds[0], bounds[1], batched)
         return truth, only_counts
     parts = [str(out_path)] + [f"{out_path}.part{k}" for k in range(1, workers)]
     context = multiprocessing.get_context("fork")
     with context.Pool(workers) as pool:
         results = pool.starmap(
             _write_part,
-            [(config, parts[k], bounds[k], bounds[k + 1]) for k in range(workers)],
+            [(config, parts[k], bounds[k], bounds[k + 1], batched) for k in range(workers)],
         )
     with open(out_path, "r+b") as out:  # not "ab": copy_file_range refuses O_APPEND
         out.seek(0, os.SEEK_END)

@@ -288,3 +288,48 @@ def test_keys_without_input_expire_with_their_checkpoints(monkeypatch: pytest.Mo
     assert len(deleted) == 100_000 and deleted[0] == ("made-up-0", 1)
     assert set(store) == {"node-1"}  # their checkpoints went with them
     assert state.get("made-up-7", 1) == {"cold": "made-up-7"}  # back later: a cold start
+
+
+def test_batched_records_give_the_same_findings_and_flags_as_their_singles() -> None:
+    """The same faulty run, once as single samples and once as batch records (one per node
+    per interval, per node per step), through the node, job and fusion processors."""
+    from guard.agents.simulator.cluster import ClusterSimulator
+    from guard.agents.simulator.config import FaultSpec, SimConfig
+    from guard.detectors.engine import EngineConfig
+    from guard.schemas import batch_messages, encode
+    from guard.schemas.topics import TOPIC_BY_KIND
+    from guard.streams.processing import FusionProcessor, StreamsCounters, TelemetryProcessor
+
+    config = SimConfig(
+        nodes=4,
+        duration_s=300,
+        seed=5,
+        random_faults=3,
+        faults=[FaultSpec(kind="slow_gpu", node="node-001", gpu=2, onset_s=60)],
+    )
+    kinds = {TOPIC_BY_KIND[k]: k for k in ("gpu", "nic", "step", "collective")}
+
+    def run(ticks: list[list[object]]) -> tuple[list[bytes], list[bytes], StreamsCounters]:
+        counters = StreamsCounters()
+        node = TelemetryProcessor("node", kinds, EngineConfig(), 1e9, counters)
+        job = TelemetryProcessor("job", kinds, EngineConfig(), 1e9, counters)
+        fusion = FusionProcessor(1e9, counters)
+        found, flags = [], []
+        for tick in ticks:  # one batch of records per sampling tick, as a worker sees them
+            records = [(TOPIC_BY_KIND[m.kind], 0, encode(m)) for m in tick]  # type: ignore[attr-defined]
+            new = node.process([r for r in records if r[0] in ("gpu", "nic")])[0]
+            new += job.process([r for r in records if r[0] not in ("gpu", "nic")])[0]
+            found += new
+            flags += fusion.process([(finding_key(f).encode(), 0, encode_finding(f)) for f in new])[
+                0
+            ]
+        return sorted(map(encode_finding, found)), sorted(map(encode, flags)), counters
+
+    ticks = list(ClusterSimulator(config).batches())
+    singles = run(ticks)  # type: ignore[arg-type]
+    batched = run([batch_messages(t) for t in ticks])  # type: ignore[arg-type, misc]
+    assert batched[0] == singles[0] and batched[1] == singles[1]
+    assert len(singles[1]) > 0 and any(b'"slow' in f or b"node-001" in f for f in singles[1])
+    assert batched[2].samples == singles[2].samples == singles[2].telemetry
+    assert batched[2].telemetry < singles[2].telemetry / 4  # far fewer records
+    assert batched[2].kinds["gpu_batch"] > 0 and batched[2].kinds["gpu"] == 0

@@ -195,3 +195,21 @@ def test_the_examples_in_the_replay_docstrings_run() -> None:
 
     result = doctest.testmod(guard.streams.replay)
     assert result.attempted >= 3 and result.failed == 0
+
+
+def test_a_batched_jsonl_file_replays_as_the_samples_of_its_batches(tmp_path: Path) -> None:
+    from guard.agents.simulator import ClusterSimulator, SimConfig
+    from guard.schemas import batch_messages
+
+    ticks = list(ClusterSimulator(SimConfig(nodes=3, duration_s=60, seed=8)).batches())
+    singles, batched = tmp_path / "singles.jsonl", tmp_path / "batched.jsonl"
+    singles.write_bytes(b"".join(encode(m) + b"\n" for tick in ticks for m in tick))
+    batched.write_bytes(b"".join(encode(m) + b"\n" for t in ticks for m in batch_messages(t)))
+    assert len(batched.read_bytes().splitlines()) < len(singles.read_bytes().splitlines()) / 4
+    one, other = JsonlSource([singles]), JsonlSource([batched])
+    span, batched_span = one.span(), other.span()
+    assert span is not None and batched_span is not None
+    assert batched_span.count == span.count and batched_span.last == span.last
+    got = sorted(m.model_dump_json() for m in other.messages())  # type: ignore[union-attr]
+    assert got == sorted(m.model_dump_json() for m in one.messages())  # type: ignore[union-attr]
+    assert all(m.kind in ("gpu", "nic", "step", "collective") for m in other.messages())

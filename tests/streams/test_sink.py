@@ -203,3 +203,51 @@ def test_redelivery_after_a_crash_leaves_no_duplicates(
         second.close()
     assert _count(client, settings, "gpu_samples") == 40
     assert _count(client, settings, "flags") == 1
+
+
+def test_batch_records_are_stored_as_the_rows_of_their_samples(
+    kafka_settings: Settings, store: tuple[Any, Settings]
+) -> None:
+    from guard.schemas import batch_messages
+
+    client, settings = store
+    settings.kafka = kafka_settings.kafka
+    settings.clickhouse.batch_seconds = 0.5
+    now = float(int(time.time()))
+    singles: list[GuardMessage] = []
+    for tick in range(5):
+        for node in range(4):
+            singles += [
+                GpuSample(ts=now - 10 + tick, node=f"bn-{node}", job="jb", gpu=g, temp_c=50.0 + g)
+                for g in range(8)
+            ]
+            singles += [
+                StepTiming(ts=now - 10 + tick + r / 100, node=f"bn-{node}", job="jb",
+                           rank=8 * node + r, step=tick, step_s=2.0, compute_s=1.5)
+                for r in range(8)
+            ]  # fmt: skip
+    records = batch_messages(singles)
+    assert {m.kind for m in records} == {"gpu_batch", "step_batch"} and len(records) == 40
+    _publish(settings, records)
+    sink = ClickHouseSink(settings, client, group_id="sink-batches")
+    try:
+        _run_until(sink, lambda: sink.stats.stored == len(singles) and not sink.sealed)
+    finally:
+        sink.close()
+    assert sink.stats.consumed == 40 and sink.stats.dead_letters == 0
+    db = settings.clickhouse.database
+    rows = client.query(
+        f"SELECT node, gpu, toUnixTimestamp64Milli(ts), temp_c FROM {db}.gpu_samples FINAL "
+        "WHERE job = 'jb' ORDER BY node, ts, gpu"
+    ).result_rows
+    want = sorted(
+        (m.node, m.gpu, round(m.ts * 1000), m.temp_c) for m in singles if isinstance(m, GpuSample)
+    )
+    assert sorted(tuple(r) for r in rows) == want
+    steps = client.query(
+        f"SELECT rank, step, toUnixTimestamp64Milli(ts) FROM {db}.step_timings FINAL "
+        "WHERE job = 'jb' ORDER BY rank, step"
+    ).result_rows
+    assert sorted(tuple(r) for r in steps) == sorted(
+        (m.rank, m.step, round(m.ts * 1000)) for m in singles if isinstance(m, StepTiming)
+    )

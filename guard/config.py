@@ -220,8 +220,11 @@ class OrchestratorSettings(Section):
         "warning", description="weakest flag severity that makes a node suspect (info never does)"
     )
     sweep_categories: list[str] = Field(
-        # every category but the job-level observation of stage imbalance
-        default_factory=lambda: [c for c in CATEGORIES if c != "imbalance"],
+        # every category but the job-level observation of stage imbalance and `anomaly`: the
+        # detectors' anomalies are info, and the one warning of that category is the agent's
+        # "telemetry refused" (its clock is off) — a notice for an operator, not a GPU fault
+        # worth a cordon and a job restart
+        default_factory=lambda: [c for c in CATEGORIES if c not in ("imbalance", "anomaly")],
         description="flag categories that can start a sweep",
     )
     persist_flags: int = Field(

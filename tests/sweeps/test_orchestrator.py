@@ -88,6 +88,18 @@ def test_observations_and_job_level_flags_change_nothing() -> None:
     assert h.out == [] and h.scheduler.actions == []
 
 
+def test_a_node_whose_telemetry_is_refused_is_reported_not_cordoned() -> None:
+    # The agent's clock notice (detector agent_clock) is a warning of category anomaly: its
+    # node's GPUs are not suspect, so it must not cost a cordon and a job restart by default.
+    h = Harness()
+    notice = flag("node-003", "clock", T0, severity="warning", category="anomaly")
+    assert h.orch.handle_flag(notice) == "observation"
+    h.orch.tick()
+    assert h.scheduler.actions == [] and h.orch.state_of("node-003") == "healthy"
+    opted_in = Harness(sweep_categories=["anomaly"])
+    assert opted_in.orch.handle_flag(notice) == "qualified"
+
+
 def test_a_duplicated_flag_is_acted_on_once() -> None:
     h = Harness(persist_flags=2)
     assert h.orch.handle_flag(flag("node-002", "dup", T0, severity="warning")) == "suspect"

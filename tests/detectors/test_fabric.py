@@ -107,5 +107,5 @@ def test_the_engine_can_leave_the_fabric_out() -> None:
     engine = DetectionEngine(EngineConfig.from_mapping({"fabric": False}))
     flags = [f for s in nic_samples({"node-2", "node-3"}, 300) for f in engine.update(s)]
     assert engine.fabric is None and flags + engine.flush() == []
-    with pytest.raises(ValueError, match="detectors.args.fabric: no setting 'topology'"):
+    with pytest.raises(ValueError, match=r"detectors\.args\.fabric: no setting 'topology'"):
         EngineConfig.from_mapping({"args": {"fabric": {"topology": "x"}}})

@@ -142,7 +142,7 @@ class JobPatterns:
     def forget(self, job: str) -> None:
         """A finished job."""
         for table in (self._nodes, self._bytes, self._rank_node, self._links, self._conn_s):
-            table.pop(job, None)  # type: ignore[attr-defined]
+            table.pop(job, None)
         self.last_ts.pop(job, None)
 
     def jobs(self) -> list[str]:

@@ -145,7 +145,7 @@ class AdviceProducer:
                 continue
             self.stats.consumed += 1
             try:
-                message = decode(record.value() or b"", self.kinds[record.topic()])
+                message = decode(record.value() or b"", self.kinds[record.topic() or ""])
             except SchemaError as exc:
                 source = f"{record.topic()}/{record.partition()}/{record.offset()}"
                 dead_letter(self.producer, self.settings, record.value(), exc, source)

@@ -22,8 +22,9 @@ def cmd_advise(args: argparse.Namespace, settings: Settings) -> int:
 
     configure_logging(args.log_level)
     apply_options(settings, args, {"fabric.topology": "topology", "fabric.advise_every_s": "every"})
+    settings.fabric.load()  # a bad topology file fails now, before the broker is asked
     create_topics(settings)
-    producer = AdviceProducer(settings, group_id=args.group)  # a bad topology fails here
+    producer = AdviceProducer(settings, group_id=args.group)
     last = [time.monotonic()]
 
     def report(stats: Any) -> None:

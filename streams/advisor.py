@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,7 @@ class Advisor:
         self.patterns = JobPatterns(default_bytes=fabric.message_bytes)
         self.watermark = 0.0
         self.planned_at: float | None = None
+        self._planned_wall = 0.0
         self.plans = 0
         self._inputs: tuple[Any, ...] | None = None
         self._sent: dict[str, tuple[Any, ...]] = {}
@@ -70,13 +72,17 @@ class Advisor:
         self.patterns.update(message)
         self.watermark = max(self.watermark, message.ts)
 
-    def due(self) -> list[Advice]:
-        """The changed advice, when ``advise_every_s`` of event time passed since the last
-        plan and the jobs' patterns or slow connections changed; else nothing."""
-        now = self.watermark
-        if self.planned_at is not None and now - self.planned_at < self.fabric.advise_every_s:
+    def due(self, wall: float | None = None) -> list[Advice]:
+        """The changed advice, when ``advise_every_s`` passed since the last plan — of event
+        time, or of ``wall`` time (monotonic s, when given: a backlog read out of event-time
+        order, or input that stopped, is still planned) — and the jobs' patterns or slow
+        connections changed; else nothing."""
+        now, every = self.watermark, self.fabric.advise_every_s
+        recent = self.planned_at is not None and now - self.planned_at < every
+        if recent and (wall is None or wall - self._planned_wall < every):
             return []
         self.planned_at = now
+        self._planned_wall = wall if wall is not None else self._planned_wall
         for job, last in list(self.patterns.last_ts.items()):
             if now - last > self.fabric.job_idle_s:
                 self.patterns.forget(job)
@@ -154,7 +160,7 @@ class AdviceProducer:
             singles = message.samples() if isinstance(message, TelemetryBatch) else [message]
             for single in singles:
                 self.advisor.update(single)
-        sent = self.advisor.due() if records else []
+        sent = self.advisor.due(time.monotonic())
         for advice in sent:
             produce(self.producer, self.settings, advice)
         if sent or self.stats.dead_letters:

@@ -9,6 +9,10 @@ State is partitioned the way Kafka partitions the telemetry (docs/architecture.m
 * :class:`JobDetectors` — one per **job** (``step`` and ``collective`` messages, key
   ``job``): peer straggler, C4D collective homogeneity, step-time regression, and the job's
   river model per stage (:class:`~guard.detectors.peer_anomaly.RankPeerAnomaly`);
+* the **fabric** (:class:`~guard.detectors.fabric.FabricHotSpotDetector`, ``fabric`` on):
+  ``nic`` samples of many nodes, compared with their rail's and leaf's peers; hot spots are
+  ``info`` observations (never a claim). A streams worker keeps one per input partition
+  (key :func:`fabric_key`), so it compares the nodes of that partition;
 * :class:`~guard.detectors.fusion.NodeFusion` — one per **node**: turns findings into flags;
   :class:`~guard.detectors.fusion.JobFusion` one per job for job-level findings.
 
@@ -53,9 +57,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from guard.schemas import CollectiveTiming, Flag, GpuSample, GuardMessage, NicSample, StepTiming
+from guard.schemas.topology import Topology
 
 from .clocks import ClockDetector
 from .collective import CollectiveHomogeneityDetector
+from .fabric import FabricHotSpotDetector
 from .findings import Detector, Finding
 from .fusion import JobFusion, NodeFusion
 from .gpu_errors import GpuErrorDetector
@@ -67,7 +73,19 @@ from .power import PowerDetector
 from .step_regression import StepRegressionDetector
 from .thermal import ThermalDetector
 
-__all__ = ["DetectionEngine", "EngineConfig", "JobDetectors", "NodeDetectors"]
+__all__ = [
+    "FABRIC_KEY",
+    "DetectionEngine",
+    "EngineConfig",
+    "JobDetectors",
+    "NodeDetectors",
+    "fabric_detector",
+    "fabric_key",
+]
+
+#: Key prefix of a streams worker's fabric partition (``fabric_key(partition)``); a control
+#: character, so no node name the agents send looks like it.
+FABRIC_KEY = "\x1dfabric:"
 
 
 @dataclass(frozen=True)
@@ -81,12 +99,23 @@ class EngineConfig:
     step_regression: bool = True
     #: the river models (info findings only: corroboration, never a claim)
     peer_anomaly: bool = True
+    #: fabric hot spots (info only) over the NIC congestion counters of many nodes
+    fabric: bool = True
     detector_args: dict[str, dict[str, object]] = field(default_factory=dict)
+    #: the ``[fabric] topology`` file's fabric; None: leaves inferred (``nodes_per_leaf``)
+    topology: Topology | None = field(default=None, compare=False)
+    nodes_per_leaf: int = 32
 
     @classmethod
-    def from_mapping(cls, settings: Mapping[str, Any]) -> EngineConfig:
+    def from_mapping(
+        cls,
+        settings: Mapping[str, Any],
+        topology: Topology | None = None,
+        nodes_per_leaf: int = 32,
+    ) -> EngineConfig:
         """The engine's configuration from the ``[detectors]`` settings (switches,
-        ``ignore_xids``, ``info_xids`` and ``args``: detector name -> keyword arguments).
+        ``ignore_xids``, ``info_xids`` and ``args``: detector name -> keyword arguments)
+        and the ``[fabric]`` topology (None: inferred with ``nodes_per_leaf``).
 
         >>> cfg = EngineConfig.from_mapping({"ignore_xids": [94],
         ...                                  "args": {"thermal": {"limit_c": 88}}})
@@ -115,7 +144,7 @@ class EngineConfig:
                         f"detectors.args.{name}: no setting {key!r}; it has "
                         f"{', '.join(sorted(known))}"
                     )
-        return cls(**data, detector_args=args)
+        return cls(**data, detector_args=args, topology=topology, nodes_per_leaf=nodes_per_leaf)
 
 
 #: ``[detectors.args.<name>]`` -> the classes that take those keyword arguments
@@ -129,8 +158,33 @@ _SETTABLE: dict[str, tuple[Any, ...]] = {
     "c4d": (CollectiveHomogeneityDetector,),
     "step_regression": (StepRegressionDetector,),
     "peer_anomaly": (GpuPeerAnomaly, RankPeerAnomaly, PeerAnomalyDetector),
+    "fabric": (FabricHotSpotDetector,),
 }
-_FIXED = {"self", "node", "job", "args", "features", "rule", "nic_ports"}  # set by the engine
+_FIXED = {  # set by the engine
+    "self",
+    "node",
+    "job",
+    "args",
+    "features",
+    "rule",
+    "nic_ports",
+    "topology",
+    "nodes_per_leaf",
+}
+
+
+def fabric_key(partition: int) -> str:
+    """The key of a streams worker's fabric state for one input partition."""
+    return f"{FABRIC_KEY}{partition}"
+
+
+def fabric_detector(config: EngineConfig) -> FabricHotSpotDetector:
+    """The fabric hot-spot detector of ``config`` (its topology, else inferred leaves)."""
+    return FabricHotSpotDetector(
+        config.topology,
+        nodes_per_leaf=None if config.topology is not None else config.nodes_per_leaf,
+        **config.detector_args.get("fabric", {}),  # type: ignore[arg-type]
+    )
 
 
 class _DetectorSet:
@@ -282,6 +336,11 @@ class DetectionEngine:
         self.jobs: dict[str, JobDetectors] = {}
         self.node_fusion: dict[str, NodeFusion] = {}
         self.job_fusion: dict[str, JobFusion] = {}
+        self.fabric = (
+            fabric_detector(self.config)
+            if self.config.fabric and self.config.node_telemetry
+            else None
+        )
         self.watermark = 0.0
         self.last_tick = 0.0
 
@@ -305,6 +364,9 @@ class DetectionEngine:
             if node is None:
                 node = self.node(msg.node)
             found = node.update(msg) if self.config.node_telemetry else []
+            if self.fabric is not None and kind == "nic":
+                assert isinstance(msg, NicSample)
+                found = found + self.fabric.update(msg)
         elif kind in ("step", "collective") and msg.job is not None:
             job = self.jobs.get(msg.job)
             if job is None:
@@ -328,6 +390,8 @@ class DetectionEngine:
         if self.config.node_telemetry:
             for node in self.nodes.values():
                 found += node.tick(now)
+        if self.fabric is not None:
+            found += self.fabric.tick(now)
         return self.fuse(found) if found else []
 
     def flush(self) -> list[Flag]:
@@ -337,6 +401,8 @@ class DetectionEngine:
             found += node.flush()
         for job in self.jobs.values():
             found += job.flush()
+        if self.fabric is not None:
+            found += self.fabric.flush()
         return self.fuse(found)
 
     def fuse(self, findings: list[Finding]) -> list[Flag]:
@@ -369,4 +435,5 @@ class DetectionEngine:
             "jobs": sum(size(p) for p in self.jobs.values()),
             "fusion": sum(size(p) for p in self.node_fusion.values())
             + sum(size(p) for p in self.job_fusion.values()),
+            "fabric": size(self.fabric) if self.fabric is not None else 0,
         }

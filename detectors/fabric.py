@@ -12,7 +12,14 @@ doing, not the node's: hot spots are ``info`` observations (category ``nic`` for
 them, and withdrawn (``clear``) when the member cools down. Broken links stay with the NIC
 detector's ``link`` claims. A counter that goes down was reset: that interval adds nothing.
 
-Tiny state: per port the last sample's three numbers; per member of a window two sums.
+Without a topology file the leaves are inferred (``nodes_per_leaf`` set): the nodes seen so
+far in name order, ``nodes_per_leaf`` to a pod, NIC ``mlx5_r`` on leaf ``pod{p}-rail{r}`` —
+:func:`~guard.schemas.topology.infer_topology`'s shape, recomputed when a new node appears.
+Without either, NICs are grouped by device name and no leaf is judged.
+
+Tiny state: per port the last sample's three numbers; per member of a window two sums; the
+node names seen (inferred leaves). The topology itself is not pickled with the detector (a
+10k-node fabric is megabytes): whoever restores one sets :attr:`topology` again.
 
 Example
 -------
@@ -34,7 +41,7 @@ from __future__ import annotations
 from typing import Any
 
 from guard.schemas import NicSample
-from guard.schemas.topology import Topology, TopologyError
+from guard.schemas.topology import Topology, TopologyError, infer_topology
 
 from .findings import Finding
 from .nic import CONGESTION_COUNTERS
@@ -67,8 +74,13 @@ class FabricHotSpotDetector:
         ratio: float = 3.0,
         floor_per_s: float = 1_000.0,
         windows: int = 3,
+        nodes_per_leaf: int | None = None,
     ) -> None:
         self.topology = topology
+        self.nodes_per_leaf = nodes_per_leaf
+        self._known: set[str] = set()  # nodes seen, for the inferred leaves
+        self._inferred: Topology | None = None
+        self._rails = 1
         self.window_s, self.ratio, self.floor, self.windows = window_s, ratio, floor_per_s, windows
         self._last: dict[tuple[str, str, int], tuple[float, int, int]] = {}
         self._sums: dict[tuple[str, str], list[float]] = {}  # (node, device) -> [wait, marks]
@@ -105,11 +117,34 @@ class FabricHotSpotDetector:
             return []
         return self._close(float((self._window + 1) * self.window_s))
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["topology"] = state["_inferred"] = None
+        return state
+
+    def _fabric(self) -> Topology | None:
+        """The topology file's, else the one inferred from the nodes seen, else none."""
+        if self.topology is not None or self.nodes_per_leaf is None:
+            return self.topology
+        seen = {node for node, _ in self._sums}
+        per_node: dict[str, int] = {}
+        for node, _ in self._sums:
+            per_node[node] = per_node.get(node, 0) + 1
+        rails = max([self._rails, *per_node.values()])
+        if self._inferred is None or not seen <= self._known or rails > self._rails:
+            self._known |= seen
+            self._rails = rails
+            self._inferred = infer_topology(
+                sorted(self._known), rails=rails, nodes_per_leaf=self.nodes_per_leaf, spines=1
+            )
+        return self._inferred
+
     def _close(self, end: float) -> list[Finding]:
+        fabric = self._fabric()
         groups: dict[tuple[str, str], dict[str, list[float]]] = {}
         jobs: dict[tuple[str, str], set[str]] = {}
         for (node, device), (wait, marks) in self._sums.items():
-            rail, leaf = self._place(node, device)
+            rail, leaf = self._place(fabric, node, device)
             groups.setdefault(("nic", rail), {})[f"{node}/{device}"] = [wait, marks]
             jobs[("nic", f"{node}/{device}")] = self._jobs.get((node, device), set())
             if leaf is not None:
@@ -130,12 +165,13 @@ class FabricHotSpotDetector:
                     out.append(finding)
         return out
 
-    def _place(self, node: str, device: str) -> tuple[str, str | None]:
+    @staticmethod
+    def _place(fabric: Topology | None, node: str, device: str) -> tuple[str, str | None]:
         """The NIC's rail (the topology's, else its device name) and leaf (when known)."""
-        if self.topology is None:
+        if fabric is None:
             return device, None
         try:
-            nic = next(n for n in self.topology.node(node).nics if n.device == device)
+            nic = next(n for n in fabric.node(node).nics if n.device == device)
         except (TopologyError, StopIteration):
             return device, None
         return f"rail{nic.rail}", nic.leaf

@@ -72,40 +72,120 @@ class JobPattern:
 
 
 class JobPatterns:
-    """Each job's nodes and all-reduce size, learnt from its step and collective messages.
+    """Each job's nodes, ring order, all-reduce size and slow connections, from its messages.
 
-    The nodes are those seen reporting for the job; the message size is the largest
-    all-reduce seen (``default_bytes`` until one is). State: a job's node names and a number.
+    The nodes are those seen reporting for the job (step and collective messages). The ring
+    order comes from the collectives' per-connection ``peers``: each rank's peers are its
+    ring neighbours, so the inter-node ring is walked from the smallest node name along the
+    neighbour links (name order when the links do not make one ring). The message size is
+    the largest all-reduce seen (``default_bytes`` until one is). Per inter-node connection
+    (a pair of nodes) an exponential average (``alpha``) of the all-reduce transfer time; a
+    connection ``slow_ratio`` times the job's median connection (with at least three
+    connections to compare) is *slow*: what the fabric does to the job today, which the
+    advice reports beside the model. State: per job its nodes, rank → node, neighbour links
+    and one number per connection.
 
-    >>> from guard.schemas import StepTiming
+    >>> from guard.schemas import CollectiveTiming, ConnectionStat, StepTiming
     >>> seen = JobPatterns(default_bytes=1e9)
     >>> for rank, node in enumerate(["b", "a", "b"]):
     ...     seen.update(StepTiming(ts=1.0, node=node, job="j", rank=rank, step=1, step_s=2.0))
     >>> seen.patterns()
     [JobPattern(job='j', nodes=('a', 'b'), message_bytes=1000000000.0, qps_per_connection=1)]
+    >>> ring = ["n0", "n2", "n1", "n3"]  # rank r on ring[r]; the ring is not in name order
+    >>> for r, node in enumerate(ring):
+    ...     peers = [ConnectionStat(rank=(r + 1) % 4, bytes=1e8, duration_s=0.1 if r else 0.4),
+    ...              ConnectionStat(rank=(r - 1) % 4, bytes=1e8, duration_s=0.1 if r != 1 else 0.4)]
+    ...     seen.update(CollectiveTiming(ts=2.0, node=node, job="k", rank=r, comm="c",
+    ...         op="allreduce", seq=0, bytes=2e8, arrive_ts=1.9, end_ts=2.0, peers=peers))
+    >>> seen.patterns()[1].nodes, seen.slow_connections("k")
+    (('n0', 'n2', 'n1', 'n3'), {('n0', 'n2'): 4.0})
     """
 
-    def __init__(self, default_bytes: float = 256e6) -> None:
+    def __init__(
+        self, default_bytes: float = 256e6, alpha: float = 0.2, slow_ratio: float = 1.5
+    ) -> None:
         self.default_bytes = default_bytes
+        self.alpha, self.slow_ratio = alpha, slow_ratio
         self._nodes: dict[str, set[str]] = {}
         self._bytes: dict[str, float] = {}
+        self._rank_node: dict[str, dict[int, str]] = {}
+        self._links: dict[str, set[tuple[int, int]]] = {}
+        self._conn_s: dict[str, dict[tuple[str, str], float]] = {}
+        self.last_ts: dict[str, float] = {}
 
     def update(self, message: GuardMessage) -> None:
         if not isinstance(message, (StepTiming, CollectiveTiming)):
             return
-        self._nodes.setdefault(message.job, set()).add(message.node)
+        job = message.job
+        self._nodes.setdefault(job, set()).add(message.node)
+        self._rank_node.setdefault(job, {})[message.rank] = message.node
+        self.last_ts[job] = max(self.last_ts.get(job, 0.0), message.ts)
         if isinstance(message, CollectiveTiming) and message.op == "allreduce":
-            self._bytes[message.job] = max(self._bytes.get(message.job, 0.0), message.bytes)
+            self._bytes[job] = max(self._bytes.get(job, 0.0), message.bytes)
+            self._connections(job, message)
+
+    def _connections(self, job: str, message: CollectiveTiming) -> None:
+        links = self._links.setdefault(job, set())
+        ranks = self._rank_node[job]
+        conn = self._conn_s.setdefault(job, {})
+        for peer in message.peers or ():
+            links.add((min(message.rank, peer.rank), max(message.rank, peer.rank)))
+            other = ranks.get(peer.rank)
+            if other is None or other == message.node:
+                continue
+            pair = (min(message.node, other), max(message.node, other))
+            was = conn.get(pair)
+            conn[pair] = (
+                peer.duration_s if was is None else was + self.alpha * (peer.duration_s - was)
+            )
 
     def forget(self, job: str) -> None:
         """A finished job."""
-        self._nodes.pop(job, None)
-        self._bytes.pop(job, None)
+        for table in (self._nodes, self._bytes, self._rank_node, self._links, self._conn_s):
+            table.pop(job, None)
+        self.last_ts.pop(job, None)
+
+    def jobs(self) -> list[str]:
+        return sorted(self._nodes)
+
+    def ring(self, job: str) -> tuple[str, ...]:
+        """The job's nodes in ring order (name order when the peers do not make one ring)."""
+        nodes = sorted(self._nodes.get(job, ()))
+        ranks = self._rank_node.get(job, {})
+        near: dict[str, set[str]] = {}
+        for a, b in self._links.get(job, ()):
+            na, nb = ranks.get(a), ranks.get(b)
+            if na is not None and nb is not None and na != nb:
+                near.setdefault(na, set()).add(nb)
+                near.setdefault(nb, set()).add(na)
+        if len(nodes) < 3 or any(len(near.get(n, ())) != 2 for n in nodes):
+            return tuple(nodes)
+        order = [nodes[0]]
+        while len(order) < len(nodes):
+            options = sorted(near[order[-1]] - set(order))
+            if not options:
+                return tuple(nodes)  # several rings, or not one at all
+            order.append(options[0])
+        return tuple(order)
+
+    def slow_connections(self, job: str) -> dict[tuple[str, str], float]:
+        """Inter-node connections ``slow_ratio`` times the job's median, with that ratio."""
+        conn = self._conn_s.get(job, {})
+        if len(conn) < 3:
+            return {}
+        typical = sorted(conn.values())[len(conn) // 2]
+        if typical <= 0:
+            return {}
+        return {
+            pair: round(s / typical, 2)
+            for pair, s in sorted(conn.items())
+            if s >= self.slow_ratio * typical
+        }
 
     def patterns(self) -> list[JobPattern]:
         return [
-            JobPattern(job, tuple(sorted(nodes)), self._bytes.get(job, self.default_bytes))
-            for job, nodes in sorted(self._nodes.items())
+            JobPattern(job, self.ring(job), self._bytes.get(job, self.default_bytes))
+            for job in self.jobs()
         ]
 
 

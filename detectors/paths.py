@@ -51,6 +51,7 @@ __all__ = [
     "plan_routes",
     "ring_allreduce_flows",
     "roce_source_port",
+    "steering_plan",
 ]
 
 ROCE_V2_PORT = 4791  # UDP destination port of RoCE v2
@@ -258,3 +259,21 @@ def evaluate_routes(
         max_link_s=max(busy, default=0.0),
         hottest=[(fabric.link_names[i], busy[i]) for i in ranked if busy[i] > 0],
     )
+
+
+def steering_plan(
+    topology: Topology, connections: Sequence[tuple[str, tuple[str, str, int, int]]]
+) -> dict[tuple[str, str, int, int], str | None]:
+    """The planned spine of each ``(job, (src, dst, rail, qp))`` queue pair, as a switch
+    steering table would hold it (equal bytes per queue pair; the simulator's ``routes``).
+
+    >>> from guard.schemas.topology import infer_topology
+    >>> topo = infer_topology(["a", "b", "c", "d"], rails=1, nodes_per_leaf=1, spines=2)
+    >>> plan = steering_plan(topo, [("j", ("a", "c", 0, 0)), ("j", ("b", "c", 0, 0))])
+    >>> sorted(plan.values())  # two flows down into leaf pod2-rail0: one per spine
+    ['spine0', 'spine1']
+    """
+    fabric = Fabric(topology)
+    flows = [Flow(job, src, dst, rail, qp, 1.0) for job, (src, dst, rail, qp) in connections]
+    routes = plan_routes(fabric, flows)
+    return {conn: route.spine for (_, conn), route in zip(connections, routes, strict=True)}

@@ -28,6 +28,7 @@ from pydantic_settings import (
 from guard.errors import GuardError
 from guard.schemas import CATEGORIES
 from guard.schemas.nvml_codes import APPLICATION_XIDS
+from guard.schemas.topology import Topology, TopologyError, infer_topology, load_topology
 
 __all__ = [
     "NODE_NAME_SOURCES",
@@ -166,6 +167,11 @@ class DetectorSettings(Section):
         description="run the river models over peer residuals (info findings that "
         "corroborate claims; never a claim)",
     )
+    fabric: bool = Field(
+        True,
+        description="run the fabric hot-spot detector over the NIC congestion counters (info "
+        "findings, never a claim; leaves from [fabric] topology or inferred)",
+    )
     ignore_xids: list[int] = Field(
         default_factory=list, description="Xids that give no finding at all"
     )
@@ -178,7 +184,7 @@ class DetectorSettings(Section):
         default_factory=dict,
         description="thresholds and windows per detector, e.g. [detectors.args.thermal] "
         "peer_delta_c = 12; detectors: thermal, power, clocks, gpu_errors, nic, "
-        "peer_straggler, c4d, step_regression, peer_anomaly (docs/operations.md)",
+        "peer_straggler, c4d, step_regression, peer_anomaly, fabric (docs/operations.md)",
     )
 
 
@@ -336,6 +342,46 @@ class OrchestratorSettings(Section):
     actor: str = Field("orchestrator", description="actor written on node states")
 
 
+class FabricSettings(Section):
+    """``[fabric]``: the fabric's topology (hot spots, path advice) and ``guard advise``."""
+
+    topology: Path | None = Field(
+        None,
+        description="topology file (YAML or JSON, docs/c4p.md); default: inferred, the nodes "
+        "in name order, nodes_per_leaf to a pod, one leaf per rail and pod",
+    )
+    nodes_per_leaf: int = Field(32, ge=1, description="pod size of the inferred topology")
+    spines: int = Field(16, ge=1, description="spines of the inferred topology")
+    rails: int = Field(8, ge=1, le=64, description="NICs per node of the inferred topology")
+    advise_every_s: float = Field(
+        60.0, gt=0, description="guard advise: how often the jobs' patterns are planned, s"
+    )
+    message_bytes: float = Field(
+        256e6, gt=0, description="guard advise: all-reduce size until a job reports one, bytes"
+    )
+    job_idle_s: float = Field(
+        600.0, gt=0, description="guard advise: a job silent this long has ended, s"
+    )
+
+    def load(self) -> Topology | None:
+        """The topology file's fabric, or None when none is configured (then inferred)."""
+        if self.topology is None:
+            return None
+        try:
+            return load_topology(self.topology)
+        except TopologyError as exc:
+            raise ConfigError(f"[fabric] topology: {exc}") from None
+
+    def fabric(self, nodes: list[str]) -> Topology:
+        """The file's topology, else the inferred one over ``nodes`` (sorted by name)."""
+        loaded = self.load()
+        if loaded is not None:
+            return loaded
+        return infer_topology(
+            sorted(nodes), rails=self.rails, nodes_per_leaf=self.nodes_per_leaf, spines=self.spines
+        )
+
+
 class MetricsSettings(Section):
     """Prometheus ``/metrics`` and ``/healthz`` of each service (streams: ``streams.web_port``)."""
 
@@ -398,6 +444,7 @@ class Settings(BaseSettings):
     agent: AgentSettings = Field(default_factory=AgentSettings)
     streams: StreamsSettings = Field(default_factory=StreamsSettings)
     detectors: DetectorSettings = Field(default_factory=DetectorSettings)
+    fabric: FabricSettings = Field(default_factory=FabricSettings)
     orchestrator: OrchestratorSettings = Field(default_factory=OrchestratorSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     sweep: SweepSettings = Field(default_factory=SweepSettings)

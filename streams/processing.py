@@ -22,7 +22,14 @@ import orjson
 from pydantic import TypeAdapter, ValidationError
 
 from guard.config import ConfigError, Settings
-from guard.detectors.engine import EngineConfig, JobDetectors, NodeDetectors
+from guard.detectors.engine import (
+    FABRIC_KEY,
+    EngineConfig,
+    JobDetectors,
+    NodeDetectors,
+    fabric_detector,
+    fabric_key,
+)
 from guard.detectors.findings import Finding
 from guard.detectors.fusion import JobFusion, NodeFusion
 from guard.metrics import dead_letter_reason
@@ -314,7 +321,11 @@ def engine_config_of(settings: Settings) -> EngineConfig:
     """The engine configuration of the ``[detectors]`` settings (a bad detector argument is a
     configuration error that names it)."""
     try:
-        return EngineConfig.from_mapping(settings.detectors.model_dump())
+        return EngineConfig.from_mapping(
+            settings.detectors.model_dump(),
+            topology=settings.fabric.load(),
+            nodes_per_leaf=settings.fabric.nodes_per_leaf,
+        )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{exc} (fix the [detectors] section or GUARD_DETECTORS_*)") from None
 
@@ -344,10 +355,19 @@ class TelemetryProcessor:
         self.level = level
         self.kind_of_topic = kind_of_topic
         make: Callable[[str], Any] = (
-            (lambda key: NodeDetectors(key, config))
+            (
+                lambda key: (
+                    fabric_detector(config)
+                    if key.startswith(FABRIC_KEY)
+                    else NodeDetectors(key, config)
+                )
+            )
             if level == "node"
             else (lambda key: JobDetectors(key, config))
         )
+        self.config = config
+        #: the node stream also keeps one fabric hot-spot detector per input partition
+        self.fabric = level == "node" and config.fabric and config.node_telemetry
         self.state = KeyedState(make, every_s)
         self.clock = EventClock(self.state, config.tick_s)
         self.counters = counters
@@ -391,11 +411,15 @@ class TelemetryProcessor:
                     found += detectors.update(single)
                     if single.ts > latest.get(key, 0.0):
                         latest[key] = single.ts
+                if self.fabric and message.kind == "nic_batch":
+                    found += self._fabric(singles, partition, latest)
                 continue
             samples += 1
             found += detectors.update(message)
             if message.ts > latest.get(key, 0.0):
                 latest[key] = message.ts
+            if self.fabric and message.kind == "nic":
+                found += self._fabric((message,), partition, latest)
         self.counters.telemetry += n
         self.counters.samples += samples
         self.counters.dead_letters += len(bad)
@@ -404,6 +428,22 @@ class TelemetryProcessor:
         found += self.clock.advance(latest)
         self.counters.findings += len(found)
         return found, bad
+
+    def _fabric(
+        self, samples: Iterable[GuardMessage], partition: int, latest: dict[str, float]
+    ) -> list[Finding]:
+        """NIC samples to the partition's fabric detector (ticked and saved like a key)."""
+        key = fabric_key(partition)
+        detector = self.state.get(key, partition)
+        if detector.topology is None:  # not pickled with it: a restored one gets it back
+            detector.topology = self.config.topology
+        found: list[Finding] = []
+        for sample in samples:
+            if sample.kind == "nic":
+                found += detector.update(sample)
+                if sample.ts > latest.get(key, 0.0):
+                    latest[key] = sample.ts
+        return found
 
 
 def finding_key(finding: Finding) -> str:

@@ -70,10 +70,16 @@ the same seed, differ only by the remediation; ``truth.remediations`` lists what
 done. Explicit faults instead of (or besides) sampled ones: ``SimConfig(faults=[FaultSpec(
 "thermal_throttle", node="node-003", gpu=2, onset_s=120, slowdown=0.15)], random_faults=0)``.
 
+A multi-path fabric (``SimConfig(fabric=FabricSpec(...))``, off by default): the jobs'
+ring connections routed over a leaf-spine topology by ECMP or by the path planner, slowed
+where flows collide or an uplink is degraded, with the sending NICs' congestion counters
+rising; see :mod:`.fabric`.
+
 The package, by what it models: :mod:`.config` (specs and physical constants),
-:mod:`.scenario` (placement, faults, confounders, the truth), :mod:`.hardware` (GPU / NIC
-physics and samples), :mod:`.training` (steps, collectives, remediation), :mod:`.cluster`
-(:class:`ClusterSimulator`, which composes them) and :mod:`.output` (JSONL writing).
+:mod:`.scenario` (placement, faults, confounders, the truth), :mod:`.fabric` (paths,
+collisions), :mod:`.hardware` (GPU / NIC physics and samples), :mod:`.training` (steps,
+collectives, remediation), :mod:`.cluster` (:class:`ClusterSimulator`, which composes them)
+and :mod:`.output` (JSONL writing).
 """
 
 from .cluster import ClusterSimulator
@@ -82,6 +88,7 @@ from .config import (
     CONFOUNDER_KINDS,
     NIC_COUNTERS,
     THROTTLE_TEMP_C,
+    FabricSpec,
     FaultSpec,
     JobSpec,
     SimConfig,
@@ -94,6 +101,7 @@ __all__ = [
     "NIC_COUNTERS",
     "THROTTLE_TEMP_C",
     "ClusterSimulator",
+    "FabricSpec",
     "FaultSpec",
     "JobSpec",
     "SimConfig",

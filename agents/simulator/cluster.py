@@ -50,7 +50,7 @@ class ClusterSimulator:
             for _ in range(n)
         ]
         skew = plan.uniform(-0.001, 0.001, n)
-        self.scenario = Scenario(config, plan, skew)
+        self.scenario = Scenario(config, plan, skew, np.random.default_rng([config.seed, 7]))
         self.hardware = HardwareModel(
             self.scenario, plan, noise, (temp_offset, power_offset), phase, uuids
         )

@@ -6,11 +6,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .fabric import FabricSpec
+
 __all__ = [
     "CATEGORY_BY_KIND",
     "CONFOUNDER_KINDS",
     "COUNTER_INDEX",
     "NIC_COUNTERS",
+    "FabricSpec",
     "FaultSpec",
     "JobSpec",
     "SimConfig",
@@ -127,6 +130,9 @@ class SimConfig:
     excluded: frozenset[str] = frozenset()
     gpu_speed_sigma: float = 0.01
     rack_size: int = 8
+    # A multi-path fabric (ECMP collisions, degraded uplinks; agents/simulator/fabric.py).
+    # None: connections run at their NIC's speed, as before.
+    fabric: FabricSpec | None = None
 
     def node_names(self) -> list[str]:
         return [f"node-{i:03d}" for i in range(self.nodes)]

@@ -234,6 +234,11 @@ class HardwareModel:
         congested = comm > 1.0
         wait_rate = np.where(busy, 2e3, 5.0) * (40.0 if congested else 1.0)
         ecn_rate = np.where(busy, 3.0, 0.0) * (200.0 if congested else 1.0)
+        fabric = self.scenario.fabric
+        if fabric is not None:  # a NIC whose connection shares a hot link: back-pressure
+            excess = fabric.nic_excess(self.scenario.jobs, t)
+            wait_rate = wait_rate * (1.0 + 20.0 * excess)
+            ecn_rate = ecn_rate * (1.0 + 100.0 * excess)
         c[:, :, _C["port_xmit_wait"]] += noise.poisson(wait_rate * dt)
         c[:, :, _C["np_ecn_marked_roce_packets"]] += noise.poisson(ecn_rate * dt)
         c[:, :, _C["rp_cnp_handled"]] += noise.poisson(ecn_rate * dt * 0.8)

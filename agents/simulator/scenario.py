@@ -16,6 +16,7 @@ from guard.schemas.nvml_codes import NONFATAL_XIDS
 from guard.schemas.truth import Truth
 
 from .config import CATEGORY_BY_KIND, LINK_GBPS, POWER_LIMIT_W, FaultSpec, JobSpec, SimConfig
+from .fabric import FabricModel
 
 __all__ = ["InjectedFault", "RunningJob", "Scenario"]
 
@@ -68,8 +69,16 @@ class Scenario:
     that the hardware and training models read. Remediation changes the jobs' layout
     (:meth:`layout_changed`); hiccups and checkpoints add confounders as the run goes."""
 
-    def __init__(self, config: SimConfig, plan: np.random.Generator, skew: np.ndarray) -> None:
+    def __init__(
+        self,
+        config: SimConfig,
+        plan: np.random.Generator,
+        skew: np.ndarray,
+        fabric_rng: np.random.Generator | None = None,
+    ) -> None:
         self.config = config
+        #: the fabric's own stream (placement, degraded uplinks), never the planning one
+        self._fabric_rng = fabric_rng or np.random.default_rng([config.seed, 7])
         self.node_names = config.node_names()
         self.start_ts = float(config.start_ts)
         self.end_ts = self.start_ts + float(config.duration_s)
@@ -81,6 +90,17 @@ class Scenario:
         self.faults = self._plan_faults(plan)
         self._plan_confounders(plan)
         self.skew_list: list[float] = self.skew.tolist()
+        self.fabric: FabricModel | None = None
+        if config.fabric is not None:
+            self.fabric = FabricModel(
+                config.fabric,
+                self.node_names,
+                config.gpus_per_node,
+                self._fabric_rng,
+                self.start_ts,
+            )
+            for c in self.fabric.confounders(self.end_ts):
+                self.add_confounder(**c)
 
     def layout_changed(self) -> None:
         """A job's ranks moved: the busy mask is computed again when next asked for."""
@@ -123,12 +143,17 @@ class Scenario:
             )
         jobs = []
         cursor = 0
+        shuffled = cfg.fabric is not None and cfg.fabric.placement == "random"
+        if shuffled:  # the fabric's own stream: the planning stream draws what it always did
+            available = [available[i] for i in self._fabric_rng.permutation(len(available))]
         for spec in specs:
             if spec.nodes < 1:
                 continue
             if spec.pp_stages < 1 or spec.nodes % spec.pp_stages:
                 raise ValueError(f"job {spec.name}: nodes must be a multiple of pp_stages")
             nodes = available[cursor : cursor + spec.nodes]
+            if shuffled:
+                nodes = sorted(nodes)  # the ring in node order, as NCCL's follows the racks
             cursor += spec.nodes
             # The last pipeline stage also runs the loss and the output embedding.
             stage_factor = [1.0] * spec.pp_stages

@@ -199,8 +199,16 @@ class TrainingModel:
         compute = self._rank_compute(job, s, start)
         arrive = start + compute
         hang, flapped_nodes = self._flap_hang(job, start, arrive, conn_nominal)
+        fabric = self.scenario.fabric
+        paths = None if fabric is None else fabric.factors(self.scenario.jobs, start)[job.name]
         stage_end, next_peer, prev_peer, conn = self._allreduce(
-            job, s, arrive, self.scenario.comm_factor(start), conn_nominal, hang, flapped_nodes
+            job,
+            s,
+            arrive,
+            self.scenario.comm_factor(start),
+            conn_nominal,
+            (hang, flapped_nodes),
+            paths,
         )
         end = float(stage_end.max())
         world = None
@@ -294,11 +302,13 @@ class TrainingModel:
         arrive: np.ndarray,
         comm: float,
         conn_nominal: float,
-        hang: float,
-        flapped_nodes: set[tuple[int, int]],
+        flaps: tuple[float, set[tuple[int, int]]],
+        paths: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per-stage rail rings (rank r's next peer is the same GPU on the next node): each
-        stage's end, every rank's next and previous peer and its connection's duration."""
+        stage's end, every rank's next and previous peer and its connection's duration
+        (times ``paths``, each connection's fabric slowdown, with a multi-path fabric)."""
+        hang, flapped_nodes = flaps
         ranks = len(job.rank_node)
         nodes, gpus, stages = job.rank_node, job.rank_gpu, job.rank_stage
         link_slow = s["link_slow"]
@@ -322,6 +332,8 @@ class TrainingModel:
                         link_slow[nodes[ring], rail], link_slow[nodes[nxt], rail]
                     )
                     conn[ring] = conn_nominal * (1.0 + slow_link) * comm * conn_noise[ring]
+                    if paths is not None:
+                        conn[ring] *= paths[ring]
                     for node, flap_gpu in flapped_nodes:
                         if flap_gpu == rail:
                             hit = (nodes[ring] == node) | (nodes[nxt] == node)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from guard.commands import (
+    advise,
     agents,
     base,
     demo,
@@ -38,6 +39,7 @@ def register_all(sub: Any, add: Any) -> None:
         nodes,
         sweep,
         streams,
+        advise,
         replay,
     ):
         module.register(sub, add)

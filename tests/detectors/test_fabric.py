@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
+
+from guard.detectors.engine import DetectionEngine, EngineConfig
 from guard.detectors.fabric import FabricHotSpotDetector
 from guard.detectors.findings import Finding
 from guard.schemas import NicSample
@@ -15,10 +20,8 @@ HOT_WAIT_PER_S = 2_000_000
 START = 1_699_999_980.0  # on a minute: windows are aligned to the epoch
 
 
-def _run(
-    det: FabricHotSpotDetector, hot: set[str], seconds: int, reset_at: int | None = None
-) -> list[Finding]:
-    out: list[Finding] = []
+def nic_samples(hot: set[str], seconds: int, reset_at: int | None = None) -> Iterator[NicSample]:
+    """Every 10 s each node's two NICs; rail 0 of the ``hot`` nodes waits 100x more."""
     totals = {(n, r): 0 for n in NODES for r in range(2)}
     for t in range(0, seconds, 10):
         for node in NODES:
@@ -27,16 +30,22 @@ def _run(
                 totals[(node, rail)] += 10 * rate
                 if reset_at is not None and t == reset_at:
                     totals[(node, rail)] = 0  # agent restart: counters cleared
-                out += det.update(
-                    NicSample(
-                        ts=START + t,
-                        node=node,
-                        job="job-a" if NODES.index(node) < 4 else "job-b",
-                        device=f"mlx5_{rail}",
-                        port=1,
-                        counters={"port_xmit_wait": totals[(node, rail)], "rp_cnp_handled": t},
-                    )
+                yield NicSample(
+                    ts=START + t,
+                    node=node,
+                    job="job-a" if NODES.index(node) < 4 else "job-b",
+                    device=f"mlx5_{rail}",
+                    port=1,
+                    counters={"port_xmit_wait": totals[(node, rail)], "rp_cnp_handled": t},
                 )
+
+
+def _run(
+    det: FabricHotSpotDetector, hot: set[str], seconds: int, reset_at: int | None = None
+) -> list[Finding]:
+    out: list[Finding] = []
+    for sample in nic_samples(hot, seconds, reset_at):
+        out += det.update(sample)
     return out + det.flush()
 
 
@@ -75,3 +84,28 @@ def test_a_hot_spot_that_cools_down_is_withdrawn() -> None:
     det._last.clear()  # a new run of counters from the same ports
     cooled = _run(det, hot=set(), seconds=180)
     assert [(f.node, f.clear) for f in cooled] == [("node-6", True)]
+
+
+@pytest.mark.parametrize("topology", [TOPOLOGY, None], ids=["file", "inferred"])
+def test_the_engine_flags_hot_spots_as_info_only(topology: object) -> None:
+    """Through the engine and fusion: the hot leaf and its two NICs, as info flags; with no
+    topology file the leaves are inferred (nodes by name, two to a pod) and named alike."""
+    engine = DetectionEngine(EngineConfig(topology=topology, nodes_per_leaf=2))  # type: ignore[arg-type]
+    flags = []
+    for sample in nic_samples({"node-2", "node-3"}, 300):
+        flags += engine.update(sample)
+    flags += engine.flush()
+    hot = [f for f in flags if f.detector == "fabric"]
+    assert hot and all(not f.is_claim for f in flags)
+    leaf = [(f.node, f.device, f.category) for f in hot if f.evidence["level"] == "leaf"]
+    assert leaf == [(None, "pod1-rail0", "link")]
+    assert sorted(f.node for f in hot if f.evidence["level"] == "nic") == ["node-2", "node-3"]
+    assert EngineConfig().fabric and engine.state_bytes()["fabric"] > 0
+
+
+def test_the_engine_can_leave_the_fabric_out() -> None:
+    engine = DetectionEngine(EngineConfig.from_mapping({"fabric": False}))
+    flags = [f for s in nic_samples({"node-2", "node-3"}, 300) for f in engine.update(s)]
+    assert engine.fabric is None and flags + engine.flush() == []
+    with pytest.raises(ValueError, match=r"detectors\.args\.fabric: no setting 'topology'"):
+        EngineConfig.from_mapping({"args": {"fabric": {"topology": "x"}}})

@@ -10,6 +10,12 @@ of the undisturbed pipeline are the backtest's over the same telemetry (same det
   schema-valid abuse (counters going backwards, times in the far past and future) under
   node names of their own. Figures: worker alive, dead letters vs invalid messages sent, DLQ
   records without a reason, claims on the real nodes vs the backtest's, worker peak RSS.
+* ``broker_stop`` — a broker of the run's own (``deploy/kafka/kafka.sh`` in a folder of its
+  own) is halted mid-stream for ``--outage`` s and resumed with its data, while a simulated
+  cluster publishes through the agent's real publisher (delivery timeout 5 s, so records go
+  through the on-disk spool) and a live worker consumes. Figures: records published vs on
+  the topics (lost, duplicated), records spooled, worker alive, claims vs the backtest's,
+  broker-up-to-spool-replayed and broker-up-to-worker-caught-up times.
 * ``sigkill`` — the worker is SIGKILLed half-way and a new one started: figures are the keys
   it resumed from checkpoints, the age bound of that state (``checkpoint_s``), the claims
   vs the backtest's, and the restart-to-first-progress time.
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import random
 import signal
@@ -33,17 +40,26 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import TopicPartition
 
+from guard.agents.publisher import Publisher
 from guard.agents.simulator import ClusterSimulator, FaultSpec, SimConfig
 from guard.config import Settings, load_settings
 from guard.demo import worker_env
 from guard.detectors.engine import DetectionEngine
-from guard.kafka import create_topics, make_consumer, make_producer, produce, produce_raw
+from guard.kafka import (
+    TELEMETRY_TOPICS,
+    create_topics,
+    make_consumer,
+    make_producer,
+    produce,
+    produce_raw,
+    to_record,
+)
 from guard.schemas import GuardMessage, decode
 from guard.streams.processing import parse_progress
 
@@ -210,15 +226,150 @@ def claims_on(settings: Settings, nodes: set[str]) -> Claims:
     return {(f.node, f.category) for f in flags if f.severity != "info" and f.node in nodes}  # type: ignore[attr-defined]
 
 
-def _settings(bootstrap: str, home: Path) -> Settings:
+def _settings(bootstrap: str, home: Path, **sections: Any) -> Settings:
     s = load_settings(
         home=home,
+        **sections,
         kafka={"bootstrap": bootstrap, "topic_prefix": f"chaos{uuid.uuid4().hex[:8]}.",
                "telemetry_partitions": 3},
     )  # fmt: skip
     home.mkdir(parents=True, exist_ok=True)
     create_topics(s)
     return s
+
+
+KAFKA_SH = Path(__file__).resolve().parents[1] / "deploy" / "kafka" / "kafka.sh"
+
+
+class OwnBroker:
+    """An Apache Kafka of this run's own (``deploy/kafka/kafka.sh`` in a folder of its own),
+    so that a scenario may stop and restart it without touching anybody else's broker."""
+
+    def __init__(self, work: Path) -> None:
+        shared_lib = Path(os.environ.get("GUARD_CI_KAFKA_DIR", KAFKA_SH.parent / ".run")) / "lib"
+        self.env = {
+            **os.environ,
+            "GUARD_CI_KAFKA_DIR": str(work),
+            "GUARD_CI_KAFKA_LIB": os.environ.get("GUARD_CI_KAFKA_LIB", str(shared_lib)),
+        }
+        for name in ("GUARD_CI_KAFKA_PORT", "GUARD_CI_KAFKA_SASL_PORT"):
+            self.env.pop(name, None)  # free ports of its own
+        self.bootstrap = ""
+
+    def _sh(self, command: str) -> str:
+        done = subprocess.run(
+            [str(KAFKA_SH), command],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"kafka.sh {command} failed: {done.stderr[-2000:]}")
+        return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+
+    def start(self) -> OwnBroker:
+        self.bootstrap = self._sh("start")
+        return self
+
+    def halt(self) -> None:
+        self._sh("halt")
+
+    def resume(self) -> None:
+        if self._sh("resume") != self.bootstrap:
+            raise RuntimeError("the resumed broker answers at another address")
+
+    def stop(self) -> None:
+        self._sh("stop")
+
+
+def _topic_values(settings: Settings, names: Iterable[str]) -> list[bytes]:
+    return [r.value() for name in names for r in read_topic(settings, name, timeout_s=5)]
+
+
+def run_broker_stop(bootstrap: str, home: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Agents publish through their real spool path; the broker is away ``--outage`` s."""
+    broker = OwnBroker(home / "kafka").start()
+    try:
+        return _broker_stop(broker, home, args)
+    finally:
+        broker.stop()
+
+
+def _publish_paced(publisher: Publisher, messages: list[GuardMessage], over_s: float) -> None:
+    chunks = max(1, int(over_s * 4))
+    size = -(-len(messages) // chunks)
+    t0 = time.monotonic()
+    for i in range(chunks):
+        for m in messages[i * size : (i + 1) * size]:
+            publisher.publish(m)
+        publisher.poll()
+        while time.monotonic() < t0 + (i + 1) * over_s / chunks:
+            publisher.poll()
+            time.sleep(0.05)
+
+
+def _broker_stop(broker: OwnBroker, home: Path, args: argparse.Namespace) -> dict[str, Any]:
+    s = _settings(broker.bootstrap, home, agent={"delivery_timeout_s": 5.0})
+    messages = scenario_messages(args.nodes, args.duration)
+    expected = backtest_claims(messages)
+    third = len(messages) // 3
+    publisher = Publisher(s, spool_dir=home / "spool", probe_s=1.0)
+    # librdkafka says every failed reconnect while the broker is away: that is the scenario
+    logging.getLogger("guard.agents.librdkafka").setLevel(logging.CRITICAL)
+    worker = Worker(s, f"chaos-{uuid.uuid4().hex[:6]}", home / "broker-stop-worker.log", 5)
+    try:
+        worker.wait(lambda p: "telemetry" in p, args.timeout)
+        _publish_paced(publisher, messages[:third], 3)
+        publisher.flush(30)
+        worker.wait(lambda p: int(p.get("telemetry", 0)) >= third, args.timeout)
+        halting = time.monotonic()
+        broker.halt()
+        stopped_at = time.monotonic()  # the broker's process is gone
+        _publish_paced(publisher, messages[third : 2 * third], max(0.0, args.outage - 3))
+        while time.monotonic() < stopped_at + args.outage:
+            publisher.poll()
+            time.sleep(0.1)
+        spooled_while_down = len(publisher.spool)
+        resuming = time.monotonic()
+        broker.resume()
+        up_at = time.monotonic()
+        _publish_paced(publisher, messages[2 * third :], 3)
+        while publisher.state != "online" or len(publisher.spool):
+            if time.monotonic() > up_at + args.timeout:
+                raise TimeoutError(f"the agent did not replay its spool: {publisher.stats}")
+            publisher.poll()
+            time.sleep(0.05)
+        replayed_at = time.monotonic()
+        publisher.flush(30)
+        caught_up = worker.wait(lambda p: int(p.get("telemetry", 0)) >= len(messages), args.timeout)
+        time.sleep(5)  # the last findings through fusion
+        alive = worker.proc.poll() is None
+    finally:
+        publisher.close()
+        worker.stop()
+    sent = [to_record(s, m).value for m in messages]
+    on_topic = _topic_values(s, TELEMETRY_TOPICS)
+    got = claims_on(s, {m.node for m in messages})
+    return {
+        "scenario": "broker_stop",
+        "records_produced": len(sent),
+        "records_on_topic": len(on_topic),
+        "records_lost": len(set(sent) - set(on_topic)),
+        "duplicates_on_topic": len(on_topic) - len(set(on_topic)),
+        "spooled_while_down": spooled_while_down,
+        "agent_stats": publisher.stats,
+        "worker_alive_after": alive,
+        "outage_s": round(up_at - stopped_at, 1),  # process gone to answering again
+        "halt_s": round(stopped_at - halting, 1),
+        "restart_s": round(up_at - resuming, 1),
+        "up_to_spool_replayed_s": round(replayed_at - up_at, 1),
+        "up_to_worker_caught_up_s": round(caught_up - up_at, 1),
+        "claims_expected": sorted(expected),
+        "claims_got": sorted(got),
+        "claims_equal": got == expected,
+    }
 
 
 def run_hostile(bootstrap: str, home: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -326,7 +477,7 @@ def run_sigkill(bootstrap: str, home: Path, args: argparse.Namespace) -> dict[st
     }
 
 
-SCENARIOS = {"hostile": run_hostile, "sigkill": run_sigkill}
+SCENARIOS = {"broker_stop": run_broker_stop, "hostile": run_hostile, "sigkill": run_sigkill}
 
 
 def main() -> None:
@@ -336,6 +487,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--duration", type=float, default=240)
     parser.add_argument("--checkpoint-s", type=float, default=5.0)
+    parser.add_argument("--outage", type=float, default=30.0, help="broker_stop: broker away, s")
     parser.add_argument("--timeout", type=float, default=900, help="bound of each wait, s")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="guard-chaos-"))

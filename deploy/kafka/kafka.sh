@@ -13,7 +13,8 @@
 # Besides the PLAINTEXT listener the broker has a SASL_PLAINTEXT listener with SCRAM-SHA-256
 # (the user is created at storage format time, KRaft's `--add-scram`) and PLAIN, on loopback.
 #
-# Environment: GUARD_CI_KAFKA_DIR (work folder, default deploy/kafka/.run), GUARD_CI_KAFKA_PORT
+# Environment: GUARD_CI_KAFKA_DIR (work folder, default deploy/kafka/.run), GUARD_CI_KAFKA_LIB
+# (where the jars go, default $GUARD_CI_KAFKA_DIR/lib: share it between brokers), GUARD_CI_KAFKA_PORT
 # (default: a free port), GUARD_CI_KAFKA_SASL_PORT (default: a free port),
 # GUARD_CI_KAFKA_SASL_USER / GUARD_CI_KAFKA_SASL_PASSWORD (default guard / a random one, kept in
 # the work folder), KAFKA_HEAP_OPTS (default -Xms256m -Xmx768m), GUARD_CI_KAFKA_START_TIMEOUT (s, 120).
@@ -21,7 +22,7 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 dir="${GUARD_CI_KAFKA_DIR:-$here/.run}"
-lib="$dir/lib"
+lib="${GUARD_CI_KAFKA_LIB:-$dir/lib}"
 pidfile="$dir/kafka.pid"
 
 log() { echo "kafka.sh: $*" >&2; }

@@ -16,6 +16,11 @@ of the undisturbed pipeline are the backtest's over the same telemetry (same det
   through the on-disk spool) and a live worker consumes. Figures: records published vs on
   the topics (lost, duplicated), records spooled, worker alive, claims vs the backtest's,
   broker-up-to-spool-replayed and broker-up-to-worker-caught-up times.
+* ``store_down`` — ``guard sink`` stores into chDB on a filesystem of its own that is
+  filled up for ``--store-outage`` s (every insert raises ``NOT_ENOUGH_SPACE``, what an
+  embedded ClickHouse really meets) while telemetry keeps coming. Figures: rows per table vs
+  produced (missing, duplicated: physical rows without ``FINAL``), insert failures, sink
+  alive, free-to-caught-up time. Needs root (mounts a tmpfs).
 * ``sigkill`` — the worker is SIGKILLed half-way and a new one started: figures are the keys
   it resumed from checkpoints, the age bound of that state (``checkpoint_s``), the claims
   vs the backtest's, and the restart-to-first-progress time.
@@ -61,6 +66,7 @@ from guard.kafka import (
     to_record,
 )
 from guard.schemas import GuardMessage, decode
+from guard.schemas.tables import rows_by_table
 from guard.streams.processing import parse_progress
 
 Claims = set[tuple[str, str]]
@@ -160,18 +166,27 @@ def hostile_records(n: int, seed: int = 7) -> Iterator[tuple[str, bytes, bytes, 
 class Worker:
     """One ``guard streams`` subprocess; its progress lines and peak RSS are followed."""
 
-    def __init__(self, settings: Settings, app_id: str, log: Path, checkpoint_s: float) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        app_id: str,
+        log: Path,
+        checkpoint_s: float,
+        command: str = "streams",
+        **env_overrides: str,
+    ) -> None:
         env = worker_env(
             settings,
             GUARD_STREAMS_APP_ID=app_id,
             GUARD_STREAMS_PROGRESS_S="1",
             GUARD_STREAMS_CHECKPOINT_S=str(checkpoint_s),
+            **env_overrides,
         )
         self.log = log
         self.out = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "guard.cli", "streams"],
+            [sys.executable, "-m", "guard.cli", command],
             env=env,
             stdout=self.out,
             stderr=self.out,
@@ -372,6 +387,107 @@ def _broker_stop(broker: OwnBroker, home: Path, args: argparse.Namespace) -> dic
     }
 
 
+class FullDisk:
+    """The store's own size-limited filesystem (a tmpfs), filled up on demand: what an
+    embedded ClickHouse (chDB) really meets when its disk is gone — every insert raises
+    ``NOT_ENOUGH_SPACE`` until space is freed. Needs root (``mount``)."""
+
+    def __init__(self, path: Path, size_mb: int) -> None:
+        if os.geteuid() != 0:
+            raise RuntimeError("store_down mounts a size-limited tmpfs for the store: run as root")
+        path.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)],
+                       check=True)  # fmt: skip
+        self.path, self.ballast = path, path / "ballast"
+
+    def fill(self) -> None:
+        with open(self.ballast, "wb") as f, contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * (1 << 20))
+
+    def free(self) -> None:
+        self.ballast.unlink(missing_ok=True)
+
+    def unmount(self) -> None:
+        subprocess.run(["umount", str(self.path)], check=False)
+
+
+def run_store_down(bootstrap: str, home: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """``guard sink`` into chDB whose disk is full for ``--store-outage`` s."""
+    disk = FullDisk(home / "store", 1024)
+    try:
+        return _store_down(bootstrap, disk, home, args)
+    finally:
+        disk.unmount()
+
+
+def _store_down(
+    bootstrap: str, disk: FullDisk, home: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    dsn = f"chdb://{disk.path / 'db'}"
+    s = _settings(bootstrap, home, clickhouse={"dsn": dsn, "batch_rows": 5000})
+    messages = scenario_messages(args.nodes, args.duration)
+    third = len(messages) // 3
+    producer = make_producer(s)
+    sink = Worker(s, "sink", home / "sink.log", 5, "sink", GUARD_CLICKHOUSE_DSN=dsn)
+    try:
+        for m in messages[:third]:
+            produce(producer, s, m)
+        producer.flush(60)
+        sink.wait(lambda p: int(p.get("stored", 0)) >= third, args.timeout)
+        disk.fill()
+        filled_at = time.monotonic()
+        for chunk in range(10):  # the second third while the store is away
+            for m in messages[third + chunk * third // 10 : third + (chunk + 1) * third // 10]:
+                produce(producer, s, m)
+            producer.poll(0)
+            time.sleep(args.store_outage / 10)
+        producer.flush(60)
+        during = sink.progress()
+        disk.free()
+        freed_at = time.monotonic()
+        for m in messages[2 * third :]:
+            produce(producer, s, m)
+        producer.flush(60)
+        caught_up = sink.wait(lambda p: int(p.get("stored", 0)) >= len(messages), args.timeout)
+        time.sleep(3)
+        final = sink.progress()
+        alive = sink.proc.poll() is None
+    finally:
+        sink.stop()
+    return {
+        "scenario": "store_down",
+        "messages_produced": len(messages),
+        "store_outage_s": round(freed_at - filled_at, 1),
+        "stored_during_outage": int(during.get("stored", 0)) - third,
+        "insert_failures": int(final.get("insert_failures", 0)),
+        "sink_alive_after": alive,
+        "free_to_caught_up_s": round(caught_up - freed_at, 1),
+        **rows_landed(dsn, s, messages),
+    }
+
+
+def rows_landed(dsn: str, settings: Settings, messages: list[GuardMessage]) -> dict[str, Any]:
+    """Rows per table in the store vs the rows of ``messages``: physical rows (no FINAL, so a
+    duplicate shows until a merge) and distinct natural keys (the tables' ORDER BY)."""
+    import clickhouse_connect
+
+    client = clickhouse_connect.get_client(dsn=dsn)
+    db = settings.clickhouse.database
+    per_table, lost, extra = {}, 0, 0
+    for table, rows in rows_by_table(messages).items():
+        key = table.order_by
+        [(physical, distinct)] = client.query(
+            f"SELECT count(), uniqExact({key}) FROM `{db}`.`{table.name}`"
+        ).result_rows
+        per_table[table.name] = {"expected": len(rows), "rows": physical, "distinct_keys": distinct}
+        lost += len(rows) - distinct
+        extra += physical - distinct
+    client.close()
+    return {"rows_by_table": per_table, "rows_missing": lost, "rows_duplicated": extra,
+            "exactly_once": lost == 0 and extra == 0}  # fmt: skip
+
+
 def run_hostile(bootstrap: str, home: Path, args: argparse.Namespace) -> dict[str, Any]:
     s = _settings(bootstrap, home)
     messages = scenario_messages(args.nodes, args.duration)
@@ -477,7 +593,12 @@ def run_sigkill(bootstrap: str, home: Path, args: argparse.Namespace) -> dict[st
     }
 
 
-SCENARIOS = {"broker_stop": run_broker_stop, "hostile": run_hostile, "sigkill": run_sigkill}
+SCENARIOS = {
+    "broker_stop": run_broker_stop,
+    "store_down": run_store_down,
+    "hostile": run_hostile,
+    "sigkill": run_sigkill,
+}
 
 
 def main() -> None:
@@ -488,6 +609,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=240)
     parser.add_argument("--checkpoint-s", type=float, default=5.0)
     parser.add_argument("--outage", type=float, default=30.0, help="broker_stop: broker away, s")
+    parser.add_argument("--store-outage", type=float, default=60.0, help="store_down: s")
     parser.add_argument("--timeout", type=float, default=900, help="bound of each wait, s")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="guard-chaos-"))
@@ -502,7 +624,7 @@ def main() -> None:
             t0 = time.monotonic()
             result = SCENARIOS[name](bootstrap, home / name, args)
             result["scenario_s"] = round(time.monotonic() - t0, 1)
-            failed |= not result.get("claims_equal", True)
+            failed |= not result.get("claims_equal", True) or not result.get("exactly_once", True)
             print(json.dumps(result), flush=True)
     sys.exit(1 if failed else 0)
 

@@ -73,9 +73,15 @@ def nic_fault(node: str, now: float) -> dict[str, Any]:
 
 
 def start_orchestrator(
-    settings: Settings, truth: Path, delay: float, workdir: Path, **env_overrides: str
+    settings: Settings,
+    truth: Path,
+    delay: float,
+    workdir: Path,
+    stdout: Any = subprocess.PIPE,
+    **env_overrides: str,
 ) -> subprocess.Popen[bytes]:
-    """``guard orchestrator --truth`` (simulated executor, sweeps taking ``delay`` s)."""
+    """``guard orchestrator --truth`` (simulated executor, sweeps taking ``delay`` s); its
+    output to ``stdout`` (a pipe: read it, or the orchestrator stalls once it is full)."""
     s = settings
     env = {k: v for k, v in os.environ.items() if not k.startswith("GUARD_")}
     env.update(
@@ -83,14 +89,14 @@ def start_orchestrator(
         GUARD_KAFKA_TOPIC_PREFIX=s.kafka.topic_prefix,
         GUARD_HOME=str(workdir / "home"),
         GUARD_METRICS_ORCHESTRATOR_PORT="0",
-        **env_overrides,
     )
+    env.update(env_overrides)
     command = [sys.executable, "-m", "guard.cli", "orchestrator", "--truth", str(truth)]
     return subprocess.Popen(
         [*command, "--sweep-delay", str(delay), "--log-level", "warning"],
         env=env,
         cwd=workdir,
-        stdout=subprocess.PIPE,
+        stdout=stdout,
         stderr=subprocess.STDOUT,
     )
 

@@ -67,7 +67,7 @@ from guard.kafka import (
     produce_raw,
     to_record,
 )
-from guard.schemas import GuardMessage, NodeState, decode
+from guard.schemas import GpuSample, GuardMessage, NodeState, decode
 from guard.schemas.tables import rows_by_table
 from guard.streams.processing import parse_progress
 from guard.sweeps.policy import SweepPolicy
@@ -218,6 +218,13 @@ class Worker:
         lines = self.log.read_text(errors="replace").splitlines()
         reports = [r for r in map(parse_progress, lines) if r is not None]
         return reports[-1] if reports else {}
+
+    def rss_mb(self) -> float:
+        """Resident memory now (the peak is ``peak_rss_mb``, updated by :meth:`progress`)."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
 
     def wait(self, check: Callable[[dict[str, Any]], bool], timeout_s: float) -> float:
         deadline = time.monotonic() + timeout_s
@@ -623,6 +630,57 @@ def run_orch_sigkill(bootstrap: str, home: Path, args: argparse.Namespace) -> di
     }
 
 
+def run_names(bootstrap: str, home: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """``--names`` distinct node names through a live worker whose keys expire after
+    ``--key-idle-s``: its memory at 10 %, 50 % and 100 % of the names, keys held."""
+    s = _settings(bootstrap, home)
+    worker = Worker(s, f"chaos-{uuid.uuid4().hex[:6]}", home / "names-worker.log", 5,
+                    GUARD_STREAMS_KEY_IDLE_S=str(args.key_idle_s))  # fmt: skip
+    producer = make_producer(s)
+    marks = sorted({max(1, args.names // 10), max(1, args.names // 2), args.names})
+    figures: dict[str, Any] = {}
+    sent, t0 = 0, time.monotonic()
+    try:
+        worker.wait(lambda p: "telemetry" in p, args.timeout)
+        start_rss = worker.rss_mb()
+        for mark in marks:
+            while sent < mark:
+                batch = range(sent, min(mark, sent + 500))
+                for i in batch:
+                    ts = time.time()
+                    produce(producer, s, GpuSample(ts=ts, node=f"name-{i:07d}", gpu=0, temp_c=50))
+                sent += len(batch)
+                producer.poll(0)
+                time.sleep(max(0.0, t0 + sent / args.names_rate - time.monotonic()))
+            producer.flush(60)
+            worker.wait(lambda p, n=sent: int(p.get("telemetry", 0)) >= n, args.timeout)
+            progress = worker.progress()
+            figures[f"at_{mark}"] = {
+                "rss_mb": round(worker.rss_mb(), 1),
+                "peak_rss_mb": round(worker.peak_rss_mb, 1),
+                "keys_held": int(progress.get("keys", -1)),
+            }
+        names_s = time.monotonic() - t0
+        # every name idle now: all of them must go
+        worker.wait(lambda p: int(p.get("keys", -1)) == 0, args.key_idle_s + 60)
+        idle_rss = worker.rss_mb()
+        alive = worker.proc.poll() is None
+    finally:
+        worker.stop()
+    return {
+        "scenario": "names",
+        "names": args.names,
+        "names_per_s": round(args.names / names_s),
+        "key_idle_s": args.key_idle_s,
+        "rss_at_start_mb": round(start_rss, 1),
+        **figures,
+        "keys_held_after_idle": 0,
+        "rss_after_idle_mb": round(idle_rss, 1),
+        "worker_peak_rss_mb": round(worker.peak_rss_mb, 1),
+        "worker_alive_after": alive,
+    }
+
+
 def run_hostile(bootstrap: str, home: Path, args: argparse.Namespace) -> dict[str, Any]:
     s = _settings(bootstrap, home)
     messages = scenario_messages(args.nodes, args.duration)
@@ -733,6 +791,7 @@ SCENARIOS = {
     "store_down": run_store_down,
     "flag_storm": run_flag_storm,
     "orch_sigkill": run_orch_sigkill,
+    "names": run_names,
     "hostile": run_hostile,
     "sigkill": run_sigkill,
 }
@@ -755,6 +814,9 @@ def main() -> None:
     parser.add_argument("--storm-nodes", type=int, default=64, help="flag_storm: cluster size")
     parser.add_argument("--storm-s", type=float, default=60.0, help="flag_storm: storm length")
     parser.add_argument("--sweep-delay", type=float, default=2.0, help="flag_storm: sweep, s")
+    parser.add_argument("--names", type=int, default=100_000, help="names: distinct nodes")
+    parser.add_argument("--names-rate", type=float, default=2000.0, help="names: per second")
+    parser.add_argument("--key-idle-s", type=float, default=10.0, help="names: key_idle_s")
     parser.add_argument("--timeout", type=float, default=900, help="bound of each wait, s")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="guard-chaos-"))

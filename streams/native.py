@@ -159,7 +159,7 @@ class NativeWorker:
                 if now - last_idle >= 1.0:
                     last_idle = now
                     self._send_findings(self.node.clock.idle() + self.job.clock.idle())
-                    if now - last_expire >= 10.0:
+                    if now - last_expire >= min(10.0, max(1.0, st.key_idle_s / 2)):
                         last_expire = now
                         self._expire()
                 if now - last_commit >= 2.0:

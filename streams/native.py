@@ -89,9 +89,16 @@ class NativeWorker:
             on_revoke=self._on_revoke,
             **{
                 "partition.assignment.strategy": "range",
-                "fetch.max.bytes": 64 << 20,
-                "max.partition.fetch.bytes": 16 << 20,
-                "queued.max.messages.kbytes": 32768,  # a short queue keeps findings prompt
+                # The prefetch queue is per partition (telemetry, job and findings topics:
+                # 3 x 6 partitions by default) and fills up to these bounds whenever there is
+                # a backlog: at 64 MB fetches, 32 MB and 100k messages a partition it held
+                # ~700 MB under a 1M-message backlog (benchmarks/chaos.py hostile). Bounded
+                # here to a few batches of each partition; a short queue also keeps findings
+                # prompt.
+                "fetch.max.bytes": 8 << 20,
+                "max.partition.fetch.bytes": 1 << 20,
+                "queued.max.messages.kbytes": 8192,
+                "queued.min.messages": 5000,
                 **(metrics.kafka_conf() if metrics else {}),  # consumer lag
             },
         )

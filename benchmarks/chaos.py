@@ -24,11 +24,25 @@ of the undisturbed pipeline are the backtest's over the same telemetry (same det
 * ``sigkill`` — the worker is SIGKILLed half-way and a new one started: figures are the keys
   it resumed from checkpoints, the age bound of that state (``checkpoint_s``), the claims
   vs the backtest's, and the restart-to-first-progress time.
+* ``flag_storm`` — half of a ``--storm-nodes`` cluster flagged within ``--storm-s`` into a
+  live ``guard orchestrator`` (simulated executor): the most nodes out of the pool at once
+  (from the node-state history, and sampled from ``/metrics``) vs the cordon cap, the
+  longest ``/metrics`` answer, how soon a flag sent mid-storm is answered, what the cap
+  held back (gauge, reasons, the warning), time until every node is back.
+* ``orch_sigkill`` — the orchestrator SIGKILLed mid-sweep and restarted (the run of
+  ``tests/sweeps/live.py``, shared with its test): the sweep resumes, the node's states.
+* ``names`` — ``--names`` distinct node names at ``--names-rate`` through a live worker with
+  ``streams.key_idle_s = --key-idle-s``: RSS and keys held at 10/50/100 % of the names,
+  then every key expired.
+
+Each result line is JSON with ``ok`` (every must-hold figure held); the exit status is 1 if
+one did not. ``--short`` runs seconds-long versions (tests/test_chaos.py runs those in CI).
 
 Uses $GUARD_KAFKA_BOOTSTRAP (real Apache Kafka:
-``export GUARD_KAFKA_BOOTSTRAP=$(deploy/kafka/kafka.sh start)``), else an embedded Tansu broker.
+``export GUARD_KAFKA_BOOTSTRAP=$(deploy/kafka/kafka.sh start)``), else an embedded Tansu broker;
+``broker_stop`` always starts a broker of its own (Java and Maven, as kafka.sh needs).
 
-    .venv/bin/python benchmarks/chaos.py [--scenarios hostile,sigkill] [--hostile 1000000]
+    .venv/bin/python benchmarks/chaos.py [--scenarios broker_stop,hostile] [--short]
 """
 
 from __future__ import annotations
@@ -395,6 +409,7 @@ def _broker_stop(broker: OwnBroker, home: Path, args: argparse.Namespace) -> dic
         "records_produced": len(sent),
         "records_on_topic": len(on_topic),
         "records_lost": len(set(sent) - set(on_topic)),
+        "nothing_lost": not set(sent) - set(on_topic),
         "duplicates_on_topic": len(on_topic) - len(set(on_topic)),
         "spooled_while_down": spooled_while_down,
         "agent_stats": publisher.stats,
@@ -663,6 +678,7 @@ def run_names(bootstrap: str, home: Path, args: argparse.Namespace) -> dict[str,
         names_s = time.monotonic() - t0
         # every name idle now: all of them must go
         worker.wait(lambda p: int(p.get("keys", -1)) == 0, args.key_idle_s + 60)
+        keys_after = int(worker.progress()["keys"])
         idle_rss = worker.rss_mb()
         alive = worker.proc.poll() is None
     finally:
@@ -674,7 +690,7 @@ def run_names(bootstrap: str, home: Path, args: argparse.Namespace) -> dict[str,
         "key_idle_s": args.key_idle_s,
         "rss_at_start_mb": round(start_rss, 1),
         **figures,
-        "keys_held_after_idle": 0,
+        "keys_held_after_idle": keys_after,
         "rss_after_idle_mb": round(idle_rss, 1),
         "worker_peak_rss_mb": round(worker.peak_rss_mb, 1),
         "worker_alive_after": alive,
@@ -799,26 +815,65 @@ SCENARIOS = {
 
 #: figures that must be true for a scenario to pass
 OK_FIGURES = ("claims_equal", "exactly_once", "cap_held", "sweep_resumed", "worker_alive_after",
-              "sink_alive_after", "orchestrator_alive_after")  # fmt: skip
+              "sink_alive_after", "orchestrator_alive_after", "nothing_lost")  # fmt: skip
+
+
+#: ``--short``: seconds a scenario, for CI (tests/test_chaos.py); explicit options still win
+SHORT = {
+    "hostile": 2000,
+    "duration": 120.0,
+    "checkpoint_s": 2.0,
+    "outage": 8.0,
+    "store_outage": 10.0,
+    "storm_nodes": 16,
+    "storm_s": 5.0,
+    "sweep_delay": 0.5,
+    "names": 3000,
+    "names_rate": 1000.0,
+    "key_idle_s": 3.0,
+    "timeout": 120.0,
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help="comma-separated, from: " + ", ".join(SCENARIOS),
+    )
+    add("--short", action="store_true", help="the seconds-long version of each scenario (CI)")
+    add("--hostile", type=int, default=1_000_000, help="hostile messages")
+    add("--nodes", type=int, default=8)
+    add("--duration", type=float, default=240)
+    add("--checkpoint-s", type=float, default=5.0)
+    add("--outage", type=float, default=30.0, help="broker_stop: broker away, s")
+    add("--store-outage", type=float, default=60.0, help="store_down: s")
+    add("--storm-nodes", type=int, default=64, help="flag_storm: cluster size")
+    add("--storm-s", type=float, default=60.0, help="flag_storm: storm length")
+    add("--sweep-delay", type=float, default=2.0, help="flag_storm: sweep, s")
+    add("--names", type=int, default=100_000, help="names: distinct nodes")
+    add("--names-rate", type=float, default=2000.0, help="names: per second")
+    add("--key-idle-s", type=float, default=10.0, help="names: key_idle_s")
+    add("--timeout", type=float, default=900, help="bound of each wait, s")
+    argv = sys.argv[1:] if argv is None else argv
+    if "--short" in argv:
+        parser.set_defaults(**SHORT)
+    return parser.parse_args(argv)
+
+
+def run(name: str, bootstrap: str, home: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One scenario's figures; ``ok`` says whether every must-hold figure held."""
+    t0 = time.monotonic()
+    result = SCENARIOS[name](bootstrap, home / name, args)
+    result["scenario_s"] = round(time.monotonic() - t0, 1)
+    result["ok"] = all(result.get(k, True) for k in OK_FIGURES)
+    return result
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scenarios", default="hostile,sigkill")
-    parser.add_argument("--hostile", type=int, default=1_000_000, help="hostile messages")
-    parser.add_argument("--nodes", type=int, default=8)
-    parser.add_argument("--duration", type=float, default=240)
-    parser.add_argument("--checkpoint-s", type=float, default=5.0)
-    parser.add_argument("--outage", type=float, default=30.0, help="broker_stop: broker away, s")
-    parser.add_argument("--store-outage", type=float, default=60.0, help="store_down: s")
-    parser.add_argument("--storm-nodes", type=int, default=64, help="flag_storm: cluster size")
-    parser.add_argument("--storm-s", type=float, default=60.0, help="flag_storm: storm length")
-    parser.add_argument("--sweep-delay", type=float, default=2.0, help="flag_storm: sweep, s")
-    parser.add_argument("--names", type=int, default=100_000, help="names: distinct nodes")
-    parser.add_argument("--names-rate", type=float, default=2000.0, help="names: per second")
-    parser.add_argument("--key-idle-s", type=float, default=10.0, help="names: key_idle_s")
-    parser.add_argument("--timeout", type=float, default=900, help="bound of each wait, s")
-    args = parser.parse_args()
+    args = parse_args()
     home = Path(tempfile.mkdtemp(prefix="guard-chaos-"))
     failed = False
     with contextlib.ExitStack() as stack:
@@ -828,10 +883,8 @@ def main() -> None:
 
             bootstrap = stack.enter_context(EmbeddedBroker()).bootstrap
         for name in args.scenarios.split(","):
-            t0 = time.monotonic()
-            result = SCENARIOS[name](bootstrap, home / name, args)
-            result["scenario_s"] = round(time.monotonic() - t0, 1)
-            failed |= not all(result.get(k, True) for k in OK_FIGURES)
+            result = run(name, bootstrap, home, args)
+            failed |= not result["ok"]
             print(json.dumps(result), flush=True)
     sys.exit(1 if failed else 0)
 

@@ -257,19 +257,28 @@ class Worker:
         self.out.close()
 
 
-def read_topic(settings: Settings, name: str, timeout_s: float = 10) -> list[Any]:
-    """Every record of a Guard topic as it is now (reads until ``timeout_s`` of quiet)."""
+def read_topic(settings: Settings, *names: str, timeout_s: float = 60) -> list[Any]:
+    """Every record of Guard topics ``names`` up to their ends as of now (high watermarks)."""
     consumer = make_consumer(settings, f"chaos-{uuid.uuid4().hex[:8]}")
-    topic = settings.topic(name)
-    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-    records, quiet_until = [], time.monotonic() + timeout_s
-    while time.monotonic() < quiet_until:
+    ends: dict[tuple[str, int], int] = {}
+    for topic in map(settings.topic, names):
+        for p in consumer.list_topics(topic, timeout=10).topics[topic].partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if high > low:
+                ends[(topic, p)] = high
+    consumer.assign([TopicPartition(t, p, 0) for t, p in ends])
+    records, deadline = [], time.monotonic() + timeout_s
+    while ends and time.monotonic() < deadline:
         r = consumer.poll(0.5)
-        if r is not None and not r.error():
-            records.append(r)
-            quiet_until = time.monotonic() + 3
+        if r is None or r.error():
+            continue
+        records.append(r)
+        where = (r.topic(), r.partition())
+        if where in ends and r.offset() + 1 >= ends[where]:
+            del ends[where]
     consumer.close()
+    if ends:
+        raise TimeoutError(f"could not read {sorted(ends)} to their ends in {timeout_s:.0f} s")
     return records
 
 
@@ -337,7 +346,7 @@ class OwnBroker:
 
 
 def _topic_values(settings: Settings, names: Iterable[str]) -> list[bytes]:
-    return [r.value() for name in names for r in read_topic(settings, name, timeout_s=5)]
+    return [r.value() for r in read_topic(settings, *names)]
 
 
 def run_broker_stop(bootstrap: str, home: Path, args: argparse.Namespace) -> dict[str, Any]:

@@ -382,13 +382,13 @@ def _broker_stop(broker: OwnBroker, home: Path, args: argparse.Namespace) -> dic
     worker = Worker(s, f"chaos-{uuid.uuid4().hex[:6]}", home / "broker-stop-worker.log", 5)
     try:
         worker.wait(lambda p: "telemetry" in p, args.timeout)
-        _publish_paced(publisher, messages[:third], 3)
+        _publish_paced(publisher, messages[:third], args.phase_s)
         publisher.flush(30)
         worker.wait(lambda p: int(p.get("telemetry", 0)) >= third, args.timeout)
         halting = time.monotonic()
         broker.halt()
         stopped_at = time.monotonic()  # the broker's process is gone
-        _publish_paced(publisher, messages[third : 2 * third], max(0.0, args.outage - 3))
+        _publish_paced(publisher, messages[third : 2 * third], max(0.0, args.outage - 1))
         while time.monotonic() < stopped_at + args.outage:
             publisher.poll()
             time.sleep(0.1)
@@ -396,7 +396,7 @@ def _broker_stop(broker: OwnBroker, home: Path, args: argparse.Namespace) -> dic
         resuming = time.monotonic()
         broker.resume()
         up_at = time.monotonic()
-        _publish_paced(publisher, messages[2 * third :], 3)
+        _publish_paced(publisher, messages[2 * third :], args.phase_s)
         while publisher.state != "online" or len(publisher.spool):
             if time.monotonic() > up_at + args.timeout:
                 raise TimeoutError(f"the agent did not replay its spool: {publisher.stats}")
@@ -832,7 +832,8 @@ SHORT = {
     "hostile": 2000,
     "duration": 120.0,
     "checkpoint_s": 2.0,
-    "outage": 8.0,
+    "outage": 6.0,
+    "phase_s": 1.0,
     "store_outage": 10.0,
     "storm_nodes": 16,
     "storm_s": 5.0,
@@ -858,6 +859,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--duration", type=float, default=240)
     add("--checkpoint-s", type=float, default=5.0)
     add("--outage", type=float, default=30.0, help="broker_stop: broker away, s")
+    add("--phase-s", type=float, default=3.0, help="broker_stop: publishing before/after, s")
     add("--store-outage", type=float, default=60.0, help="store_down: s")
     add("--storm-nodes", type=int, default=64, help="flag_storm: cluster size")
     add("--storm-s", type=float, default=60.0, help="flag_storm: storm length")

@@ -95,7 +95,8 @@ PROPS
   set_java_opts
   local cp="$lib/*"
   local cluster_id
-  cluster_id="$(java -cp "$cp" "${java_opts[@]}" kafka.tools.StorageTool random-uuid)"
+  # what `StorageTool random-uuid` prints (16 random bytes, base64url), without a JVM start
+  cluster_id="$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')"
   java -cp "$cp" "${java_opts[@]}" kafka.tools.StorageTool format \
        -t "$cluster_id" -c "$dir/server.properties" \
        --add-scram "SCRAM-SHA-256=[name=$user,password=$password]" >"$dir/logs/format.log" 2>&1 \

@@ -11,9 +11,9 @@ States:
     had in flight; failures are appended to the spool in the order the producer reports
     them, then the held messages, so the spool keeps the original order. Then ``offline``.
 ``offline``
-    Messages are appended to the spool. Every ``probe_s`` the broker is asked for the
-    metadata of the topics; when it answers with all of them, a fresh producer is made and
-    the state is ``replaying``.
+    Messages are appended to the spool. Every ``probe_s`` the broker is asked (in the
+    background) for the metadata of the topics; when it answers with all of them, a fresh
+    producer is made and the state is ``replaying``.
 ``replaying``
     New messages are appended to the spool behind the backlog; the backlog is sent in order,
     in batches, and each batch is committed (cursor moved, segments deleted) only once it is
@@ -25,13 +25,14 @@ A record the broker can never take (larger than allowed, a topic we may not writ
 invalid record) is dropped, counted in ``stats["rejected"]`` and logged, rather than
 spooled: retrying it would block the backlog behind it forever.
 
-Nothing here blocks the caller for long: ``publish`` never waits for the broker, and
-``poll`` does at most one replay batch.
+Nothing here blocks the caller for long: ``publish`` never waits for the broker, broker
+probes run in a thread of their own, and ``poll`` does at most one replay batch.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -88,6 +89,7 @@ class Publisher:
         self.last_accepted_ms: int | None = None
         self._held: list[SpoolRecord] = []
         self._next_probe = 0.0
+        self._probe: _Probe | None = None
         self._producer: Any = None
         self.state = "offline" if len(self.spool) else "online"
         if self.state == "online":
@@ -129,12 +131,10 @@ class Publisher:
             self._producer = None
             self.state = "offline"
             self._next_probe = time.monotonic() + self.probe_s
-        if self.state == "offline" and time.monotonic() >= self._next_probe:
-            self._next_probe = time.monotonic() + self.probe_s
-            if self._broker_ready():
-                log.info("broker is back; replaying %d spooled records", len(self.spool))
-                self._producer = self._factory()
-                self.state = "replaying"
+        if self.state == "offline" and self._probed_ready():
+            log.info("broker is back; replaying %d spooled records", len(self.spool))
+            self._producer = self._factory()
+            self.state = "replaying"
         if self.state == "replaying":
             self._replay_one_batch()
 
@@ -263,6 +263,20 @@ class Publisher:
         self.spool.append(record)
         self.stats["spooled"] += 1
 
+    def _probed_ready(self) -> bool:
+        """True once a probe found the broker ready. Probes run in a thread of their own,
+        one at a time, every ``probe_s``: a probe of a broker that is away waits for its
+        timeout, and the agent's collection loop must not wait with it."""
+        probe = self._probe
+        if probe is not None and not probe.is_alive():
+            self._probe = None
+            if probe.ready:
+                return True
+        if self._probe is None and time.monotonic() >= self._next_probe:
+            self._next_probe = time.monotonic() + self.probe_s
+            self._probe = _Probe(self._broker_ready)
+        return False
+
     def _broker_ready(self) -> bool:
         from confluent_kafka.admin import AdminClient
 
@@ -336,6 +350,18 @@ class Publisher:
             # Caught up: from here on publish directly (new records no longer queue behind).
             self.state = "online"
             log.info("spool replayed; publishing directly again")
+
+
+class _Probe(threading.Thread):
+    """One broker probe in the background; ``ready`` is its answer once it has ended."""
+
+    def __init__(self, check: Callable[[], bool]) -> None:
+        super().__init__(name="guard-broker-probe", daemon=True)
+        self.check, self.ready = check, False
+        self.start()
+
+    def run(self) -> None:
+        self.ready = self.check()
 
 
 def _permanent(err: Any) -> bool:

@@ -92,6 +92,13 @@ class NativeWorker:
                 "fetch.max.bytes": 64 << 20,
                 "max.partition.fetch.bytes": 16 << 20,
                 "queued.max.messages.kbytes": 32768,  # a short queue keeps findings prompt
+                # These prefetch bounds are per partition (15 here): under a large backlog
+                # they are most of the worker's memory (~700 MB at a 1M-message backlog,
+                # benchmarks/chaos.py hostile). Tighter ones (8 MB fetches, 1 MB a partition,
+                # 8 MB / 5000 queued) cut the 1M peak to ~490 MB but change the order the
+                # topics interleave in, and the job detectors then also claim node-002 a
+                # straggler (not in the backtest): not bounded until that order-dependence
+                # is understood.
                 **(metrics.kafka_conf() if metrics else {}),  # consumer lag
             },
         )

@@ -227,11 +227,13 @@ class KeyedState:
 
     @staticmethod
     def totals(states: Iterable[KeyedState]) -> dict[str, int]:
-        """Keys resumed from checkpoints, and checkpoints refused, over ``states``."""
+        """Keys resumed from checkpoints, checkpoints refused, and keys held now (each
+        key's detectors in memory; :meth:`expire` bounds it), over ``states``."""
         states = list(states)
         return {
             "restored": sum(s.restored for s in states),
             "refused": sum(s.refused for s in states),
+            "keys": sum(len(s.live) for s in states),
         }
 
     def expire(self, idle_s: float) -> list[str]:

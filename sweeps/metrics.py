@@ -81,8 +81,13 @@ def observe_orchestrator(metrics: Metrics, orchestrator: Any) -> None:
     )
     m.counter(
         "guard_cordons_deferred_total",
-        "cordons put off by the cap",
+        "cordons put off by the cap (each waiting node, each tick)",
         lambda: core.stats.get("cordons_deferred", 0),
+    )
+    m.gauge(
+        "guard_cordons_held_back",
+        "qualified suspects the cordon cap holds back now",
+        lambda: len(core.held_back),
     )
     m.counter(
         "guard_dead_letters_total",

@@ -180,6 +180,8 @@ class Orchestrator:
             )
         )
         self.stats: collections.Counter[str] = collections.Counter()
+        #: qualified suspects the cordon cap holds back now (as of the last tick)
+        self.held_back: list[str] = []
         self._warned_time_base = False
         if executor is None:
             log.warning("%s", NO_EXECUTOR_HINT)
@@ -486,6 +488,29 @@ class Orchestrator:
 
     def _cordon_qualified(self) -> None:
         waiting = [r for r in self.records.values() if r.state == "suspect" and r.qualified]
+        held: list[str] = []
+        try:
+            self._cordon_within_cap(waiting, held)
+        finally:
+            self._report_held_back(held)
+
+    def _report_held_back(self, held: list[str]) -> None:
+        """Say when the cap starts and stops holding qualified suspects back (the gauge
+        ``guard_cordons_held_back`` and each node's reason say how many and which)."""
+        if held and not self.held_back:
+            log.warning(
+                "cordon cap of %d of %d nodes reached: holding back %d qualified suspect(s) "
+                "(%s); they are cordoned as nodes come back to the pool",
+                self.policy.cordon_limit(self.cluster_size()),
+                self.cluster_size(),
+                len(held),
+                ", ".join(held[:10]) + (", ..." if len(held) > 10 else ""),
+            )
+        elif self.held_back and not held:
+            log.warning("cordon cap no longer holds any suspect back")
+        self.held_back = held
+
+    def _cordon_within_cap(self, waiting: list[NodeRecord], held: list[str]) -> None:
         if not waiting:
             return
         waiting.sort(key=lambda r: (not r.to_repair, -r.severity_rank, r.first_claim_ts or r.since))
@@ -497,6 +522,7 @@ class Orchestrator:
                 if note not in rec.reason:
                     self._transition(rec, "suspect", f"{rec.reason.split('; cap')[0]}; {note}")
                 self.stats["cordons_deferred"] += 1
+                held.append(rec.node)
                 continue
             evidence = rec.reason.split(": ", 1)[-1].split("; cap")[0]
             prefix = REASON_CORDONED_FOR_REPAIR if rec.to_repair else "cordoned for sweep"

@@ -5,13 +5,16 @@
 #   deploy/kafka/kafka.sh start    resolve jars (once), format storage, start, wait until it answers;
 #                                  prints the bootstrap address (also in $GUARD_CI_KAFKA_DIR/bootstrap)
 #   deploy/kafka/kafka.sh stop     stop it (SIGTERM, then SIGKILL after 30 s) and delete its data
+#   deploy/kafka/kafka.sh halt     stop it the same way but keep its data, ports and credentials
+#   deploy/kafka/kafka.sh resume   start the halted broker again: same data, ports, cluster id
 #   deploy/kafka/kafka.sh status   running or not, and where
 #   deploy/kafka/kafka.sh sasl-env print the GUARD_KAFKA_* settings of its SASL listener (eval them)
 #
 # Besides the PLAINTEXT listener the broker has a SASL_PLAINTEXT listener with SCRAM-SHA-256
 # (the user is created at storage format time, KRaft's `--add-scram`) and PLAIN, on loopback.
 #
-# Environment: GUARD_CI_KAFKA_DIR (work folder, default deploy/kafka/.run), GUARD_CI_KAFKA_PORT
+# Environment: GUARD_CI_KAFKA_DIR (work folder, default deploy/kafka/.run), GUARD_CI_KAFKA_LIB
+# (where the jars go, default $GUARD_CI_KAFKA_DIR/lib: share it between brokers), GUARD_CI_KAFKA_PORT
 # (default: a free port), GUARD_CI_KAFKA_SASL_PORT (default: a free port),
 # GUARD_CI_KAFKA_SASL_USER / GUARD_CI_KAFKA_SASL_PASSWORD (default guard / a random one, kept in
 # the work folder), KAFKA_HEAP_OPTS (default -Xms256m -Xmx768m), GUARD_CI_KAFKA_START_TIMEOUT (s, 120).
@@ -19,7 +22,7 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 dir="${GUARD_CI_KAFKA_DIR:-$here/.run}"
-lib="$dir/lib"
+lib="${GUARD_CI_KAFKA_LIB:-$dir/lib}"
 pidfile="$dir/kafka.pid"
 
 log() { echo "kafka.sh: $*" >&2; }
@@ -38,6 +41,8 @@ resolve_jars() {
       -Dstyle.color=never -DoutputDirectory="$lib" -DincludeScope=runtime >&2
   touch "$lib/.complete"
 }
+
+started_count() { cat "$dir/logs/server.log" 2>/dev/null | grep -c "Kafka Server started" || true; }
 
 is_running() { [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
 
@@ -87,22 +92,34 @@ appender.file.layout.pattern = [%d] %p %m (%c)%n
 rootLogger.level = INFO
 rootLogger.appenderRef.file.ref = file
 PROPS
-  local java_opts=(${KAFKA_HEAP_OPTS:--Xms256m -Xmx768m} -XX:+UseG1GC -XX:MaxGCPauseMillis=20
-                   -Djava.awt.headless=true -Dlog4j2.configurationFile="$dir/log4j2.properties")
+  set_java_opts
   local cp="$lib/*"
   local cluster_id
-  cluster_id="$(java -cp "$cp" "${java_opts[@]}" kafka.tools.StorageTool random-uuid)"
+  # what `StorageTool random-uuid` prints (16 random bytes, base64url), without a JVM start
+  cluster_id="$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')"
   java -cp "$cp" "${java_opts[@]}" kafka.tools.StorageTool format \
        -t "$cluster_id" -c "$dir/server.properties" \
        --add-scram "SCRAM-SHA-256=[name=$user,password=$password]" >"$dir/logs/format.log" 2>&1 \
     || { log "storage format failed:"; cat "$dir/logs/format.log" >&2; exit 1; }
-  local t0=$SECONDS
+  echo "127.0.0.1:$port" >"$dir/bootstrap"
+  launch
+}
+
+set_java_opts() {
+  java_opts=(${KAFKA_HEAP_OPTS:--Xms256m -Xmx768m} -XX:+UseG1GC -XX:MaxGCPauseMillis=20
+             -Djava.awt.headless=true -Dlog4j2.configurationFile="$dir/log4j2.properties")
+}
+
+# Start the formatted broker in $dir and wait until it answers; print its bootstrap address.
+launch() {
+  set_java_opts
+  local cp="$lib/*" t0=$SECONDS
   nohup java -cp "$cp" "${java_opts[@]}" kafka.Kafka "$dir/server.properties" \
         >"$dir/logs/stdout.log" 2>&1 &
   echo $! >"$pidfile"
-  echo "127.0.0.1:$port" >"$dir/bootstrap"
   local deadline=$((SECONDS + ${GUARD_CI_KAFKA_START_TIMEOUT:-120}))
-  until grep -q "Kafka Server started" "$dir/logs/server.log" 2>/dev/null; do
+  local seen; seen="$(started_count)"  # server.log is appended to: wait for a new line
+  until (( $(started_count) > seen )); do
     if ! is_running; then
       log "broker exited during start-up; last lines of its logs:"
       tail -n 40 "$dir/logs/stdout.log" "$dir/logs/server.log" >&2 2>/dev/null || true
@@ -113,18 +130,27 @@ PROPS
     fi
     sleep 0.5
   done
-  log "Apache Kafka up at 127.0.0.1:$port (SASL_PLAINTEXT/SCRAM-SHA-256 at 127.0.0.1:$sport) after $((SECONDS - t0)) s (pid $(cat "$pidfile"))"
-  echo "127.0.0.1:$port"
+  log "Apache Kafka up at $(cat "$dir/bootstrap") (SASL: kafka.sh sasl-env) after $((SECONDS - t0)) s (pid $(cat "$pidfile"))"
+  cat "$dir/bootstrap"
 }
 
-stop() {
+halt() {
   if ! is_running; then log "not running"; rm -f "$pidfile"; return; fi
   local pid; pid="$(cat "$pidfile")"
   kill -TERM "$pid" 2>/dev/null || true
   for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
   if kill -0 "$pid" 2>/dev/null; then log "still alive after 30 s, killing"; kill -KILL "$pid" || true; fi
-  rm -f "$pidfile"; rm -rf "$dir/data"
-  log "stopped"
+  rm -f "$pidfile"
+  log "stopped (data kept in $dir/data)"
+}
+
+stop() { halt; rm -rf "$dir/data"; }
+
+resume() {
+  if is_running; then log "already running (pid $(cat "$pidfile"))"; cat "$dir/bootstrap"; return; fi
+  [[ -f "$dir/server.properties" && -d "$dir/data" && -f "$dir/bootstrap" ]] \
+    || { log "nothing to resume in $dir (halted with 'kafka.sh halt'?): use 'kafka.sh start'"; exit 1; }
+  launch
 }
 
 status() {
@@ -139,7 +165,9 @@ sasl_env() {
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
+  halt) halt ;;
+  resume) resume ;;
   status) status ;;
   sasl-env) sasl_env ;;
-  *) echo "usage: $0 start|stop|status|sasl-env" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|halt|resume|status|sasl-env" >&2; exit 2 ;;
 esac

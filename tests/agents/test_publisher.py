@@ -144,3 +144,22 @@ def test_a_record_the_broker_can_never_take_is_dropped_not_spooled(
     assert publisher.state == "online" and len(publisher.spool) == 0
     assert publisher.stats["rejected"] == 1 and publisher.stats["delivered"] == 2
     publisher.close()
+
+
+def test_probing_an_absent_broker_does_not_hold_up_the_agent(settings: Settings) -> None:
+    # A probe of a broker that is away waits out its timeout (1 s): the agent's 1 Hz
+    # collection loop calls poll() and must get it back while the probe is still waiting.
+    settings.kafka.bootstrap = f"127.0.0.1:{free_port()}"  # nobody listens
+    settings.agent.delivery_timeout_s = 1.0
+    publisher = Publisher(settings, probe_s=0.5)
+    publisher.publish(_sample(0))
+    _wait(publisher, lambda: publisher.state == "offline")
+    time.sleep(0.6)  # the next probe is due
+    publisher.poll()
+    probe = publisher._probe
+    assert probe is not None and probe.is_alive()  # poll() returned, the probe still waits
+    probe.join(10)
+    assert not probe.ready and publisher.state == "offline"
+    publisher.poll()  # the finished probe's answer is taken: still away
+    assert publisher.state == "offline" and len(publisher.spool) == 1
+    publisher.close()

@@ -151,6 +151,7 @@ def test_the_cap_limits_nodes_out_of_the_pool_and_never_two_sweeps_on_one_node()
             "node-004": "suspect",
         }
         assert "cap of 2 of 40 nodes" in h.orch.snapshot()["node-003"].reason
+        assert h.orch.held_back == ["node-003", "node-004"]  # what the cap holds back, said
         # More flags for a node being swept are evidence, not a second sweep.
         assert h.orch.handle_flag(flag("node-001", "again", T0)) == "evidence"
         h.orch.tick()
@@ -164,6 +165,7 @@ def test_the_cap_limits_nodes_out_of_the_pool_and_never_two_sweeps_on_one_node()
             ),
             tick=h.orch.tick,
         )
+        assert h.orch.held_back == []
         for node in ["node-001", "node-002", "node-003", "node-004"]:
             assert [(s.sweep, s.passed) for s in h.sweeps(node)] == [
                 ("single", True),

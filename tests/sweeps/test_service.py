@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,40 +11,23 @@ from confluent_kafka import TopicPartition
 
 from guard.cli import main
 from guard.config import Settings
-from guard.kafka import DLQ_ERROR_HEADER, make_consumer, make_producer, produce
+from guard.kafka import DLQ_ERROR_HEADER, make_consumer
 from guard.schemas import GuardMessage, NodeState, SweepResult
 from guard.sweeps.executors import SimulatedFault, SimulatedSweepExecutor
 from guard.sweeps.scheduler import DryRunScheduler
 from guard.sweeps.service import (
     KafkaOrchestrator,
     _read_to_end,
-    read_node_states,
     read_sweeps,
 )
 from tests.sweeps.helpers import NODES, SECRET, GatedExecutor, Receiver, flag, wait_until
+from tests.sweeps.live import kill_mid_sweep, send, states_on_topic
 
 pytestmark = pytest.mark.kafka
 
 
 def slow_gpu(node: str) -> SimulatedFault:
     return SimulatedFault(node, "slow_gpu", onset=time.time() - 3600, gpu=3, slowdown=0.2)
-
-
-def send(settings: Settings, *messages: GuardMessage, raw: bytes | None = None) -> None:
-    producer = make_producer(settings)
-    for message in messages:
-        produce(producer, settings, message)
-    if raw is not None:
-        producer.produce(settings.topic("remediation"), raw, b"node-x")
-    assert producer.flush(30) == 0
-
-
-def states_on_topic(settings: Settings) -> dict[str, str]:
-    return {
-        node: view.state.state
-        for node, view in read_node_states(settings).items()
-        if view.state is not None
-    }
 
 
 def start(settings: Settings, executor: object, events: list[GuardMessage]) -> KafkaOrchestrator:
@@ -206,78 +185,9 @@ def test_a_restarted_orchestrator_resumes_an_interrupted_sweep(kafka_settings: S
 def test_guard_orchestrator_killed_mid_sweep_resumes_from_the_topic(
     kafka_settings: Settings, tmp_path: Path
 ) -> None:
-    s = kafka_settings
-    now = time.time()
-    truth = {
-        "version": 1,
-        "seed": 5,
-        "start_ts": now - 3600,
-        "end_ts": now + 3600,
-        "nodes": NODES,
-        "gpus_per_node": 8,
-        "jobs": [],
-        "confounders": [],
-        "faults": [
-            {
-                "id": "f-0001",
-                "node": "node-020",
-                "gpu": None,
-                "device": "mlx5_3",
-                "kind": "degraded_nic",
-                "category": "nic",
-                "onset": now - 600,
-                "end": None,
-                "slowdown": 0.4,
-                "pattern": "steady",
-                "detail": {},
-            }
-        ],
-    }
-    truth_path = tmp_path / "truth.json"
-    truth_path.write_text(json.dumps(truth))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GUARD_")}
-    env.update(
-        GUARD_KAFKA_BOOTSTRAP=s.kafka.bootstrap,
-        GUARD_KAFKA_TOPIC_PREFIX=s.kafka.topic_prefix,
-        GUARD_HOME=str(tmp_path / "home"),
-    )
-
-    def orchestrator(delay: float) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "guard.cli",
-                "orchestrator",
-                "--truth",
-                str(truth_path),
-                "--sweep-delay",
-                str(delay),
-                "--log-level",
-                "warning",
-            ],
-            env=env,
-            cwd=tmp_path,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-
-    proc = orchestrator(delay=600)
-    try:
-        send(s, flag("node-020", "nic-20", now - 1, category="nic", gpu=None))
-        wait_until(lambda: states_on_topic(s).get("node-020") == "sweeping", timeout_s=90)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-
-    proc = orchestrator(delay=0)
-    try:
-        wait_until(lambda: states_on_topic(s).get("node-020") == "repair", timeout_s=90)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        output = proc.communicate(timeout=30)[0].decode()
-    assert proc.returncode == 0, output
-    history = read_node_states(s, keep_history=True)["node-020"].history
+    killed = kill_mid_sweep(kafka_settings, tmp_path)  # also a chaos scenario (benchmarks/)
+    assert killed.returncode == 0, killed.output
+    history = killed.history
     assert [h.state for h in history] == [
         "suspect",
         "cordoned",
@@ -288,4 +198,4 @@ def test_guard_orchestrator_killed_mid_sweep_resumes_from_the_topic(
     ]
     assert "restarted after an orchestrator restart" in history[3].reason
     assert "nic_symbol_errors" in history[4].reason
-    assert "node-020 sweeping -> failed" in output
+    assert "node-020 sweeping -> failed" in killed.output

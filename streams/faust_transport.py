@@ -101,7 +101,8 @@ class LeanConsumer(faust_aiokafka.Consumer):
     """aiokafka consumer whose drain loop hands records over eagerly (module docstring)."""
 
     async def _hand_over(self, message: Any) -> None:
-        rest = start_eagerly(self.callback(message))
+        handed = self.callback(message)
+        rest = start_eagerly(handed) if isinstance(handed, Coroutine) else handed
         if rest is not None:  # it waits: finish it under faust's guard
             await self.wait_first(rest, self.suspend_flow.wait())
 

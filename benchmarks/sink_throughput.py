@@ -21,15 +21,14 @@ import argparse
 import statistics
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import clickhouse_connect
-from _broker import bootstrap_or_embedded  # benchmarks/ is on sys.path when run
+from _broker import bootstrap_or_embedded, fresh_settings  # benchmarks/ is on sys.path when run
 
 from guard.agents.simulator import ClusterSimulator, SimConfig
-from guard.config import Settings, load_settings
+from guard.config import Settings
 from guard.kafka import create_topics, make_producer, produce
 from guard.schemas import GuardMessage, batch_messages
 from guard.store import insert_messages, migrate
@@ -105,14 +104,7 @@ def _rate(rate: tuple[float, float]) -> str:
 
 
 def _settings(home: Path, bootstrap: str, database: str) -> Settings:
-    settings = load_settings(
-        home=home,
-        kafka={
-            "bootstrap": bootstrap,
-            "topic_prefix": f"s{uuid.uuid4().hex[:6]}.",
-            "telemetry_partitions": 4,
-        },
-    )
+    settings = fresh_settings(home, bootstrap, "s", 4)
     settings.clickhouse.database = database
     return settings
 

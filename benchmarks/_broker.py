@@ -15,3 +15,20 @@ def bootstrap_or_embedded() -> tuple[str, Any]:
 
     broker = EmbeddedBroker().start()
     return broker.bootstrap, broker
+
+
+def fresh_settings(home: Any, bootstrap: str, prefix: str, partitions: int) -> Any:
+    """Settings on ``bootstrap`` with topics of their own (a random ``prefix``ed name: a
+    shared broker keeps the topics of earlier runs)."""
+    import uuid
+
+    from guard.config import load_settings
+
+    return load_settings(
+        home=home,
+        kafka={
+            "bootstrap": bootstrap,
+            "topic_prefix": f"{prefix}{uuid.uuid4().hex[:6]}.",
+            "telemetry_partitions": partitions,
+        },
+    )

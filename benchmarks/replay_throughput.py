@@ -16,13 +16,11 @@ import argparse
 import statistics
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
-from _broker import bootstrap_or_embedded  # benchmarks/ is on sys.path when run
+from _broker import bootstrap_or_embedded, fresh_settings  # benchmarks/ is on sys.path when run
 
 from guard.agents.simulator import SimConfig, write_jsonl
-from guard.config import load_settings
 from guard.kafka import create_topics
 from guard.streams.replay import JsonlSource, Replayer, retime_shift, retimed
 
@@ -49,14 +47,7 @@ def main() -> None:
             n = sum(1 for m in source.messages() if retimed(m, shift))  # type: ignore[arg-type]
             parse_rates.append(n / (time.perf_counter() - started))
 
-            settings = load_settings(
-                home=home,
-                kafka={
-                    "bootstrap": bootstrap,
-                    "topic_prefix": f"r{uuid.uuid4().hex[:6]}.",
-                    "telemetry_partitions": 12,
-                },
-            )
+            settings = fresh_settings(home, bootstrap, "r", 12)
             create_topics(settings)
             stats = Replayer(settings).run(JsonlSource([recording]), speed=0, retime="now")
             assert stats.messages == total and stats.failed == 0, stats.as_dict()

@@ -3,9 +3,16 @@
 Pre-loads the topics with simulator output, then times (a) the baseline: the same messages
 inserted straight from memory with ``guard.store.insert_messages`` in batches of the sink's
 size, and (b) the sink consuming them from Kafka (time from its first stored batch to the
-last, so the group join is not counted). Medians of several runs.
+last, so the group join is not counted). Medians of several runs. Each rate is also given
+per CPU-second of this process (all its threads: librdkafka's, chDB's): on a shared machine
+that is steadier than the wall clock, and it says what one core would do.
 
     .venv/bin/python benchmarks/sink_throughput.py [--nodes 8] [--duration 300] [--runs 3]
+        [--records single,batched]
+
+With ``--records batched`` the topics carry batch records (one per node per interval, per
+node per step: :mod:`guard.schemas.batches`); rows/s counts rows stored (one per sample),
+the same rows as from single records.
 """
 
 from __future__ import annotations
@@ -14,15 +21,16 @@ import argparse
 import statistics
 import tempfile
 import time
-import uuid
 from pathlib import Path
+from typing import Any
 
 import clickhouse_connect
-from _broker import bootstrap_or_embedded  # benchmarks/ is on sys.path when run
+from _broker import bootstrap_or_embedded, fresh_settings  # benchmarks/ is on sys.path when run
 
 from guard.agents.simulator import ClusterSimulator, SimConfig
-from guard.config import load_settings
+from guard.config import Settings
 from guard.kafka import create_topics, make_producer, produce
+from guard.schemas import GuardMessage, batch_messages
 from guard.store import insert_messages, migrate
 from guard.streams.sink import ClickHouseSink
 
@@ -32,69 +40,98 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--duration", type=float, default=300)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--records", default="single", help="single and/or batched")
     args = parser.parse_args()
     bootstrap, broker = bootstrap_or_embedded()
     home = Path(tempfile.mkdtemp(prefix="guard-sink-bench-"))
     client = clickhouse_connect.get_client(dsn=f"chdb://{home / 'chdb'}")
-    messages = list(
-        ClusterSimulator(
-            SimConfig(
-                nodes=args.nodes, duration_s=args.duration, start_ts=float(int(time.time())), seed=5
-            )
-        ).messages()
+    sim = ClusterSimulator(
+        SimConfig(
+            nodes=args.nodes, duration_s=args.duration, start_ts=float(int(time.time())), seed=5
+        )
     )
-    direct, via_sink = [], []
+    ticks = list(sim.batches())
+    messages = [m for tick in ticks for m in tick]
+    records = {
+        "single": messages,
+        "batched": [m for tick in ticks for m in batch_messages(tick)],
+    }
+    direct: list[tuple[float, float]] = []
+    via_sink: dict[str, list[tuple[float, float]]] = {}
     try:
         for run in range(args.runs):
-            settings = load_settings(
-                home=home,
-                kafka={
-                    "bootstrap": bootstrap,
-                    "topic_prefix": f"s{uuid.uuid4().hex[:6]}.",
-                    "telemetry_partitions": 4,
-                },
-            )
-            settings.clickhouse.database = f"bench_direct_{run}"
+            settings = _settings(home, bootstrap, f"bench_direct_{run}")
             migrate(client, settings)
             batch = settings.clickhouse.batch_rows
-            t0 = time.perf_counter()
-            for i in range(0, len(messages), batch):
+            insert_messages(client, settings, messages[:1])  # the client's lazy imports
+            t0, cpu0 = time.perf_counter(), time.process_time()
+            for i in range(1, len(messages), batch):
                 insert_messages(client, settings, messages[i : i + batch])
-            direct.append(len(messages) / (time.perf_counter() - t0))
-
-            settings.clickhouse.database = f"bench_sink_{run}"
-            migrate(client, settings)
-            create_topics(settings)
-            producer = make_producer(settings)
-            for m in messages:
-                produce(producer, settings, m)
-            producer.flush(120)
-            sink = ClickHouseSink(settings, client, group_id=f"bench-{run}")
-            first = None
-            deadline = time.monotonic() + 600
-            while sink.stats.stored < len(messages) and time.monotonic() < deadline:
-                stepped_at = time.perf_counter()
-                sink.step(0.2)
-                if first is None and sink.stats.consumed:
-                    first = stepped_at  # the step that consumed first counts (small inputs)
-            sink.drain(30)
-            assert first is not None and sink.stats.stored == len(messages)
-            via_sink.append(len(messages) / (time.perf_counter() - first))
-            sink.close()
+            n = len(messages) - 1
+            direct.append((n / (time.perf_counter() - t0), n / (time.process_time() - cpu0)))
+            for kind in args.records.split(","):
+                rate = _via_sink(
+                    client,
+                    _settings(home, bootstrap, f"bench_sink_{run}_{kind}"),
+                    records[kind],
+                    len(messages),
+                    f"bench-{run}-{kind}",
+                )
+                via_sink.setdefault(kind, []).append(rate)
+                print(
+                    f"run {run + 1}: {len(messages):,} rows ({len(records[kind]):,} {kind} "
+                    f"records): direct {_rate(direct[-1])}, sink from Kafka {_rate(rate)}",
+                    flush=True,
+                )
+        for kind, rates in via_sink.items():
+            d, r = _median(direct), _median(rates)
             print(
-                f"run {run + 1}: {len(messages):,} rows: direct {direct[-1]:,.0f} rows/s, "
-                f"sink from Kafka {via_sink[-1]:,.0f} rows/s",
-                flush=True,
+                f"median, {kind} records: direct insert {_rate(d)}, sink {_rate(r)} "
+                f"({r[0] / d[0]:.2f}x of direct; runs: {', '.join(_rate(x) for x in rates)})"
             )
-        print(
-            f"median: direct insert {statistics.median(direct):,.0f} rows/s, sink "
-            f"{statistics.median(via_sink):,.0f} rows/s "
-            f"({statistics.median(via_sink) / statistics.median(direct):.2f}x of direct)"
-        )
     finally:
         client.close()
         if broker is not None:
             broker.stop()
+
+
+def _median(rates: list[tuple[float, float]]) -> tuple[float, float]:
+    return statistics.median(r for r, _ in rates), statistics.median(c for _, c in rates)
+
+
+def _rate(rate: tuple[float, float]) -> str:
+    return f"{rate[0]:,.0f} rows/s ({rate[1]:,.0f} per CPU-s)"
+
+
+def _settings(home: Path, bootstrap: str, database: str) -> Settings:
+    settings = fresh_settings(home, bootstrap, "s", 4)
+    settings.clickhouse.database = database
+    return settings
+
+
+def _via_sink(
+    client: Any, settings: Settings, records: list[GuardMessage], rows: int, group: str
+) -> tuple[float, float]:
+    """Rows/s of one sink consuming ``records`` from Kafka (first stored batch to the last)."""
+    migrate(client, settings)
+    create_topics(settings)
+    producer = make_producer(settings)
+    for m in records:
+        produce(producer, settings, m)
+    producer.flush(120)
+    sink = ClickHouseSink(settings, client, group_id=group)
+    first = cpu = None
+    deadline = time.monotonic() + 600
+    while sink.stats.stored < rows and time.monotonic() < deadline:
+        stepped_at, cpu_at = time.perf_counter(), time.process_time()
+        sink.step(0.2)
+        if first is None and sink.stats.consumed:
+            first, cpu = stepped_at, cpu_at  # the step that consumed first counts
+    sink.drain(30)
+    assert first is not None and cpu is not None and sink.stats.stored == rows
+    rate = rows / (time.perf_counter() - first), rows / (time.process_time() - cpu)
+    sink.close()
+    return rate
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ runs; the median is reported. Uses $GUARD_KAFKA_BOOTSTRAP, else an embedded Tans
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
 import subprocess
 import sys
@@ -86,7 +87,20 @@ def bare_loop(settings: Settings, total: int) -> float:
         consumer.close()
 
 
-def run_workers(settings: Settings, workers: int, total: int, home: Path, engine: str) -> float:
+def worker_command(engine: str, index: int, profile: Path | None) -> list[str]:
+    """``guard streams``, under ``py-spy record`` (collapsed stacks) when profiling."""
+    command = [sys.executable, "-m", "guard.cli", "streams"]
+    if profile is None:
+        return command
+    profile.mkdir(parents=True, exist_ok=True)
+    out = profile / f"{engine}-{uuid.uuid4().hex[:6]}-{index}.txt"
+    spy = str(Path(sys.executable).with_name("py-spy"))
+    return [spy, "record", "--rate", "50", "--format", "raw", "--output", str(out), "--", *command]
+
+
+def run_workers(
+    settings: Settings, workers: int, total: int, home: Path, engine: str, profile: Path | None
+) -> float:
     """Messages/s from the workers' own progress lines (every 0.5 s), summed over workers.
 
     The clock starts at the first line that shows work and stops at the first line where the
@@ -117,7 +131,7 @@ def run_workers(settings: Settings, workers: int, total: int, home: Path, engine
     procs = []
     for index in range(workers):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "guard.cli", "streams"],
+            worker_command(engine, index, profile),
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -144,8 +158,8 @@ def run_workers(settings: Settings, workers: int, total: int, home: Path, engine
             time.sleep(0.25)
         raise TimeoutError(f"workers did not finish within 900 s; logs: {home}/{app_id}-*.log")
     finally:
-        for p in procs:
-            p.terminate()
+        for p in procs:  # py-spy writes its profile on SIGINT and stops the worker
+            p.send_signal(signal.SIGINT if profile else signal.SIGTERM)
         for p in procs:
             p.wait(30)
 
@@ -177,7 +191,7 @@ def one_run(
             if engine == "bare":
                 rate = bare_loop(settings, total)
             else:
-                rate = run_workers(settings, workers, total, home, engine)
+                rate = run_workers(settings, workers, total, home, engine, args.py_spy)
             results.setdefault((records, engine, workers), []).append((rate, rate * per_record))
             print(
                 f"run {run + 1}: {records} records, {engine}, {workers} worker(s), {total:,} "
@@ -217,6 +231,13 @@ def main() -> None:
         "--faust-workers",
         default="1",
         help="worker counts for the faust baseline (each faust run takes minutes)",
+    )
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="profile each worker with py-spy: collapsed stacks into DIR (benchmarks/_pyspy.py)",
     )
     args = parser.parse_args()
     bootstrap, broker = bootstrap_or_embedded()

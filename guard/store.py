@@ -17,7 +17,7 @@ import clickhouse_connect
 from guard.config import Settings
 from guard.errors import GuardError
 from guard.schemas import GuardMessage
-from guard.schemas.tables import TABLES, ddl_statements, rows_by_table
+from guard.schemas.tables import TABLES, columns_by_table, ddl_statements
 
 __all__ = ["StoreUnavailable", "connect", "insert_messages", "migrate"]
 
@@ -68,7 +68,7 @@ def insert_messages(
     """
     written: dict[str, int] = {}
     database = settings.clickhouse.database
-    for table, rows in rows_by_table(messages).items():
+    for table, (rows, columns) in columns_by_table(messages).items():
         table_name = table.name
         settings_arg: dict[str, Any] = {}
         if dedup_token is not None:
@@ -78,13 +78,15 @@ def insert_messages(
                 "insert_deduplication_token": token.hexdigest(),
                 "deduplicate_blocks_in_dependent_materialized_views": 1,
             }
-        client.insert(
+        client.insert(  # columns, not rows: no tuple per row and no pivot in the client
             f"`{database}`.`{table_name}`",
-            rows,
+            columns,
             column_names=table.column_names,
+            column_type_names=table.column_type_names,  # ours: no DESCRIBE per insert
+            column_oriented=True,
             settings=settings_arg,
         )
-        written[table_name] = len(rows)
+        written[table_name] = rows
     return written
 
 

@@ -20,7 +20,15 @@ from .messages import (
     GuardMessage,
 )
 
-__all__ = ["TABLES", "TABLE_BY_KIND", "Column", "Table", "ddl_statements", "rows_by_table"]
+__all__ = [
+    "TABLES",
+    "TABLE_BY_KIND",
+    "Column",
+    "Table",
+    "columns_by_table",
+    "ddl_statements",
+    "rows_by_table",
+]
 
 TS = "DateTime64(6, 'UTC') CODEC(DoubleDelta, ZSTD(1))"
 F32 = "Nullable(Float32) CODEC(ZSTD(1))"
@@ -78,6 +86,23 @@ class Table:
     @property
     def column_names(self) -> list[str]:
         return [c.name for c in self.columns]
+
+    @property
+    def column_type_names(self) -> list[str]:
+        """The columns' ClickHouse types without their codecs (what an insert needs)."""
+        return [c.type.split(" CODEC(")[0] for c in self.columns]
+
+    def column_data(self, messages: list[GuardMessage]) -> list[list[Any]]:
+        """``messages`` as columns in the table's column order: the same values as their
+        :attr:`row` s, pivoted. Each column is one ``map`` of C getters (and the column's
+        conversion), with no tuple per row and no pivot afterwards: the sink's inserts."""
+        out = []
+        for column in self.columns:
+            values = list(map(operator.attrgetter(column.name), messages))
+            if column.convert is not None:
+                values = list(map(column.convert, values))
+            out.append(values)
+        return out
 
     def ddl(self, database: str, ttl_days: int) -> str:
         cols = ",\n  ".join(f"`{c.name}` {c.type}" for c in self.columns)
@@ -347,6 +372,18 @@ def ddl_statements(database: str, ttl_days: int = 30, rollup_ttl_days: int = 365
         GPU_1M_DDL.format(db=database, ttl=rollup_ttl),
         GPU_1M_MV_DDL.format(db=database),
     ]
+
+
+def columns_by_table(messages: Iterable[GuardMessage]) -> dict[Table, tuple[int, list[list[Any]]]]:
+    """Group messages per table: (rows, the columns in the table's column order)."""
+    grouped: dict[str, list[GuardMessage]] = {}
+    for message in messages:
+        grouped.setdefault(message.kind, []).append(message)
+    out: dict[Table, tuple[int, list[list[Any]]]] = {}
+    for kind, group in grouped.items():
+        table = TABLE_BY_KIND[kind]
+        out[table] = (len(group), table.column_data(group))
+    return out
 
 
 def rows_by_table(messages: Iterable[GuardMessage]) -> dict[Table, list[tuple[Any, ...]]]:

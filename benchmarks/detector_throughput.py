@@ -17,6 +17,15 @@ Usage::
 
     .venv/bin/python benchmarks/detector_throughput.py [--nodes 32] [--duration 300] [--runs 5]
     .venv/bin/python benchmarks/detector_throughput.py --profile   # top functions by own time
+    .venv/bin/python benchmarks/detector_throughput.py --against OTHER/.venv/bin/python
+
+``--against PYTHON`` compares two codes on the **same input**: it writes the simulator's
+messages (of this code) to a JSONL file once, then alternates child runs of this script
+(``--child``) under this interpreter and under ``PYTHON`` (another checkout's virtualenv,
+e.g. an older commit's detectors), ``--runs`` of each, interleaved so that both see the same
+machine load; each child parses the file with its own schemas (not timed), then times its
+detectors (CPU time) and its ``guard backtest`` end to end. It prints both medians and their
+ratio: on a shared machine only such a same-run ratio means anything.
 """
 
 from __future__ import annotations
@@ -24,9 +33,11 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import json
 import pickle
 import pstats
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -49,6 +60,52 @@ def detectors_only(messages: list, runs: int) -> list[float]:
         engine.flush()
         rates.append(len(messages) / (time.process_time() - started))
     return rates
+
+
+def child(path: Path) -> dict[str, float]:
+    """One run of each measurement over the JSONL at ``path`` (``--child``), as numbers."""
+    messages = [parse_message(line) for line in path.read_bytes().splitlines() if line]
+    [rate] = detectors_only(messages, 1)
+    stats = BacktestStats()
+    started = time.process_time()
+    with tempfile.TemporaryFile() as out:
+        run_backtest(read_messages([path], stats), out, make_detector("guard"), stats)
+    return {
+        "detectors": rate,
+        "backtest": stats.messages / (time.process_time() - started),
+        "flags": stats.flags,
+        "claims": stats.claims,
+    }
+
+
+def against(other: str, messages: list, runs: int) -> None:
+    """Interleaved child runs of this code and ``other``'s over the same input; medians, ratio."""
+    script = str(Path(__file__).resolve())
+    results: dict[str, list[dict[str, float]]] = {"this": [], "other": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "telemetry.jsonl"
+        path.write_bytes(b"".join(encode(m) + b"\n" for m in messages))
+        for i in range(runs):
+            order = [("this", sys.executable), ("other", other)]
+            for name, python in order if i % 2 == 0 else order[::-1]:
+                done = subprocess.run(
+                    [python, script, "--child", str(path)],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
+                results[name].append(json.loads(done.stdout.splitlines()[-1]))
+    for what in ("detectors", "backtest"):
+        this = statistics.median(r[what] for r in results["this"])
+        then = statistics.median(r[what] for r in results["other"])
+        print(
+            f"{what + ':':<11} this {this:>9,.0f} msg/s, other {then:>9,.0f} msg/s, "
+            f"ratio {this / then:.2f} (runs: this "
+            f"{', '.join(f'{r[what]:,.0f}' for r in results['this'])}; other "
+            f"{', '.join(f'{r[what]:,.0f}' for r in results['other'])})"
+        )
+    for name, rows in results.items():
+        print(f"{name}: {rows[0]['flags']:.0f} flags, {rows[0]['claims']:.0f} claims")
 
 
 def state_per_gpu(nodes: int, duration: float, seed: int) -> dict[str, float]:
@@ -79,17 +136,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--state-sizes", default="16,64,256", help="cluster sizes for state")
     parser.add_argument("--profile", action="store_true")
-    args = parser.parse_args(argv)
-
-    messages = list(
-        ClusterSimulator(
-            SimConfig(nodes=args.nodes, duration_s=args.duration, seed=args.seed)
-        ).messages()
+    parser.add_argument("--against", metavar="PYTHON", help="compare with another checkout")
+    parser.add_argument(
+        "--input", type=Path, help="a JSONL telemetry file instead of the simulator's output"
     )
+    parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child)))
+        return 0
+
+    if args.input:
+        messages = list(read_messages([args.input]))
+        source = str(args.input)
+    else:
+        messages = list(
+            ClusterSimulator(
+                SimConfig(nodes=args.nodes, duration_s=args.duration, seed=args.seed)
+            ).messages()
+        )
+        source = f"{args.nodes} nodes x {args.duration:.0f} s"
     kinds: dict[str, int] = {}
     for m in messages:
         kinds[m.kind] = kinds.get(m.kind, 0) + 1
-    print(f"input: {args.nodes} nodes x {args.duration:.0f} s, {len(messages):,} messages {kinds}")
+    print(f"input: {source}, {len(messages):,} messages {kinds}")
+    if args.against:
+        against(args.against, messages, args.runs)
+        return 0
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()

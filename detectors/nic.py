@@ -47,6 +47,7 @@ Example
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from operator import itemgetter, sub
 from typing import Any
 
@@ -77,38 +78,55 @@ _GROUP = (
 )
 
 
-_NAMES = tuple(name for name, _ in _GROUP)
-_GET_ALL = itemgetter(*_NAMES)
+class _Watch:
+    """The watched counters present in one key set of a port's samples, ready to read.
+
+    Agents report the counters their NIC has (many leave some of the watched ones out), and
+    a port keeps its key set from sample to sample: reading the present counters in one
+    C-level call beats a lookup per watched name.
+    """
+
+    __slots__ = ("bounds", "keys", "names", "read")
+
+    def __init__(self, counters: dict[str, int]) -> None:
+        present = [(name, group) for name, group in _GROUP if name in counters]
+        self.keys = frozenset(counters)
+        self.names = tuple(name for name, _ in present)
+        # itemgetter of two or more names returns a tuple; of one, the value itself
+        self.read = itemgetter(*self.names) if len(self.names) > 1 else self._read
+        groups = [group for _, group in present]  # in group order, as _GROUP is
+        self.bounds = [(bisect_left(groups, g), bisect_right(groups, g)) for g in range(5)]
+
+    def _read(self, counters: dict[str, int]) -> tuple[int, ...]:
+        return tuple(counters[name] for name in self.names)
 
 
-def _increases(now: dict[str, int], before: dict[str, int]) -> list[int]:
-    """Increases of the watched counters, summed per group (resets add 0)."""
-    try:  # fast path: every watched counter present (one C-level lookup of all of them)
-        diffs = list(map(sub, _GET_ALL(now), _GET_ALL(before)))
-    except KeyError:
-        sums = [0, 0, 0, 0, 0]
-        for name, group in _GROUP:
-            value = now.get(name)
-            if value is not None:
-                old = before.get(name)
-                if old is not None and value > old:
-                    sums[group] += value - old
-        return sums
-    if min(diffs) < 0:
+def _increases_slow(now: dict[str, int], before: dict[str, int]) -> list[int]:
+    sums = [0, 0, 0, 0, 0]
+    for name, group in _GROUP:
+        value = now.get(name)
+        if value is not None:
+            old = before.get(name)
+            if old is not None and value > old:
+                sums[group] += value - old
+    return sums
+
+
+def _increases(
+    now: dict[str, int], before: dict[str, int], watch: _Watch | None = None
+) -> list[int]:
+    """Increases of the watched counters, summed per group (resets add 0). ``watch``: the
+    reader of ``before``'s key set, when ``now`` has the same keys (else the general path)."""
+    if watch is None:
+        return _increases_slow(now, before)
+    diffs = list(map(sub, watch.read(now), watch.read(before)))
+    if diffs and min(diffs) < 0:
         diffs = [d if d > 0 else 0 for d in diffs]
-    p, r = len(PHYSICAL_ERRORS), len(RETRANSMITS)
-    c = len(CONGESTION_COUNTERS)
-    return [
-        sum(diffs[:p]),
-        sum(diffs[p : p + r]),
-        sum(diffs[p + r : p + r + c]),
-        diffs[-2],
-        diffs[-1],
-    ]
+    return [sum(diffs[a:b]) for a, b in watch.bounds]
 
 
 class _PortState:
-    __slots__ = ("congested", "counters", "degraded", "down", "speed", "ts")
+    __slots__ = ("congested", "counters", "degraded", "down", "speed", "ts", "watch")
 
     def __init__(self, hold_args: tuple[int, int, int]) -> None:
         self.counters: dict[str, int] = {}
@@ -117,6 +135,15 @@ class _PortState:
         self.down = Hold(*hold_args)
         self.congested = False
         self.speed: float | None = None
+        self.watch: _Watch | None = None  # reader of ``counters``' key set (not pickled)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__ if name != "watch"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+        self.watch = None
 
 
 class NicDetector:
@@ -164,7 +191,11 @@ class NicDetector:
         if prev_ts is None:
             return []
         dt = s.ts - prev_ts
-        phys_n, retrans_n, marks, flaps, wait = _increases(counters, prev)
+        watch = st.watch
+        if watch is None or counters.keys() != watch.keys:
+            same = counters.keys() == prev.keys()
+            watch = st.watch = _Watch(counters) if same else None
+        phys_n, retrans_n, marks, flaps, wait = _increases(counters, prev, watch)
         found = self._link(s, st, flaps, dt)
         degraded = self._degraded(s, st, phys_n / dt, retrans_n / dt)
         if degraded is not None:

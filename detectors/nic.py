@@ -86,7 +86,7 @@ class _Watch:
     C-level call beats a lookup per watched name.
     """
 
-    __slots__ = ("bounds", "keys", "names", "read")
+    __slots__ = ("keys", "names", "read", "slices")
 
     def __init__(self, counters: dict[str, int]) -> None:
         present = [(name, group) for name, group in _GROUP if name in counters]
@@ -95,7 +95,9 @@ class _Watch:
         # itemgetter of two or more names returns a tuple; of one, the value itself
         self.read = itemgetter(*self.names) if len(self.names) > 1 else self._read
         groups = [group for _, group in present]  # in group order, as _GROUP is
-        self.bounds = [(bisect_left(groups, g), bisect_right(groups, g)) for g in range(5)]
+        self.slices = tuple(
+            slice(bisect_left(groups, g), bisect_right(groups, g)) for g in range(5)
+        )
 
     def _read(self, counters: dict[str, int]) -> tuple[int, ...]:
         return tuple(counters[name] for name in self.names)
@@ -122,7 +124,8 @@ def _increases(
     diffs = list(map(sub, watch.read(now), watch.read(before)))
     if diffs and min(diffs) < 0:
         diffs = [d if d > 0 else 0 for d in diffs]
-    return [sum(diffs[a:b]) for a, b in watch.bounds]
+    s0, s1, s2, s3, s4 = watch.slices
+    return [sum(diffs[s0]), sum(diffs[s1]), sum(diffs[s2]), sum(diffs[s3]), sum(diffs[s4])]
 
 
 class _PortState:
@@ -196,7 +199,11 @@ class NicDetector:
             same = counters.keys() == prev.keys()
             watch = st.watch = _Watch(counters) if same else None
         phys_n, retrans_n, marks, flaps, wait = _increases(counters, prev, watch)
-        found = self._link(s, st, flaps, dt)
+        down = st.down  # the common case, a port up without flaps or history, costs no call
+        if flaps or s.link_up is False or down.bits or down.active:
+            found = self._link(s, st, flaps, dt)
+        else:
+            found = []
         degraded = self._degraded(s, st, phys_n / dt, retrans_n / dt)
         if degraded is not None:
             found.append(degraded)

@@ -25,7 +25,8 @@ messages (of this code) to a JSONL file once, then alternates child runs of this
 e.g. an older commit's detectors), ``--runs`` of each, interleaved so that both see the same
 machine load; each child parses the file with its own schemas (not timed), then times its
 detectors (CPU time) and its ``guard backtest`` end to end. It prints both medians and their
-ratio: on a shared machine only such a same-run ratio means anything.
+ratio, and both bests (noise only ever slows a run down) and theirs: on a shared machine
+only such a same-run ratio means anything.
 """
 
 from __future__ import annotations
@@ -62,26 +63,28 @@ def detectors_only(messages: list, runs: int) -> list[float]:
     return rates
 
 
-def child(path: Path) -> dict[str, float]:
-    """One run of each measurement over the JSONL at ``path`` (``--child``), as numbers."""
+def child(path: Path, repeat: int) -> dict[str, list[float]]:
+    """``repeat`` runs of each measurement over the JSONL at ``path`` (``--child``)."""
     messages = [parse_message(line) for line in path.read_bytes().splitlines() if line]
-    [rate] = detectors_only(messages, 1)
-    stats = BacktestStats()
-    started = time.process_time()
-    with tempfile.TemporaryFile() as out:
-        run_backtest(read_messages([path], stats), out, make_detector("guard"), stats)
-    return {
-        "detectors": rate,
-        "backtest": stats.messages / (time.process_time() - started),
-        "flags": stats.flags,
-        "claims": stats.claims,
-    }
+    rates = detectors_only(messages, repeat)
+    e2e = []
+    for _ in range(repeat):
+        stats = BacktestStats()
+        started = time.process_time()
+        with tempfile.TemporaryFile() as out:
+            run_backtest(read_messages([path], stats), out, make_detector("guard"), stats)
+        e2e.append(stats.messages / (time.process_time() - started))
+    return {"detectors": rates, "backtest": e2e, "flags": [stats.flags], "claims": [stats.claims]}
 
 
 def against(other: str, messages: list, runs: int) -> None:
-    """Interleaved child runs of this code and ``other``'s over the same input; medians, ratio."""
+    """Interleaved child runs of this code and ``other``'s over the same input: medians and
+    bests (noise on a shared machine only ever slows a run down), and their ratios."""
     script = str(Path(__file__).resolve())
-    results: dict[str, list[dict[str, float]]] = {"this": [], "other": []}
+    results: dict[str, dict[str, list[float]]] = {
+        name: {"detectors": [], "backtest": []} for name in ("this", "other")
+    }
+    counts: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "telemetry.jsonl"
         path.write_bytes(b"".join(encode(m) + b"\n" for m in messages))
@@ -89,23 +92,26 @@ def against(other: str, messages: list, runs: int) -> None:
             order = [("this", sys.executable), ("other", other)]
             for name, python in order if i % 2 == 0 else order[::-1]:
                 done = subprocess.run(
-                    [python, script, "--child", str(path)],
+                    [python, script, "--child", str(path), "--repeat", "2"],
                     check=True,
                     capture_output=True,
                     text=True,
                 )
-                results[name].append(json.loads(done.stdout.splitlines()[-1]))
+                got = json.loads(done.stdout.splitlines()[-1])
+                for what in ("detectors", "backtest"):
+                    results[name][what] += got[what]
+                counts[name] = f"{got['flags'][0]:.0f} flags, {got['claims'][0]:.0f} claims"
     for what in ("detectors", "backtest"):
-        this = statistics.median(r[what] for r in results["this"])
-        then = statistics.median(r[what] for r in results["other"])
+        this, then = results["this"][what], results["other"][what]
         print(
-            f"{what + ':':<11} this {this:>9,.0f} msg/s, other {then:>9,.0f} msg/s, "
-            f"ratio {this / then:.2f} (runs: this "
-            f"{', '.join(f'{r[what]:,.0f}' for r in results['this'])}; other "
-            f"{', '.join(f'{r[what]:,.0f}' for r in results['other'])})"
+            f"{what + ':':<11} median this {statistics.median(this):>9,.0f} msg/s, other "
+            f"{statistics.median(then):>9,.0f} msg/s, ratio "
+            f"{statistics.median(this) / statistics.median(then):.2f}; best this "
+            f"{max(this):>9,.0f}, other {max(then):>9,.0f}, ratio {max(this) / max(then):.2f}"
+            f" ({len(this)} runs each)"
         )
-    for name, rows in results.items():
-        print(f"{name}: {rows[0]['flags']:.0f} flags, {rows[0]['claims']:.0f} claims")
+    for name, line in counts.items():
+        print(f"{name}: {line}")
 
 
 def state_per_gpu(nodes: int, duration: float, seed: int) -> dict[str, float]:
@@ -141,9 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         "--input", type=Path, help="a JSONL telemetry file instead of the simulator's output"
     )
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--repeat", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child)))
+        print(json.dumps(child(args.child, args.repeat)))
         return 0
 
     if args.input:

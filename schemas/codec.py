@@ -139,7 +139,7 @@ def parse_message(data: bytes | bytearray | memoryview | str) -> GuardMessage:
         model = _MODEL_OF_KIND.get(bytes(data[_KIND_AT:end])) if end > 0 else None
         if model is not None and len(data) <= MAX_MESSAGE_BYTES:
             try:
-                return model(data)  # type: ignore[no-any-return]
+                return model(data)
             except (ValidationError, ValueError):
                 pass
     return _validate(_MESSAGE_ADAPTER.validate_json, data, None)

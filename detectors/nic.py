@@ -79,19 +79,21 @@ _GROUP = (
 
 
 class _Watch:
-    """The watched counters present in one key set of a port's samples, ready to read.
+    """Reads the watched counters present in one port's samples.
 
     Agents report the counters their NIC has (many leave some of the watched ones out), and
-    a port keeps its key set from sample to sample: reading the present counters in one
-    C-level call beats a lookup per watched name.
+    a port keeps them from sample to sample: reading the present ones in one C-level call
+    beats a lookup per watched name. A reader made from a sample fits a later one that has
+    the same watched counters: :meth:`increases` raises KeyError when one of them is gone,
+    :meth:`fits` tells whether one of the absent ones came.
     """
 
-    __slots__ = ("keys", "names", "read", "slices")
+    __slots__ = ("absent", "names", "read", "slices")
 
     def __init__(self, counters: dict[str, int]) -> None:
         present = [(name, group) for name, group in _GROUP if name in counters]
-        self.keys = frozenset(counters)
         self.names = tuple(name for name, _ in present)
+        self.absent = tuple(name for name, _ in _GROUP if name not in counters)
         # itemgetter of two or more names returns a tuple; of one, the value itself
         self.read = itemgetter(*self.names) if len(self.names) > 1 else self._read
         groups = [group for _, group in present]  # in group order, as _GROUP is
@@ -102,8 +104,21 @@ class _Watch:
     def _read(self, counters: dict[str, int]) -> tuple[int, ...]:
         return tuple(counters[name] for name in self.names)
 
+    def fits(self, counters: dict[str, int]) -> bool:
+        """No watched counter that the reader's sample lacked is in ``counters``."""
+        return not any(map(counters.__contains__, self.absent))
 
-def _increases_slow(now: dict[str, int], before: dict[str, int]) -> list[int]:
+    def increases(self, now: dict[str, int], before: dict[str, int]) -> list[int]:
+        """:func:`_increases` of two samples that both have exactly the reader's counters."""
+        diffs = list(map(sub, self.read(now), self.read(before)))
+        if diffs and min(diffs) < 0:
+            diffs = [d if d > 0 else 0 for d in diffs]
+        s0, s1, s2, s3, s4 = self.slices
+        return [sum(diffs[s0]), sum(diffs[s1]), sum(diffs[s2]), sum(diffs[s3]), sum(diffs[s4])]
+
+
+def _increases(now: dict[str, int], before: dict[str, int]) -> list[int]:
+    """Increases of the watched counters, summed per group (resets add 0)."""
     sums = [0, 0, 0, 0, 0]
     for name, group in _GROUP:
         value = now.get(name)
@@ -112,20 +127,6 @@ def _increases_slow(now: dict[str, int], before: dict[str, int]) -> list[int]:
             if old is not None and value > old:
                 sums[group] += value - old
     return sums
-
-
-def _increases(
-    now: dict[str, int], before: dict[str, int], watch: _Watch | None = None
-) -> list[int]:
-    """Increases of the watched counters, summed per group (resets add 0). ``watch``: the
-    reader of ``before``'s key set, when ``now`` has the same keys (else the general path)."""
-    if watch is None:
-        return _increases_slow(now, before)
-    diffs = list(map(sub, watch.read(now), watch.read(before)))
-    if diffs and min(diffs) < 0:
-        diffs = [d if d > 0 else 0 for d in diffs]
-    s0, s1, s2, s3, s4 = watch.slices
-    return [sum(diffs[s0]), sum(diffs[s1]), sum(diffs[s2]), sum(diffs[s3]), sum(diffs[s4])]
 
 
 class _PortState:
@@ -138,7 +139,7 @@ class _PortState:
         self.down = Hold(*hold_args)
         self.congested = False
         self.speed: float | None = None
-        self.watch: _Watch | None = None  # reader of ``counters``' key set (not pickled)
+        self.watch: _Watch | None = None  # reader of ``counters``' watched ones (not pickled)
 
     def __getstate__(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__ if name != "watch"}
@@ -194,11 +195,7 @@ class NicDetector:
         if prev_ts is None:
             return []
         dt = s.ts - prev_ts
-        watch = st.watch
-        if watch is None or counters.keys() != watch.keys:
-            same = counters.keys() == prev.keys()
-            watch = st.watch = _Watch(counters) if same else None
-        phys_n, retrans_n, marks, flaps, wait = _increases(counters, prev, watch)
+        phys_n, retrans_n, marks, flaps, wait = self._increases(st, counters, prev)
         down = st.down  # the common case, a port up without flaps or history, costs no call
         if flaps or s.link_up is False or down.bits or down.active:
             found = self._link(s, st, flaps, dt)
@@ -216,6 +213,19 @@ class NicDetector:
             if congested is not None:
                 found.append(congested)
         return found
+
+    @staticmethod
+    def _increases(st: _PortState, now: dict[str, int], before: dict[str, int]) -> list[int]:
+        """:func:`_increases`, through the port's reader while its counters stay the same
+        (the reader fits ``before``, the previous sample: it was made from one like it)."""
+        watch = st.watch
+        if watch is not None and watch.fits(now):
+            try:
+                return watch.increases(now, before)
+            except KeyError:
+                pass  # a watched counter is gone
+        st.watch = _Watch(now)  # fits ``now``, the next sample's ``before``
+        return _increases(now, before)
 
     def _link(self, s: NicSample, st: _PortState, flaps: int, dt: float) -> list[Finding]:
         """A flap (``link_downed`` rose) at once; a port held down through its hold."""

@@ -7,7 +7,8 @@ Prints:
   time, because the machine is shared);
 * **backtest end to end** — ``guard backtest`` on a JSONL file (read, validate every line
   through ``guard.schemas``, detect, write flags), median of ``--runs`` runs; and the
-  schema-only parse rate for comparison;
+  schema-only parse rate for comparison (``--batched``: also on the same messages as
+  batch records, one per node per instant or per node per step);
 * **state** — pickled bytes of the engine's partitions after the run, per GPU (total over
   all partitions / GPUs in the cluster), the largest node partition per GPU, and the largest
   job partition per GPU of that job, for several cluster sizes. The budget is 10 KB per GPU
@@ -17,6 +18,17 @@ Usage::
 
     .venv/bin/python benchmarks/detector_throughput.py [--nodes 32] [--duration 300] [--runs 5]
     .venv/bin/python benchmarks/detector_throughput.py --profile   # top functions by own time
+    .venv/bin/python benchmarks/detector_throughput.py --batched   # backtest on batches too
+    .venv/bin/python benchmarks/detector_throughput.py --against OTHER/.venv/bin/python
+
+``--against PYTHON`` compares two codes on the **same input**: it writes the simulator's
+messages (of this code) to a JSONL file once, then alternates child runs of this script
+(``--child``) under this interpreter and under ``PYTHON`` (another checkout's virtualenv,
+e.g. an older commit's detectors), ``--runs`` of each, interleaved so that both see the same
+machine load; each child parses the file with its own schemas (not timed), then times its
+detectors (CPU time) and its ``guard backtest`` end to end. It prints both medians and their
+ratio, and both bests (noise only ever slows a run down) and theirs: on a shared machine
+only such a same-run ratio means anything.
 """
 
 from __future__ import annotations
@@ -24,9 +36,11 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import json
 import pickle
 import pstats
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +50,7 @@ from guard.agents.simulator import ClusterSimulator, SimConfig
 from guard.detectors.engine import DetectionEngine
 from guard.evaluation.backtest import BacktestStats, make_detector, read_messages, run_backtest
 from guard.schemas import encode, parse_message
+from guard.schemas.batches import batch_messages
 
 
 def detectors_only(messages: list, runs: int) -> list[float]:
@@ -49,6 +64,71 @@ def detectors_only(messages: list, runs: int) -> list[float]:
         engine.flush()
         rates.append(len(messages) / (time.process_time() - started))
     return rates
+
+
+def child(path: Path, repeat: int) -> dict[str, list[float]]:
+    """``repeat`` runs of each measurement over the JSONL at ``path`` (``--child``)."""
+    messages = [parse_message(line) for line in path.read_bytes().splitlines() if line]
+    rates = detectors_only(messages, repeat)
+    e2e, stats = backtest_rates([path], repeat)
+    return {
+        "detectors": rates,
+        "backtest": e2e[path],
+        "flags": [stats.flags],
+        "claims": [stats.claims],
+    }
+
+
+def backtest_rates(paths: list[Path], runs: int) -> tuple[dict[Path, list[float]], BacktestStats]:
+    """Samples per second of CPU time of ``guard backtest`` (read, validate, detect, write
+    flags) over each file, the files' runs interleaved; and the last run's stats."""
+    rates: dict[Path, list[float]] = {path: [] for path in paths}
+    stats = BacktestStats()
+    for _ in range(runs):
+        for path in paths:
+            stats = BacktestStats()
+            started = time.process_time()
+            with tempfile.TemporaryFile() as out:
+                run_backtest(read_messages([path], stats), out, make_detector("guard"), stats)
+            rates[path].append(stats.messages / (time.process_time() - started))
+    return rates, stats
+
+
+def against(other: str, messages: list, runs: int) -> None:
+    """Interleaved child runs of this code and ``other``'s over the same input: medians and
+    bests (noise on a shared machine only ever slows a run down), and their ratios."""
+    script = str(Path(__file__).resolve())
+    results: dict[str, dict[str, list[float]]] = {
+        name: {"detectors": [], "backtest": []} for name in ("this", "other")
+    }
+    counts: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "telemetry.jsonl"
+        path.write_bytes(b"".join(encode(m) + b"\n" for m in messages))
+        for i in range(runs):
+            order = [("this", sys.executable), ("other", other)]
+            for name, python in order if i % 2 == 0 else order[::-1]:
+                done = subprocess.run(
+                    [python, script, "--child", str(path), "--repeat", "2"],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
+                got = json.loads(done.stdout.splitlines()[-1])
+                for what in ("detectors", "backtest"):
+                    results[name][what] += got[what]
+                counts[name] = f"{got['flags'][0]:.0f} flags, {got['claims'][0]:.0f} claims"
+    for what in ("detectors", "backtest"):
+        this, then = results["this"][what], results["other"][what]
+        print(
+            f"{what + ':':<11} median this {statistics.median(this):>9,.0f} msg/s, other "
+            f"{statistics.median(then):>9,.0f} msg/s, ratio "
+            f"{statistics.median(this) / statistics.median(then):.2f}; best this "
+            f"{max(this):>9,.0f}, other {max(then):>9,.0f}, ratio {max(this) / max(then):.2f}"
+            f" ({len(this)} runs each)"
+        )
+    for name, line in counts.items():
+        print(f"{name}: {line}")
 
 
 def state_per_gpu(nodes: int, duration: float, seed: int) -> dict[str, float]:
@@ -79,17 +159,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--state-sizes", default="16,64,256", help="cluster sizes for state")
     parser.add_argument("--profile", action="store_true")
-    args = parser.parse_args(argv)
-
-    messages = list(
-        ClusterSimulator(
-            SimConfig(nodes=args.nodes, duration_s=args.duration, seed=args.seed)
-        ).messages()
+    parser.add_argument(
+        "--batched", action="store_true", help="also time the backtest on batched records"
     )
+    parser.add_argument("--against", metavar="PYTHON", help="compare with another checkout")
+    parser.add_argument(
+        "--input", type=Path, help="a JSONL telemetry file instead of the simulator's output"
+    )
+    parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--repeat", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child, args.repeat)))
+        return 0
+
+    if args.input:
+        messages = list(read_messages([args.input]))
+        source = str(args.input)
+    else:
+        messages = list(
+            ClusterSimulator(
+                SimConfig(nodes=args.nodes, duration_s=args.duration, seed=args.seed)
+            ).messages()
+        )
+        source = f"{args.nodes} nodes x {args.duration:.0f} s"
     kinds: dict[str, int] = {}
     for m in messages:
         kinds[m.kind] = kinds.get(m.kind, 0) + 1
-    print(f"input: {args.nodes} nodes x {args.duration:.0f} s, {len(messages):,} messages {kinds}")
+    print(f"input: {source}, {len(messages):,} messages {kinds}")
+    if args.against:
+        against(args.against, messages, args.runs)
+        return 0
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()
@@ -117,17 +217,20 @@ def main(argv: list[str] | None = None) -> int:
                 parse_message(line)
             parse_rates.append(len(lines) / (time.process_time() - started))
         print(f"schema parse only:     median {statistics.median(parse_rates):>10,.0f} msg/s")
-        e2e = []
-        for _ in range(max(1, args.runs // 2)):
-            stats = BacktestStats()
-            started = time.process_time()
-            with (Path(tmp) / "flags.jsonl").open("wb") as out:
-                run_backtest(read_messages([path], stats), out, make_detector("guard"), stats)
-            e2e.append(stats.messages / (time.process_time() - started))
-        print(
-            f"backtest end to end:   median {statistics.median(e2e):>10,.0f} msg/s "
-            f"(runs: {', '.join(f'{r:,.0f}' for r in e2e)}; {path.stat().st_size / 1e6:.0f} MB)"
-        )
+        files = {"single records": path}
+        if args.batched:  # one record per node per instant / per node per step
+            files["batched records"] = Path(tmp) / "batched.jsonl"
+            files["batched records"].write_bytes(
+                b"".join(encode(m) + b"\n" for m in batch_messages(messages))
+            )
+        e2e, _ = backtest_rates(list(files.values()), max(1, args.runs // 2))
+        for label, file in files.items():
+            rates = e2e[file]
+            print(
+                f"backtest, {label}: median {statistics.median(rates):>10,.0f} samples/s "
+                f"(runs: {', '.join(f'{r:,.0f}' for r in rates)}; "
+                f"{file.stat().st_size / 1e6:.0f} MB)"
+            )
 
     for nodes in (int(n) for n in args.state_sizes.split(",") if n):
         s = state_per_gpu(nodes, 120.0, args.seed)

@@ -76,7 +76,8 @@ class ClockDetector(GpuRoundRule):
                 and s.util_pct >= self.min_util
                 and not ((s.clock_event_reasons or 0) & IDLE)
             )
-            held = self.held(gpu, condition, s.ts)
+            # the common case, a healthy GPU without state, costs no call
+            held = self.held(gpu, condition, s.ts) if condition or gpu in self.holds else None
             if held is None:
                 continue
             evidence: dict[str, Any] = {

@@ -35,7 +35,7 @@ True
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from guard.schemas import GpuSample
@@ -47,6 +47,8 @@ from .robust import median
 
 __all__ = ["GpuRound", "GpuRoundRule", "RoundMedians", "impact_of"]
 
+_UNKNOWN = object()
+
 
 @dataclass(frozen=True, slots=True)
 class GpuRound:
@@ -56,6 +58,11 @@ class GpuRound:
     job: str | None
     ts: float
     samples: dict[int, GpuSample]
+    #: peer medians already computed, by (attribute, min_peers): the rules of one round
+    #: ask for the same ones (power, clocks and impact tests all want the SM clock's)
+    medians: dict[tuple[str, int], float | None] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @classmethod
     def of(cls, node: str, job: str | None, samples: dict[int, GpuSample]) -> GpuRound:
@@ -64,10 +71,14 @@ class GpuRound:
 
     def peer_median(self, attr: str, min_peers: int = 3) -> float | None:
         """Median of ``attr`` over the GPUs that report it; ``None`` below ``min_peers``."""
+        key = (attr, min_peers)
+        known = self.medians.get(key, _UNKNOWN)
+        if known is not _UNKNOWN:
+            return known  # type: ignore[return-value]
         values = [v for s in self.samples.values() if (v := getattr(s, attr)) is not None]
-        if len(values) < min_peers:
-            return None
-        return median(values)
+        found = median(values) if len(values) >= min_peers else None
+        self.medians[key] = found
+        return found
 
 
 @dataclass(frozen=True, slots=True)

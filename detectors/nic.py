@@ -47,6 +47,7 @@ Example
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from operator import itemgetter, sub
 from typing import Any
 
@@ -77,38 +78,59 @@ _GROUP = (
 )
 
 
-_NAMES = tuple(name for name, _ in _GROUP)
-_GET_ALL = itemgetter(*_NAMES)
+class _Watch:
+    """Reads the watched counters present in one port's samples.
+
+    Agents report the counters their NIC has (many leave some of the watched ones out), and
+    a port keeps them from sample to sample: reading the present ones in one C-level call
+    beats a lookup per watched name. A reader made from a sample fits a later one that has
+    the same watched counters: :meth:`increases` raises KeyError when one of them is gone,
+    :meth:`fits` tells whether one of the absent ones came.
+    """
+
+    __slots__ = ("absent", "names", "read", "slices")
+
+    def __init__(self, counters: dict[str, int]) -> None:
+        present = [(name, group) for name, group in _GROUP if name in counters]
+        self.names = tuple(name for name, _ in present)
+        self.absent = tuple(name for name, _ in _GROUP if name not in counters)
+        # itemgetter of two or more names returns a tuple; of one, the value itself
+        self.read = itemgetter(*self.names) if len(self.names) > 1 else self._read
+        groups = [group for _, group in present]  # in group order, as _GROUP is
+        self.slices = tuple(
+            slice(bisect_left(groups, g), bisect_right(groups, g)) for g in range(5)
+        )
+
+    def _read(self, counters: dict[str, int]) -> tuple[int, ...]:
+        return tuple(counters[name] for name in self.names)
+
+    def fits(self, counters: dict[str, int]) -> bool:
+        """No watched counter that the reader's sample lacked is in ``counters``."""
+        return not any(map(counters.__contains__, self.absent))
+
+    def increases(self, now: dict[str, int], before: dict[str, int]) -> list[int]:
+        """:func:`_increases` of two samples that both have exactly the reader's counters."""
+        diffs = list(map(sub, self.read(now), self.read(before)))
+        if diffs and min(diffs) < 0:
+            diffs = [d if d > 0 else 0 for d in diffs]
+        s0, s1, s2, s3, s4 = self.slices
+        return [sum(diffs[s0]), sum(diffs[s1]), sum(diffs[s2]), sum(diffs[s3]), sum(diffs[s4])]
 
 
 def _increases(now: dict[str, int], before: dict[str, int]) -> list[int]:
     """Increases of the watched counters, summed per group (resets add 0)."""
-    try:  # fast path: every watched counter present (one C-level lookup of all of them)
-        diffs = list(map(sub, _GET_ALL(now), _GET_ALL(before)))
-    except KeyError:
-        sums = [0, 0, 0, 0, 0]
-        for name, group in _GROUP:
-            value = now.get(name)
-            if value is not None:
-                old = before.get(name)
-                if old is not None and value > old:
-                    sums[group] += value - old
-        return sums
-    if min(diffs) < 0:
-        diffs = [d if d > 0 else 0 for d in diffs]
-    p, r = len(PHYSICAL_ERRORS), len(RETRANSMITS)
-    c = len(CONGESTION_COUNTERS)
-    return [
-        sum(diffs[:p]),
-        sum(diffs[p : p + r]),
-        sum(diffs[p + r : p + r + c]),
-        diffs[-2],
-        diffs[-1],
-    ]
+    sums = [0, 0, 0, 0, 0]
+    for name, group in _GROUP:
+        value = now.get(name)
+        if value is not None:
+            old = before.get(name)
+            if old is not None and value > old:
+                sums[group] += value - old
+    return sums
 
 
 class _PortState:
-    __slots__ = ("congested", "counters", "degraded", "down", "speed", "ts")
+    __slots__ = ("congested", "counters", "degraded", "down", "speed", "ts", "watch")
 
     def __init__(self, hold_args: tuple[int, int, int]) -> None:
         self.counters: dict[str, int] = {}
@@ -117,6 +139,15 @@ class _PortState:
         self.down = Hold(*hold_args)
         self.congested = False
         self.speed: float | None = None
+        self.watch: _Watch | None = None  # reader of ``counters``' watched ones (not pickled)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__ if name != "watch"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+        self.watch = None
 
 
 class NicDetector:
@@ -164,8 +195,12 @@ class NicDetector:
         if prev_ts is None:
             return []
         dt = s.ts - prev_ts
-        phys_n, retrans_n, marks, flaps, wait = _increases(counters, prev)
-        found = self._link(s, st, flaps, dt)
+        phys_n, retrans_n, marks, flaps, wait = self._increases(st, counters, prev)
+        down = st.down  # the common case, a port up without flaps or history, costs no call
+        if flaps or s.link_up is False or down.bits or down.active:
+            found = self._link(s, st, flaps, dt)
+        else:
+            found = []
         degraded = self._degraded(s, st, phys_n / dt, retrans_n / dt)
         if degraded is not None:
             found.append(degraded)
@@ -178,6 +213,19 @@ class NicDetector:
             if congested is not None:
                 found.append(congested)
         return found
+
+    @staticmethod
+    def _increases(st: _PortState, now: dict[str, int], before: dict[str, int]) -> list[int]:
+        """:func:`_increases`, through the port's reader while its counters stay the same
+        (the reader fits ``before``, the previous sample: it was made from one like it)."""
+        watch = st.watch
+        if watch is not None and watch.fits(now):
+            try:
+                return watch.increases(now, before)
+            except KeyError:
+                pass  # a watched counter is gone
+        st.watch = _Watch(now)  # fits ``now``, the next sample's ``before``
+        return _increases(now, before)
 
     def _link(self, s: NicSample, st: _PortState, flaps: int, dt: float) -> list[Finding]:
         """A flap (``link_downed`` rose) at once; a port held down through its hold."""

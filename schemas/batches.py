@@ -104,13 +104,13 @@ class TelemetryBatch(GuardMessage):
         }
         ts = self.ts
         out: list[GuardMessage] = []
+        append = out.append
         for entry in self.entries():
             # key order is the field order (pydantic serialises a model's dict in its order)
-            data = head.copy()
-            data.update(entry.__dict__)
+            data = {**head, **entry.__dict__}
             if data["ts"] is None:
                 data["ts"] = ts
-            out.append(build(data))
+            append(build(data))
         return out
 
 

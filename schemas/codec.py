@@ -77,6 +77,10 @@ Message = Annotated[
 _MESSAGE_ADAPTER: TypeAdapter[Any] = TypeAdapter(Message)
 #: kind (single or batch) -> validators of the single kind, the batch kind, and either
 _TOPIC_VALIDATORS: dict[str, tuple[Any, Any, Any]] = {}
+#: How :func:`encode`'s output starts: the kind's name follows, up to the next quote.
+_KIND_FIRST = b'{"kind":"'
+_KIND_AT = len(_KIND_FIRST)
+_MODEL_OF_KIND = {kind.encode(): model.model_validate_json for kind, model in MODELS.items()}
 #: Every batch's `kind` ends so; a record without it is a single sample (or invalid).
 _BATCH_MARK = b'_batch"'
 
@@ -123,7 +127,21 @@ class SchemaError(ValueError):
 
 
 def parse_message(data: bytes | bytearray | memoryview | str) -> GuardMessage:
-    """Parse one message of any kind, dispatching on its ``kind`` field."""
+    """Parse one message of any kind, dispatching on its ``kind`` field.
+
+    A record that starts with its ``kind`` (as :func:`encode` writes every message) goes
+    straight to that kind's model, ~2x faster than the dispatching validator, which first
+    builds Python objects of the whole input; anything else, or a record that this path
+    refuses, takes the dispatching validator, whose error says what was wrong.
+    """
+    if isinstance(data, (bytes, bytearray)) and data.startswith(_KIND_FIRST):
+        end = data.find(b'"', _KIND_AT, _KIND_AT + 32)
+        model = _MODEL_OF_KIND.get(bytes(data[_KIND_AT:end])) if end > 0 else None
+        if model is not None and len(data) <= MAX_MESSAGE_BYTES:
+            try:
+                return model(data)
+            except (ValidationError, ValueError):
+                pass
     return _validate(_MESSAGE_ADAPTER.validate_json, data, None)
 
 

@@ -409,10 +409,13 @@ class TelemetryProcessor:
             if isinstance(message, TelemetryBatch):
                 singles = message.samples()
                 samples += len(singles)
+                update = detectors.update
+                newest = latest.get(key, 0.0)
                 for single in singles:
-                    found += detectors.update(single)
-                    if single.ts > latest.get(key, 0.0):
-                        latest[key] = single.ts
+                    found += update(single)
+                    newest = max(newest, single.ts)
+                if newest > 0.0:
+                    latest[key] = newest
                 if self.fabric and message.kind == "nic_batch":
                     found += self._fabric(singles, partition, latest)
                 continue

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -377,3 +379,64 @@ def test_only_an_increase_of_the_counter_reads_as_errors(bursts: list[int], rese
     # decrease (a reset) never is, and neither is the first sample after it
     increases = [t for t in range(1, len(observed)) if observed[t] > observed[t - 1]]
     assert raised_at == (increases[0] if increases else None)
+
+
+_COUNTER_NAMES = (
+    "symbol_error",
+    "port_rcv_errors",
+    "port_rcv_remote_physical_errors",
+    "out_of_sequence",
+    "np_ecn_marked_roce_packets",
+    "rp_cnp_handled",
+    "link_downed",
+    "port_xmit_wait",
+    "port_xmit_data",
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    samples=st.lists(
+        st.dictionaries(st.sampled_from(_COUNTER_NAMES), st.integers(0, 10**4), max_size=9),
+        min_size=2,
+        max_size=12,
+    ),
+    repeat=st.integers(1, 4),
+)
+def test_counters_read_through_a_ports_reader_match_the_general_path(
+    samples: list[dict[str, int]], repeat: int
+) -> None:
+    """A port whose samples keep their watched counters reads them through a cached reader;
+    samples whose counters change (appear, vanish, reset) take the general path. The
+    detector must see the same per-group increases as the per-name reference."""
+    from guard.detectors.nic import _GROUP
+
+    def reference(now: dict[str, int], before: dict[str, int]) -> list[int]:
+        sums = [0] * 5
+        for name, group in _GROUP:
+            if name in now and name in before and now[name] > before[name]:
+                sums[group] += now[name] - before[name]
+        return sums
+
+    det = NicDetector()
+    seen: list[dict[str, int]] = []
+    got: list[list[int]] = []
+    original = det._increases
+
+    def spy(st: Any, now: dict[str, int], before: dict[str, int]) -> list[int]:
+        got.append(original(st, now, before))
+        return got[-1]
+
+    det._increases = spy  # type: ignore[method-assign]
+    # each drawn counter set held for ``repeat`` samples (the common case), values moving
+    for i, drawn in enumerate(s for s in samples for _ in range(repeat)):
+        counters = {k: v + i * (len(k) % 3) for k, v in drawn.items()}
+        det.update(NicSample(ts=T0 + i, node="n1", device="mlx5_0", port=1, counters=counters))
+        seen.append(counters)
+    assert got == [reference(now, before) for before, now in itertools.pairwise(seen)]
+    port = det.ports[("mlx5_0", 1)]
+    assert port is not None
+    del det._increases  # back to the class's (the spy does not pickle)
+    restored = pickle.loads(pickle.dumps(det))  # a checkpoint keeps the counters, not the reader
+    assert restored.ports[("mlx5_0", 1)].watch is None
+    assert restored.ports[("mlx5_0", 1)].counters == seen[-1]

@@ -169,3 +169,28 @@ def test_state_stays_within_the_per_gpu_budget_and_the_switch_turns_it_off() -> 
     assert all(p.anomaly is not None for p in nodes_on.values())
     assert all(p.anomaly is None for p in nodes_off.values())
     assert off < on < 10_000  # the design's budget: under 10 KB of detector state per GPU
+
+
+def test_a_groups_model_from_the_prototype_is_a_fresh_model_bit_for_bit() -> None:
+    """Later groups start from a pickled copy of the first one's untrained trees: learning
+    and scoring the same vectors must give the same scores and masses as a model built
+    fresh (trees on its first ``learn_one``)."""
+    import random
+
+    from river import anomaly
+
+    from guard.detectors.peer_anomaly import GPU_FEATURES, _new_model
+
+    rng = random.Random(5)
+    limits = {name: (0.0, 4.0) for name in GPU_FEATURES}
+    fresh = anomaly.HalfSpaceTrees(n_trees=8, height=5, window_size=16, limits=limits, seed=17)
+    _new_model(GPU_FEATURES, 8, 5, 16)  # the prototype exists: the next one is a copy
+    copied = _new_model(GPU_FEATURES, 8, 5, 16)
+    for _ in range(100):
+        x = {name: rng.uniform(0.0, 4.0) for name in GPU_FEATURES}
+        assert copied.score_one(x) == fresh.score_one(x)
+        copied.learn_one(x)
+        fresh.learn_one(x)
+    masses = [[(n.l_mass, n.r_mass) for n in nodes] for nodes in fresh._tree_nodes]
+    assert [[(n.l_mass, n.r_mass) for n in nodes] for nodes in copied._tree_nodes] == masses
+    assert any(r for tree in masses for _, r in tree)  # windows pivoted: scores were real

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import orjson
 import pytest
@@ -226,3 +227,30 @@ def test_json_schema_of_every_kind() -> None:
     assert "temp_c" in schemas["gpu"]["properties"]
     assert "deg C" in schemas["gpu"]["properties"]["temp_c"]["description"]
     assert set(schemas["step"]["required"]) >= {"ts", "node", "job", "rank", "step", "step_s"}
+
+
+def _outcome(raw: bytes) -> object:
+    try:
+        return parse_message(raw)
+    except SchemaError as exc:
+        # the leading space of the comparison shifts a JSON error's column by one
+        return ("error", exc.kind, exc.field, re.sub(r"column \d+", "column _", exc.reason))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    message=any_message,
+    cut=st.integers(0, 400),
+    insert=st.sampled_from([b"", b"x", b'"', b"}", b",", b"-1", b'"kind":"flag",', b"\xff"]),
+)
+def test_kind_first_fast_path_parses_and_refuses_as_the_dispatching_validator(
+    message: object, cut: int, insert: bytes
+) -> None:
+    """A record that starts with its kind goes straight to that kind's model; the same bytes
+    behind a leading space take the dispatching validator. Valid or not (a byte inserted
+    anywhere, a second ``kind`` key), both must give the same message or the same error."""
+    raw = encode(message)  # type: ignore[arg-type]
+    at = min(cut, len(raw))
+    for data in (raw, raw[:at] + insert + raw[at:]):
+        assert data.startswith(b'{"kind":"') or at < 9
+        assert _outcome(data) == _outcome(b" " + data)

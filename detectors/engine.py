@@ -366,7 +366,9 @@ class DetectionEngine:
             found = node.update(msg) if self.config.node_telemetry else []
             if self.fabric is not None and kind == "nic":
                 assert isinstance(msg, NicSample)
-                found = found + self.fabric.update(msg)
+                hot = self.fabric.update(msg)
+                if hot:
+                    found = found + hot
         elif kind in ("step", "collective") and msg.job is not None:
             job = self.jobs.get(msg.job)
             if job is None:

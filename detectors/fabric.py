@@ -50,6 +50,7 @@ from .robust import median
 __all__ = ["FabricHotSpotDetector"]
 
 _WAIT = "port_xmit_wait"
+_ECN, _CNP = CONGESTION_COUNTERS
 
 
 class _Member:
@@ -89,22 +90,34 @@ class FabricHotSpotDetector:
         self._members: dict[tuple[str, str], _Member] = {}
 
     def update(self, message: NicSample) -> list[Finding]:
-        window = int(message.ts // self.window_s)
-        out = self.tick(message.ts) if self._window is not None else []
+        # Called for every NIC sample: plain lookups, no per-call containers (it was the
+        # engine's top own-time function).
+        ts = message.ts
+        window = int(ts // self.window_s)
+        out: list[Finding] = []
+        if self._window is not None and window > self._window:
+            out = self._close(float((self._window + 1) * self.window_s))
         self._window = window
-        c = message.counters
-        wait = c.get(_WAIT, 0)
-        marks = sum(c.get(name, 0) for name in CONGESTION_COUNTERS)
-        port = (message.node, message.device, message.port)
+        get = message.counters.get
+        wait = get(_WAIT, 0)
+        marks = get(_ECN, 0) + get(_CNP, 0)
+        node, device = message.node, message.device
+        port = (node, device, message.port)
         last = self._last.get(port)
-        self._last[port] = (message.ts, wait, marks)
-        if last is None or wait < last[1] or marks < last[2] or message.ts <= last[0]:
+        self._last[port] = (ts, wait, marks)
+        if last is None or wait < last[1] or marks < last[2] or ts <= last[0]:
             return out  # first sample or a reset: re-baseline
-        sums = self._sums.setdefault((message.node, message.device), [0.0, 0.0])
+        key = (node, device)
+        sums = self._sums.get(key)
+        if sums is None:
+            sums = self._sums[key] = [0.0, 0.0]
         sums[0] += wait - last[1]
         sums[1] += marks - last[2]
         if message.job is not None:
-            self._jobs.setdefault((message.node, message.device), set()).add(message.job)
+            jobs = self._jobs.get(key)
+            if jobs is None:
+                jobs = self._jobs[key] = set()
+            jobs.add(message.job)
         return out
 
     def tick(self, now: float) -> list[Finding]:

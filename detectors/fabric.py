@@ -146,6 +146,8 @@ class FabricHotSpotDetector:
         rails = max([self._rails, *per_node.values()])
         if self._inferred is None or not seen <= self._known or rails > self._rails:
             self._known |= seen
+            if not self._known:
+                return None  # no NIC has counted yet (first samples, resets): nothing to place
             self._rails = rails
             self._inferred = infer_topology(
                 sorted(self._known), rails=rails, nodes_per_leaf=self.nodes_per_leaf, spines=1

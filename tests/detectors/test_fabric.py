@@ -109,3 +109,16 @@ def test_the_engine_can_leave_the_fabric_out() -> None:
     assert engine.fabric is None and flags + engine.flush() == []
     with pytest.raises(ValueError, match=r"detectors\.args\.fabric: no setting 'topology'"):
         EngineConfig.from_mapping({"args": {"fabric": {"topology": "x"}}})
+
+
+def test_a_window_that_closes_before_any_nic_counted_is_empty_not_a_crash() -> None:
+    # Found by the chaos suite's hostile input: one NIC sample per window (each a first
+    # sample, so nothing counted) closed a window with no node to infer a fabric from, and
+    # the inferred topology's validation stopped the worker.
+    det = FabricHotSpotDetector(nodes_per_leaf=2)
+    found: list[Finding] = []
+    for i, ts in enumerate((START, START + 3600, START + 7200)):
+        found += det.update(NicSample(ts=ts, node=f"odd-{i}", device="mlx5_0", port=1, counters={}))
+    assert found == [] and det.flush() == []
+    # and it still finds hot spots afterwards
+    assert any(f.severity == "info" for f in _run(det, {"node-0", "node-1"}, 600))

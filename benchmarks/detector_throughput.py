@@ -50,7 +50,6 @@ from guard.agents.simulator import ClusterSimulator, SimConfig
 from guard.detectors.engine import DetectionEngine
 from guard.evaluation.backtest import BacktestStats, make_detector, read_messages, run_backtest
 from guard.schemas import encode, parse_message
-from guard.schemas.batches import batch_messages
 
 
 def detectors_only(messages: list, runs: int) -> list[float]:
@@ -219,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"schema parse only:     median {statistics.median(parse_rates):>10,.0f} msg/s")
         files = {"single records": path}
         if args.batched:  # one record per node per instant / per node per step
+            # imported here: --against runs this script under checkouts that predate batches
+            from guard.schemas.batches import batch_messages
+
             files["batched records"] = Path(tmp) / "batched.jsonl"
             files["batched records"].write_bytes(
                 b"".join(encode(m) + b"\n" for m in batch_messages(messages))

@@ -366,7 +366,7 @@ class DetectionEngine:
             found = node.update(msg) if self.config.node_telemetry else []
             if self.fabric is not None and kind == "nic":
                 assert isinstance(msg, NicSample)
-                hot = self.fabric.update(msg)
+                hot = self.fabric.add(msg, node.nic.increase(msg))
                 if hot:
                     found = found + hot
         elif kind in ("step", "collective") and msg.job is not None:

@@ -90,29 +90,35 @@ class FabricHotSpotDetector:
         self._members: dict[tuple[str, str], _Member] = {}
 
     def update(self, message: NicSample) -> list[Finding]:
-        # Called for every NIC sample: plain lookups, no per-call containers (it was the
-        # engine's top own-time function).
-        ts = message.ts
-        window = int(ts // self.window_s)
+        """A NIC sample, its increases read here (the engine hands in the NIC detector's
+        instead, :meth:`add`: one reading of the counters per sample)."""
+        get = message.counters.get
+        wait = get(_WAIT, 0)
+        marks = get(_ECN, 0) + get(_CNP, 0)
+        port = (message.node, message.device, message.port)
+        last = self._last.get(port)
+        self._last[port] = (message.ts, wait, marks)
+        if last is None or wait < last[1] or marks < last[2] or message.ts <= last[0]:
+            return self.add(message, None)  # first sample or a reset: re-baseline
+        return self.add(message, (wait - last[1], marks - last[2]))
+
+    def add(self, message: NicSample, increase: tuple[int, int] | None) -> list[Finding]:
+        """A NIC sample and the (xmit wait, ECN + CNP marks) it added since the port's
+        previous one (None: no interval — first sample, duplicate, reset)."""
+        # Called for every NIC sample: plain lookups, no per-call containers.
+        window = int(message.ts // self.window_s)
         out: list[Finding] = []
         if self._window is not None and window > self._window:
             out = self._close(float((self._window + 1) * self.window_s))
         self._window = window
-        get = message.counters.get
-        wait = get(_WAIT, 0)
-        marks = get(_ECN, 0) + get(_CNP, 0)
-        node, device = message.node, message.device
-        port = (node, device, message.port)
-        last = self._last.get(port)
-        self._last[port] = (ts, wait, marks)
-        if last is None or wait < last[1] or marks < last[2] or ts <= last[0]:
-            return out  # first sample or a reset: re-baseline
-        key = (node, device)
+        if increase is None:
+            return out
+        key = (message.node, message.device)
         sums = self._sums.get(key)
         if sums is None:
             sums = self._sums[key] = [0.0, 0.0]
-        sums[0] += wait - last[1]
-        sums[1] += marks - last[2]
+        sums[0] += increase[0]
+        sums[1] += increase[1]
         if message.job is not None:
             jobs = self._jobs.get(key)
             if jobs is None:

@@ -130,7 +130,7 @@ def _increases(now: dict[str, int], before: dict[str, int]) -> list[int]:
 
 
 class _PortState:
-    __slots__ = ("congested", "counters", "degraded", "down", "speed", "ts", "watch")
+    __slots__ = ("congested", "counters", "degraded", "down", "inc", "speed", "ts", "watch")
 
     def __init__(self, hold_args: tuple[int, int, int]) -> None:
         self.counters: dict[str, int] = {}
@@ -140,14 +140,20 @@ class _PortState:
         self.congested = False
         self.speed: float | None = None
         self.watch: _Watch | None = None  # reader of ``counters``' watched ones (not pickled)
+        #: the latest sample's (ts, xmit wait, congestion marks) increases; None when that
+        #: sample gave no interval (first, duplicate, out of order) — the fabric reads it
+        self.inc: tuple[float, int, int] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__ if name != "watch"}
+        return {name: getattr(self, name) for name in self.__slots__ if name not in _UNSAVED}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         for name, value in state.items():
             setattr(self, name, value)
-        self.watch = None
+        self.watch = self.inc = None
+
+
+_UNSAVED = ("watch", "inc")
 
 
 class NicDetector:
@@ -187,6 +193,7 @@ class NicDetector:
             st.speed = s.speed_gbps
             self.nominal_gbps = max(self.nominal_gbps, s.speed_gbps)
         prev, prev_ts = st.counters, st.ts
+        st.inc = None
         if prev_ts is not None and s.ts <= prev_ts:
             return []  # duplicate or out of order: rates need increasing time
         counters = s.counters
@@ -196,6 +203,7 @@ class NicDetector:
             return []
         dt = s.ts - prev_ts
         phys_n, retrans_n, marks, flaps, wait = self._increases(st, counters, prev)
+        st.inc = (s.ts, wait, marks)
         down = st.down  # the common case, a port up without flaps or history, costs no call
         if flaps or s.link_up is False or down.bits or down.active:
             found = self._link(s, st, flaps, dt)
@@ -213,6 +221,13 @@ class NicDetector:
             if congested is not None:
                 found.append(congested)
         return found
+
+    def increase(self, message: NicSample) -> tuple[int, int] | None:
+        """The xmit-wait and congestion-mark (ECN + CNP) increases that ``message``, the
+        port's latest sample, added (resets count 0); None: it gave no interval."""
+        st = self.ports.get((message.device, message.port))
+        inc = None if st is None else st.inc
+        return None if inc is None or inc[0] != message.ts else (inc[1], inc[2])
 
     @staticmethod
     def _increases(st: _PortState, now: dict[str, int], before: dict[str, int]) -> list[int]:

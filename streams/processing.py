@@ -32,8 +32,17 @@ from guard.detectors.engine import (
 )
 from guard.detectors.findings import Finding
 from guard.detectors.fusion import JobFusion, NodeFusion
+from guard.detectors.nic import NicDetector
 from guard.metrics import dead_letter_reason
-from guard.schemas import CATEGORIES, SEVERITY_RANK, Flag, GuardMessage, SchemaError, decode
+from guard.schemas import (
+    CATEGORIES,
+    SEVERITY_RANK,
+    Flag,
+    GuardMessage,
+    NicSample,
+    SchemaError,
+    decode,
+)
 from guard.schemas.batches import TelemetryBatch
 from guard.schemas.topics import JOB_KINDS, NODE_KINDS, TOPIC_BY_KIND
 
@@ -417,14 +426,14 @@ class TelemetryProcessor:
                 if newest > 0.0:
                     latest[key] = newest
                 if self.fabric and message.kind == "nic_batch":
-                    found += self._fabric(singles, partition, latest)
+                    found += self._fabric(singles, partition, latest, detectors.nic)
                 continue
             samples += 1
             found += detectors.update(message)
             if message.ts > latest.get(key, 0.0):
                 latest[key] = message.ts
             if self.fabric and message.kind == "nic":
-                found += self._fabric((message,), partition, latest)
+                found += self._fabric((message,), partition, latest, detectors.nic)
         self.counters.telemetry += n
         self.counters.samples += samples
         self.counters.dead_letters += len(bad)
@@ -435,9 +444,14 @@ class TelemetryProcessor:
         return found, bad
 
     def _fabric(
-        self, samples: Iterable[GuardMessage], partition: int, latest: dict[str, float]
+        self,
+        samples: Iterable[GuardMessage],
+        partition: int,
+        latest: dict[str, float],
+        nic: NicDetector,
     ) -> list[Finding]:
-        """NIC samples to the partition's fabric detector (ticked and saved like a key)."""
+        """NIC samples to the partition's fabric detector (ticked and saved like a key),
+        with the increases their node's NIC detector (``nic``) read from them."""
         key = fabric_key(partition)
         detector = self.state.get(key, partition)
         if detector.topology is None:  # not pickled with it: a restored one gets it back
@@ -445,7 +459,8 @@ class TelemetryProcessor:
         found: list[Finding] = []
         for sample in samples:
             if sample.kind == "nic":
-                found += detector.update(sample)
+                assert isinstance(sample, NicSample)
+                found += detector.add(sample, nic.increase(sample))
                 if sample.ts > latest.get(key, 0.0):
                     latest[key] = sample.ts
         return found

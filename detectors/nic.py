@@ -88,7 +88,7 @@ class _Watch:
     :meth:`fits` tells whether one of the absent ones came.
     """
 
-    __slots__ = ("absent", "names", "read", "slices")
+    __slots__ = ("absent", "head", "names", "read", "slices", "tail")
 
     def __init__(self, counters: dict[str, int]) -> None:
         present = [(name, group) for name, group in _GROUP if name in counters]
@@ -100,6 +100,9 @@ class _Watch:
         self.slices = tuple(
             slice(bisect_left(groups, g), bisect_right(groups, g)) for g in range(5)
         )
+        # error counters (groups 0, 1) come first and seldom move; the rest after ``head``
+        self.head = self.slices[1].stop
+        self.tail = tuple(slice(s.start - self.head, s.stop - self.head) for s in self.slices[2:])
 
     def _read(self, counters: dict[str, int]) -> tuple[int, ...]:
         return tuple(counters[name] for name in self.names)
@@ -108,13 +111,19 @@ class _Watch:
         """No watched counter that the reader's sample lacked is in ``counters``."""
         return not any(map(counters.__contains__, self.absent))
 
-    def increases(self, now: dict[str, int], before: dict[str, int]) -> list[int]:
-        """:func:`_increases` of two samples that both have exactly the reader's counters."""
-        diffs = list(map(sub, self.read(now), self.read(before)))
-        if diffs and min(diffs) < 0:
-            diffs = [d if d > 0 else 0 for d in diffs]
-        s0, s1, s2, s3, s4 = self.slices
-        return [sum(diffs[s0]), sum(diffs[s1]), sum(diffs[s2]), sum(diffs[s3]), sum(diffs[s4])]
+    def increases(self, now: tuple[int, ...], before: tuple[int, ...]) -> list[int]:
+        """:func:`_increases` of two samples' counters as this reader read them."""
+        head = self.head
+        if now[:head] == before[:head]:  # the common case: no error counter moved
+            g0 = g1 = 0
+        else:
+            errors = [a - b if a > b else 0 for a, b in zip(now[:head], before[:head], strict=True)]
+            g0, g1 = sum(errors[self.slices[0]]), sum(errors[self.slices[1]])
+        rest = list(map(sub, now[head:], before[head:]))
+        if rest and min(rest) < 0:
+            rest = [d if d > 0 else 0 for d in rest]
+        t2, t3, t4 = self.tail
+        return [g0, g1, sum(rest[t2]), sum(rest[t3]), sum(rest[t4])]
 
 
 def _increases(now: dict[str, int], before: dict[str, int]) -> list[int]:
@@ -130,7 +139,17 @@ def _increases(now: dict[str, int], before: dict[str, int]) -> list[int]:
 
 
 class _PortState:
-    __slots__ = ("congested", "counters", "degraded", "down", "inc", "speed", "ts", "watch")
+    __slots__ = (
+        "congested",
+        "counters",
+        "degraded",
+        "down",
+        "inc",
+        "speed",
+        "ts",
+        "values",
+        "watch",
+    )
 
     def __init__(self, hold_args: tuple[int, int, int]) -> None:
         self.counters: dict[str, int] = {}
@@ -140,6 +159,7 @@ class _PortState:
         self.congested = False
         self.speed: float | None = None
         self.watch: _Watch | None = None  # reader of ``counters``' watched ones (not pickled)
+        self.values: tuple[int, ...] = ()  # what ``watch`` read of ``counters``
         #: the latest sample's (ts, xmit wait, congestion marks) increases; None when that
         #: sample gave no interval (first, duplicate, out of order) — the fabric reads it
         self.inc: tuple[float, int, int] | None = None
@@ -151,9 +171,10 @@ class _PortState:
         for name, value in state.items():
             setattr(self, name, value)
         self.watch = self.inc = None
+        self.values = ()
 
 
-_UNSAVED = ("watch", "inc")
+_UNSAVED = ("watch", "inc", "values")
 
 
 class NicDetector:
@@ -232,14 +253,18 @@ class NicDetector:
     @staticmethod
     def _increases(st: _PortState, now: dict[str, int], before: dict[str, int]) -> list[int]:
         """:func:`_increases`, through the port's reader while its counters stay the same
-        (the reader fits ``before``, the previous sample: it was made from one like it)."""
+        (``st.values`` is what it read of ``before``, the previous sample)."""
         watch = st.watch
         if watch is not None and watch.fits(now):
             try:
-                return watch.increases(now, before)
+                values = watch.read(now)
             except KeyError:
                 pass  # a watched counter is gone
-        st.watch = _Watch(now)  # fits ``now``, the next sample's ``before``
+            else:
+                before_values, st.values = st.values, values
+                return watch.increases(values, before_values)
+        st.watch = watch = _Watch(now)  # fits ``now``, the next sample's ``before``
+        st.values = watch.read(now)
         return _increases(now, before)
 
     def _link(self, s: NicSample, st: _PortState, flaps: int, dt: float) -> list[Finding]:

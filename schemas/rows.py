@@ -25,8 +25,9 @@ from __future__ import annotations
 import operator
 import types
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
-from itertools import chain, groupby, repeat
+from dataclasses import dataclass, field, fields
+from itertools import chain, groupby, islice, repeat
+from operator import itemgetter
 from typing import Annotated, Any, Union, get_args, get_origin
 
 import annotated_types as at
@@ -47,6 +48,13 @@ _get = dict.get
 #: Largest float the fast path takes as is: beyond 2**53 a JSON integer orjson reads as a
 #: float could round otherwise than pydantic's int-then-float (such a record takes pydantic).
 _FLOAT_CAP = float(2**53)
+
+
+class _Missing:
+    """A required field that a record lacks (no check allows its type)."""
+
+
+_MISSING = _Missing()
 
 
 class _Slow(Exception):
@@ -98,6 +106,14 @@ def _unwrap(annotation: Any) -> tuple[Any, bool, list[Any]]:
 Check = Callable[[list[Any]], list[Any]]
 
 
+def _typed(col: list[Any], allowed: set[type]) -> tuple[set[type], list[Any]]:
+    """The types in ``col`` (all of them ``allowed``, else _Slow) and its values but None."""
+    kinds = set(map(type, col))
+    if not kinds <= allowed:
+        raise _Slow
+    return kinds, [x for x in col if x is not None] if _NONE in kinds else col
+
+
 def _number_check(base: type, optional: bool, b: dict[str, Any]) -> Check:
     allowed: set[type] = {int, float} if base is float else {int}
     if optional:
@@ -109,10 +125,7 @@ def _number_check(base: type, optional: bool, b: dict[str, Any]) -> Check:
         lo = -_FLOAT_CAP if lo is None and gt is None else lo
 
     def check(col: list[Any]) -> list[Any]:
-        kinds = set(map(type, col))
-        if not kinds <= allowed:
-            raise _Slow
-        values = [x for x in col if x is not None] if _NONE in kinds else col
+        kinds, values = _typed(col, allowed)
         if values:
             low, high = min(values), max(values)
             if (lo is not None and low < lo) or (hi is not None and high > hi):
@@ -127,16 +140,13 @@ def _number_check(base: type, optional: bool, b: dict[str, Any]) -> Check:
 
 
 def _str_check(optional: bool, b: dict[str, Any], str_max: int | None) -> Check:
-    allowed = {str, _NONE} if optional else {str}
+    allowed: set[type] = {str, _NONE} if optional else {str}
     # the stricter of the field's and the model's limits: stricter than pydantic is safe
     longest = min(x for x in (b.get("max_length"), str_max, 1 << 62) if x is not None)
     shortest = b.get("min_length", 0)
 
     def check(col: list[Any]) -> list[Any]:
-        kinds = set(map(type, col))
-        if not kinds <= allowed:
-            raise _Slow
-        values = [x for x in col if x is not None] if _NONE in kinds else col
+        _, values = _typed(col, allowed)
         if values:
             lengths = list(map(len, values))
             if min(lengths) < shortest or max(lengths) > longest:
@@ -197,12 +207,8 @@ def _list_check(annotation: Any, optional: bool, b: dict[str, Any]) -> Check:
         if not items:
             return [[] for _ in col]
         columns = spec.columns(items, spec.names)
-        rows = list(zip(*columns, strict=True))
-        out, at_ = [], 0
-        for n in lengths:
-            out.append(rows[at_ : at_ + n])
-            at_ += n
-        return out
+        rows = iter(zip(*columns, strict=True))
+        return [list(islice(rows, n)) for n in lengths]
 
     return check
 
@@ -231,6 +237,14 @@ class _Spec:
     keys: frozenset[str]  # the fields a record may carry (an unknown one: pydantic decides)
     defaults: dict[str, Any]
     checks: dict[str, Check]
+    #: every field: its default, or _MISSING (of a type no check allows) for a required one
+    template: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.template.update({n: self.defaults.get(n, _MISSING) for n in self.names})
+        if len(self.names) == 1:  # itemgetter of one key gives the value, not a tuple
+            raise TypeError("a model of one field")
+        object.__setattr__(self, "_row", itemgetter(*self.names))
 
     @classmethod
     def of(cls, model: type[BaseModel], skip: tuple[str, ...] = ()) -> _Spec:
@@ -257,15 +271,16 @@ class _Spec:
     def columns(self, records: list[Any], names: Sequence[str]) -> list[list[Any]]:
         """The columns ``names`` of ``records`` (dicts from orjson), every field of the
         model checked (stored or not), or _Slow."""
-        if set(map(type, records)) != {dict} or not all(map(self.keys.issuperset, records)):
+        if not records or set(map(type, records)) != {dict}:
             raise _Slow
-        checked = {}
-        for name in self.names:
-            if name in self.defaults:
-                col = list(map(_get, records, repeat(name), repeat(self.defaults[name])))
-            else:
-                col = list(map(_get, records, repeat(name)))
-            checked[name] = self.checks[name](col)
+        if not set().union(*records) <= self.keys:
+            raise _Slow
+        # every record over the template (all fields, defaults filled in), read in one C
+        # call each and pivoted: a column per field, in self.names order
+        values = zip(*map(self._row, map(self.template.__or__, records)), strict=True)  # type: ignore[attr-defined]
+        checked = {
+            name: self.checks[name](list(col)) for name, col in zip(self.names, values, strict=True)
+        }
         return [checked[name] for name in names]
 
 
@@ -324,10 +339,14 @@ class _Kind:
         return self._converted([values[name] for name in self.names])
 
     def _converted(self, columns: list[list[Any]]) -> list[list[Any]]:
-        return [
-            col if conv is None else list(map(conv, col))
-            for col, conv in zip(columns, self.converts, strict=True)
-        ]
+        out = []
+        for col, conv in zip(columns, self.converts, strict=True):
+            if conv is micros:  # micros() inline: round(ts * 1_000_000), None stays None
+                col = [None if t is None else round(t * 1_000_000) for t in col]  # noqa: PLW2901
+            elif conv is not None:
+                col = list(map(conv, col))  # noqa: PLW2901
+            out.append(col)
+        return out
 
 
 def _list_len_check(info: FieldInfo) -> Check:

@@ -77,9 +77,13 @@ class Batch:
             self.tables[decoded.table] = (have[0] + decoded.rows, have[1])
         self.rows += decoded.rows
 
-    def add_offset(self, topic: str, partition: int, offset: int) -> None:
-        first, _ = self.offsets.get((topic, partition), (offset, offset))
-        self.offsets[(topic, partition)] = (first, offset)
+    def add_offsets(self, partitions: list[tuple[str, int]], offsets: list[int]) -> None:
+        """Records' (topic, partition)s and offsets, in consumption order."""
+        last = dict(zip(partitions, offsets, strict=True))  # within a partition, the later wins
+        first = dict(zip(reversed(partitions), reversed(offsets), strict=True))
+        for where, offset in last.items():
+            start, _ = self.offsets.get(where, (first[where], offset))
+            self.offsets[where] = (start, offset)
 
     @property
     def token(self) -> str:
@@ -99,6 +103,14 @@ class SinkStats:
     insert_failures: int = 0
     rows_by_table: dict[str, int] = field(default_factory=dict)
     dead_reasons: Counter[str] = field(default_factory=Counter)
+
+
+def _usable(record: Message) -> bool:
+    """False for a consumer error (logged unless it is the end of a partition)."""
+    error = record.error()
+    if error is not None and error.code() != KafkaError._PARTITION_EOF:
+        log.warning("consumer error: %s", error)
+    return error is None
 
 
 class ClickHouseSink:
@@ -192,17 +204,17 @@ class ClickHouseSink:
     def _take(self, records: list[Message]) -> None:
         """Decode ``records`` into the open batch, per topic in record order (a topic
         is one table); bad ones to the dead-letter topic."""
-        by_topic: dict[str, list[Message]] = {}
-        for record in records:
-            error = record.error()
-            if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
-                    log.warning("consumer error: %s", error)
-                continue
-            by_topic.setdefault(record.topic(), []).append(record)
-            # A dead-lettered record still advances the offsets: it must not block the partition.
-            self.open.add_offset(record.topic(), record.partition(), record.offset())
-        for topic, group in by_topic.items():
+        if list(map(Message.error, records)).count(None) != len(records):
+            records = list(filter(_usable, records))
+        topics = list(map(Message.topic, records))
+        # A dead-lettered record still advances the offsets: it must not block the partition.
+        self.open.add_offsets(list(zip(topics, map(Message.partition, records), strict=True)),
+                              list(map(Message.offset, records)))  # fmt: skip
+        by_topic: dict[str, list[int]] = {}
+        for i, topic in enumerate(topics):
+            by_topic.setdefault(topic, []).append(i)
+        for topic, indexes in by_topic.items():
+            group = [records[i] for i in indexes] if len(indexes) < len(records) else records
             self.stats.consumed += len(group)
             kind = self.topics.get(topic)
             if kind is None:
@@ -211,7 +223,10 @@ class ClickHouseSink:
                         record, SchemaError(f"no kind is stored from topic {topic!r}")
                     )
                 continue
-            decoded = decode_columns([r.value() or b"" for r in group], kind)
+            values = list(map(Message.value, group))
+            if None in values:
+                values = [v or b"" for v in values]
+            decoded = decode_columns(values, kind)
             for index, exc in decoded.rejected:
                 self._dead_letter(group[index], exc)
             self.open.add_rows(decoded)

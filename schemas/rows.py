@@ -27,7 +27,6 @@ import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from itertools import chain, groupby, islice, repeat
-from operator import itemgetter
 from typing import Annotated, Any, Union, get_args, get_origin
 
 import annotated_types as at
@@ -242,9 +241,6 @@ class _Spec:
 
     def __post_init__(self) -> None:
         self.template.update({n: self.defaults.get(n, _MISSING) for n in self.names})
-        if len(self.names) == 1:  # itemgetter of one key gives the value, not a tuple
-            raise TypeError("a model of one field")
-        object.__setattr__(self, "_row", itemgetter(*self.names))
 
     @classmethod
     def of(cls, model: type[BaseModel], skip: tuple[str, ...] = ()) -> _Spec:
@@ -275,11 +271,10 @@ class _Spec:
             raise _Slow
         if not set().union(*records) <= self.keys:
             raise _Slow
-        # every record over the template (all fields, defaults filled in), read in one C
-        # call each and pivoted: a column per field, in self.names order
-        values = zip(*map(self._row, map(self.template.__or__, records)), strict=True)  # type: ignore[attr-defined]
+        template = self.template  # a required field's default: _MISSING
         checked = {
-            name: self.checks[name](list(col)) for name, col in zip(self.names, values, strict=True)
+            name: self.checks[name](list(map(_get, records, repeat(name), repeat(template[name]))))
+            for name in self.names
         }
         return [checked[name] for name in names]
 

@@ -101,6 +101,8 @@ class SinkStats:
     dead_letters: int = 0
     batches: int = 0
     insert_failures: int = 0
+    #: records the fast decode could not vouch for, decided by pydantic (clean telemetry: 0)
+    by_pydantic: int = 0
     rows_by_table: dict[str, int] = field(default_factory=dict)
     dead_reasons: Counter[str] = field(default_factory=Counter)
 
@@ -227,6 +229,7 @@ class ClickHouseSink:
             if None in values:
                 values = [v or b"" for v in values]
             decoded = decode_columns(values, kind)
+            self.stats.by_pydantic += decoded.slow
             for index, exc in decoded.rejected:
                 self._dead_letter(group[index], exc)
             self.open.add_rows(decoded)

@@ -87,6 +87,8 @@ def test_sink_stores_every_kind_and_dead_letters_garbage(
     finally:
         sink.close()
     assert sink.stats.dead_letters == 1
+    # the garbage record, and the flag and the node state (kinds without a fast decode)
+    assert sink.stats.by_pydantic == 1 + 1 + 1
     assert _count(client, settings, "gpu_samples") == 40
     assert _count(client, settings, "step_timings") == 40
     assert _count(client, settings, "nic_samples") == 1
@@ -235,6 +237,7 @@ def test_batch_records_are_stored_as_the_rows_of_their_samples(
     finally:
         sink.close()
     assert sink.stats.consumed == 40 and sink.stats.dead_letters == 0
+    assert sink.stats.by_pydantic == 0  # clean batch records: all by the fast decode
     db = settings.clickhouse.database
     rows = client.query(
         f"SELECT node, gpu, toUnixTimestamp64Milli(ts), temp_c FROM {db}.gpu_samples FINAL "

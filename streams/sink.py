@@ -154,6 +154,7 @@ class ClickHouseSink:
         self._paused = False
         self._next_retry = 0.0
         self._backoff = self.backoff_min
+        self._rows_per_record: float | None = None  # of the last records taken
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -174,8 +175,14 @@ class ClickHouseSink:
             records = self.consumer.consume(num_messages=room, timeout=poll_s)
             start = 0
             while start < len(records):  # slices that fit the open batch's rows
-                end = start + max(1, self.batch_rows - self.open.rows)
+                per = self._rows_per_record  # unknown at first: one record tells
+                room_rows = self.batch_rows - self.open.rows
+                end = start + (1 if per is None else max(1, int(room_rows / per)))
+                rows_before = self.open.rows
                 self._take(records[start:end])
+                taken = min(end, len(records)) - start
+                if self.open.rows > rows_before:  # a batch record is many rows
+                    self._rows_per_record = (self.open.rows - rows_before) / taken
                 if self.open.rows >= self.batch_rows:
                     self._seal()
                 start = end

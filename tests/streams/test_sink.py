@@ -215,6 +215,7 @@ def test_batch_records_are_stored_as_the_rows_of_their_samples(
     client, settings = store
     settings.kafka = kafka_settings.kafka
     settings.clickhouse.batch_seconds = 0.5
+    settings.clickhouse.batch_rows = 40  # 5 batch records of 8 rows
     now = float(int(time.time()))
     singles: list[GuardMessage] = []
     for tick in range(5):
@@ -231,11 +232,18 @@ def test_batch_records_are_stored_as_the_rows_of_their_samples(
     records = batch_messages(singles)
     assert {m.kind for m in records} == {"gpu_batch", "step_batch"} and len(records) == 40
     _publish(settings, records)
-    sink = ClickHouseSink(settings, client, group_id="sink-batches")
+    sizes: list[int] = []
+
+    def insert(batch: Tables, token: str) -> dict[str, int]:
+        sizes.append(sum(rows for rows, _ in batch.values()))
+        return insert_columns(client, settings, batch, dedup_token=token)
+
+    sink = ClickHouseSink(settings, client, group_id="sink-batches", insert=insert)
     try:
         _run_until(sink, lambda: sink.stats.stored == len(singles) and not sink.sealed)
     finally:
         sink.close()
+    assert sum(sizes) == len(singles) and max(sizes) <= 40  # batches bounded by rows
     assert sink.stats.consumed == 40 and sink.stats.dead_letters == 0
     assert sink.stats.by_pydantic == 0  # clean batch records: all by the fast decode
     db = settings.clickhouse.database

@@ -8,7 +8,7 @@ per CPU-second of this process (all its threads: librdkafka's, chDB's): on a sha
 that is steadier than the wall clock, and it says what one core would do.
 
     .venv/bin/python benchmarks/sink_throughput.py [--nodes 8] [--duration 300] [--runs 3]
-        [--records single,batched]
+        [--records single,batched] [--batch-rows N]
 
 To compare with another checkout in the same run, run this script under that checkout's
 interpreter too (it uses only the sink's and the store's public calls), alternating.
@@ -45,6 +45,9 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=300)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--records", default="single", help="single and/or batched")
+    parser.add_argument(
+        "--batch-rows", type=int, default=None, help="clickhouse.batch_rows (the sink's inserts)"
+    )
     args = parser.parse_args()
     bootstrap, broker = bootstrap_or_embedded()
     home = Path(tempfile.mkdtemp(prefix="guard-sink-bench-"))
@@ -67,7 +70,7 @@ def main() -> None:
     via_sink: dict[str, list[tuple[float, float]]] = {}
     try:
         for run in range(args.runs):
-            settings = _settings(home, bootstrap, f"bench_direct_{run}")
+            settings = _settings(home, bootstrap, f"bench_direct_{run}", args.batch_rows)
             migrate(client, settings)
             batch = settings.clickhouse.batch_rows
             insert_messages(client, settings, messages[:1])  # the client's lazy imports
@@ -79,7 +82,7 @@ def main() -> None:
             for kind in args.records.split(","):
                 rate = _via_sink(
                     client,
-                    _settings(home, bootstrap, f"bench_sink_{run}_{kind}"),
+                    _settings(home, bootstrap, f"bench_sink_{run}_{kind}", args.batch_rows),
                     records[kind],
                     len(messages),
                     f"bench-{run}-{kind}",
@@ -110,9 +113,11 @@ def _rate(rate: tuple[float, float]) -> str:
     return f"{rate[0]:,.0f} rows/s ({rate[1]:,.0f} per CPU-s)"
 
 
-def _settings(home: Path, bootstrap: str, database: str) -> Settings:
+def _settings(home: Path, bootstrap: str, database: str, batch_rows: int | None) -> Settings:
     settings = fresh_settings(home, bootstrap, "s", 4)
     settings.clickhouse.database = database
+    if batch_rows:
+        settings.clickhouse.batch_rows = batch_rows
     return settings
 
 

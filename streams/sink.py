@@ -215,10 +215,12 @@ class ClickHouseSink:
         is one table); bad ones to the dead-letter topic."""
         if list(map(Message.error, records)).count(None) != len(records):
             records = list(filter(_usable, records))
-        topics = list(map(Message.topic, records))
+        # a consumed record (no error) has its topic, partition and offset
+        topics: list[Any] = list(map(Message.topic, records))
+        partitions: list[Any] = list(map(Message.partition, records))
+        offsets: list[Any] = list(map(Message.offset, records))
         # A dead-lettered record still advances the offsets: it must not block the partition.
-        self.open.add_offsets(list(zip(topics, map(Message.partition, records), strict=True)),
-                              list(map(Message.offset, records)))  # fmt: skip
+        self.open.add_offsets(list(zip(topics, partitions, strict=True)), offsets)
         by_topic: dict[str, list[int]] = {}
         for i, topic in enumerate(topics):
             by_topic.setdefault(topic, []).append(i)

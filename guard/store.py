@@ -8,7 +8,7 @@ mode one process owns the store and other commands ask it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +17,9 @@ import clickhouse_connect
 from guard.config import Settings
 from guard.errors import GuardError
 from guard.schemas import GuardMessage
-from guard.schemas.tables import TABLES, columns_by_table, ddl_statements
+from guard.schemas.tables import TABLES, Table, columns_by_table, ddl_statements
 
-__all__ = ["StoreUnavailable", "connect", "insert_messages", "migrate"]
+__all__ = ["StoreUnavailable", "connect", "insert_columns", "insert_messages", "migrate"]
 
 
 class StoreUnavailable(GuardError):
@@ -66,9 +66,23 @@ def insert_messages(
     With ``dedup_token`` (e.g. the Kafka offsets the batch came from), retrying the same
     batch is a no-op instead of a second copy.
     """
+    return insert_columns(client, settings, columns_by_table(messages), dedup_token)
+
+
+def insert_columns(
+    client: Any,
+    settings: Settings,
+    tables: Mapping[Table, tuple[int, list[list[Any]]]],
+    dedup_token: str | None = None,
+) -> dict[str, int]:
+    """Insert rows given as columns (per table: the row count and the columns in the
+    table's column order, as :func:`guard.schemas.tables.columns_by_table` or the sink's
+    :func:`guard.schemas.rows.decode_columns` give them). Returns rows written per table."""
     written: dict[str, int] = {}
     database = settings.clickhouse.database
-    for table, (rows, columns) in columns_by_table(messages).items():
+    for table, (rows, columns) in tables.items():
+        if not rows:
+            continue
         table_name = table.name
         settings_arg: dict[str, Any] = {}
         if dedup_token is not None:

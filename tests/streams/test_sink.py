@@ -12,8 +12,8 @@ from confluent_kafka import TopicPartition
 from guard.config import Settings
 from guard.kafka import make_consumer, make_producer, produce
 from guard.schemas import Flag, GpuSample, GuardMessage, NicSample, NodeState, StepTiming
-from guard.store import insert_messages
-from guard.streams.sink import ClickHouseSink
+from guard.store import insert_columns
+from guard.streams.sink import ClickHouseSink, Tables
 
 
 def _messages(now: float, n: int = 40) -> list[GuardMessage]:
@@ -87,6 +87,8 @@ def test_sink_stores_every_kind_and_dead_letters_garbage(
     finally:
         sink.close()
     assert sink.stats.dead_letters == 1
+    # the garbage record, and the flag and the node state (kinds without a fast decode)
+    assert sink.stats.by_pydantic == 1 + 1 + 1
     assert _count(client, settings, "gpu_samples") == 40
     assert _count(client, settings, "step_timings") == 40
     assert _count(client, settings, "nic_samples") == 1
@@ -113,11 +115,11 @@ def test_unreachable_clickhouse_buffers_retries_and_commits_only_after_storing(
     settings.clickhouse.batch_seconds = 0.3
     attempts = {"n": 0}
 
-    def flaky_insert(batch: list[GuardMessage], token: str) -> dict[str, int]:
+    def flaky_insert(batch: Tables, token: str) -> dict[str, int]:
         attempts["n"] += 1
         if attempts["n"] <= 3:  # ClickHouse down for the first three attempts
             raise ConnectionError("Connection refused")
-        return insert_messages(client, settings, batch, dedup_token=token)
+        return insert_columns(client, settings, batch, dedup_token=token)
 
     messages = _messages(time.time())
     _publish(settings, messages)
@@ -145,10 +147,10 @@ def test_full_buffer_pauses_consumption_and_loses_nothing(
     down = threading.Event()
     down.set()
 
-    def insert(batch: list[GuardMessage], token: str) -> dict[str, int]:
+    def insert(batch: Tables, token: str) -> dict[str, int]:
         if down.is_set():
             raise ConnectionError("ClickHouse unreachable")
-        return insert_messages(client, settings, batch, dedup_token=token)
+        return insert_columns(client, settings, batch, dedup_token=token)
 
     messages = _messages(time.time(), n=60)
     _publish(settings, messages)
@@ -162,7 +164,7 @@ def test_full_buffer_pauses_consumption_and_loses_nothing(
     )
     try:
         _run_until(sink, lambda: sink._paused)
-        buffered = len(sink.open.messages) + sum(len(b.messages) for b in sink.sealed)
+        buffered = sink.open.rows + sum(b.rows for b in sink.sealed)
         assert 30 <= buffered <= 40 < len(messages)  # bounded, not everything pulled in
         down.clear()
         _run_until(sink, lambda: sink.stats.stored == len(messages) and not sink.sealed)
@@ -184,8 +186,8 @@ def test_redelivery_after_a_crash_leaves_no_duplicates(
     class ProcessDied(BaseException):  # not an Exception: nothing in the sink catches it
         pass
 
-    def insert_then_die(batch: list[GuardMessage], token: str) -> dict[str, int]:
-        insert_messages(client, settings, batch, dedup_token=token)
+    def insert_then_die(batch: Tables, token: str) -> dict[str, int]:
+        insert_columns(client, settings, batch, dedup_token=token)
         raise ProcessDied  # rows stored, offsets never committed
 
     first = ClickHouseSink(settings, client, group_id="sink-d", insert=insert_then_die)
@@ -213,6 +215,7 @@ def test_batch_records_are_stored_as_the_rows_of_their_samples(
     client, settings = store
     settings.kafka = kafka_settings.kafka
     settings.clickhouse.batch_seconds = 0.5
+    settings.clickhouse.batch_rows = 40  # 5 batch records of 8 rows
     now = float(int(time.time()))
     singles: list[GuardMessage] = []
     for tick in range(5):
@@ -229,12 +232,20 @@ def test_batch_records_are_stored_as_the_rows_of_their_samples(
     records = batch_messages(singles)
     assert {m.kind for m in records} == {"gpu_batch", "step_batch"} and len(records) == 40
     _publish(settings, records)
-    sink = ClickHouseSink(settings, client, group_id="sink-batches")
+    sizes: list[int] = []
+
+    def insert(batch: Tables, token: str) -> dict[str, int]:
+        sizes.append(sum(rows for rows, _ in batch.values()))
+        return insert_columns(client, settings, batch, dedup_token=token)
+
+    sink = ClickHouseSink(settings, client, group_id="sink-batches", insert=insert)
     try:
         _run_until(sink, lambda: sink.stats.stored == len(singles) and not sink.sealed)
     finally:
         sink.close()
+    assert sum(sizes) == len(singles) and max(sizes) <= 40  # batches bounded by rows
     assert sink.stats.consumed == 40 and sink.stats.dead_letters == 0
+    assert sink.stats.by_pydantic == 0  # clean batch records: all by the fast decode
     db = settings.clickhouse.database
     rows = client.query(
         f"SELECT node, gpu, toUnixTimestamp64Milli(ts), temp_c FROM {db}.gpu_samples FINAL "

@@ -1,0 +1,125 @@
+"""Detector cost in machine instructions (valgrind), for comparisons a shared machine cannot blur.
+
+Timings on this 2-core shared machine move by ±20 % from run to run with the neighbours'
+load, and same-run ratios of two codes moved from 0.77 to 0.63 between a quiet and a busy
+hour (a larger working set suffers more from shared caches). A change worth 3 % is invisible
+in them. Instruction counts are not: valgrind's ``cachegrind`` counts every instruction the
+interpreter executes, the same from run to run (hash seed fixed) to ~0.3 %.
+
+Each measurement runs a child twice under ``valgrind --tool=cachegrind --cache-sim=no``:
+once parsing the input and importing the engine, once doing that and running the engine over
+the messages; the difference is the engine's instructions (parsing, imports and interpreter
+start-up cancel out). ``--against PYTHON`` measures another checkout's engine (its
+virtualenv's interpreter) on the same input, written by this checkout's simulator; a
+``--config`` JSON object switches detectors off (``{"peer_anomaly": false}``) to show what
+one costs. Instructions are not time (cache misses are not counted), so this complements
+``detector_throughput.py``; it does not replace it.
+
+Usage::
+
+    .venv/bin/python benchmarks/detector_instructions.py [--nodes 16] [--messages 40000]
+    .venv/bin/python benchmarks/detector_instructions.py --against OTHER/.venv/bin/python
+    .venv/bin/python benchmarks/detector_instructions.py --config '{"fabric": false}'
+
+Needs valgrind (Debian: ``apt-get install valgrind``); a run takes about a minute per
+measurement of 40k messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_CHILD = """
+import json, sys
+from pathlib import Path
+from guard.schemas import parse_message
+from guard.detectors.engine import DetectionEngine, EngineConfig
+path, limit, run, config = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "run", sys.argv[4]
+lines = [line for line in Path(path).read_bytes().splitlines() if line][:limit]
+messages = [parse_message(line) for line in lines]
+if run:
+    engine = DetectionEngine(EngineConfig(**json.loads(config)))
+    update = engine.update
+    for message in messages:
+        update(message)
+    engine.flush()
+"""
+
+_REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
+
+
+def instructions(python: str, path: Path, limit: int, run: bool, config: str) -> int:
+    """Instructions valgrind counted for one child (its whole life)."""
+    done = subprocess.run(
+        [
+            "valgrind",
+            "--tool=cachegrind",
+            "--cache-sim=no",
+            "--cachegrind-out-file=/dev/null",
+            python,
+            "-c",
+            _CHILD,
+            str(path),
+            str(limit),
+            "run" if run else "setup",
+            config,
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+        check=False,
+    )
+    found = _REFS.search(done.stderr)
+    if done.returncode != 0 or found is None:
+        raise SystemExit(f"valgrind run of {python} failed:\n{done.stderr[-2000:]}")
+    return int(found.group(1).replace(",", ""))
+
+
+def engine_instructions(python: str, path: Path, limit: int, config: str) -> int:
+    return instructions(python, path, limit, True, config) - instructions(
+        python, path, limit, False, config
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=16)
+    parser.add_argument("--duration", type=float, default=300.0)
+    parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--messages", type=int, default=40_000, help="the first N messages")
+    parser.add_argument("--against", metavar="PYTHON", help="another checkout's interpreter")
+    parser.add_argument("--config", default="{}", help="EngineConfig switches, as JSON")
+    args = parser.parse_args(argv)
+    if shutil.which("valgrind") is None:
+        print("detector_instructions: valgrind is not installed (apt-get install valgrind)")
+        return 2
+    json.loads(args.config)  # a bad object fails here, not in every child
+
+    from guard.agents.simulator import ClusterSimulator, SimConfig
+    from guard.schemas import encode
+
+    sim = ClusterSimulator(SimConfig(nodes=args.nodes, duration_s=args.duration, seed=args.seed))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "telemetry.jsonl"
+        path.write_bytes(b"".join(encode(m) + b"\n" for m in sim.messages()))
+        n = min(args.messages, len(path.read_bytes().splitlines()))
+        print(f"input: {args.nodes} nodes x {args.duration:.0f} s, first {n:,} messages")
+        this = engine_instructions(sys.executable, path, n, args.config)
+        print(f"this:  {this / 1e9:.3f}e9 instructions, {this / n:,.0f} per message")
+        if args.against:
+            other = engine_instructions(args.against, path, n, args.config)
+            print(f"other: {other / 1e9:.3f}e9 instructions, {other / n:,.0f} per message")
+            print(f"this / other: {this / other:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

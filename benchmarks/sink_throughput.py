@@ -3,7 +3,8 @@
 Pre-loads the topics with simulator output, then times (a) the baseline: the same messages
 inserted straight from memory with ``guard.store.insert_messages`` in batches of the sink's
 size, and (b) the sink consuming them from Kafka (time from its first stored batch to the
-last, so the group join is not counted). Medians of several runs. Each rate is also given
+last, so the group join is not counted), and (c) the sink's decode alone
+(``decode_columns`` over the same records, no Kafka, no insert). Medians of several runs. Each rate is also given
 per CPU-second of this process (all its threads: librdkafka's, chDB's): on a shared machine
 that is steadier than the wall clock, and it says what one core would do.
 
@@ -34,7 +35,8 @@ from _broker import bootstrap_or_embedded, fresh_settings  # benchmarks/ is on s
 from guard.agents.simulator import ClusterSimulator, SimConfig
 from guard.config import Settings
 from guard.kafka import create_topics, make_producer, produce
-from guard.schemas import GuardMessage, batch_messages
+from guard.schemas import GuardMessage, batch_messages, encode
+from guard.schemas.rows import decode_columns
 from guard.store import insert_messages, migrate
 from guard.streams.sink import ClickHouseSink
 
@@ -66,8 +68,10 @@ def main() -> None:
     # The input (~10^5 models) stays alive for the whole run; a sink process holds nothing
     # like it, so it is kept out of the cyclic collector's walks (which cost a decode ~15 %).
     gc.freeze()
+    encoded = {kind: _by_topic(recs) for kind, recs in records.items()}
     direct: list[tuple[float, float]] = []
     via_sink: dict[str, list[tuple[float, float]]] = {}
+    decodes: dict[str, list[float]] = {}
     try:
         for run in range(args.runs):
             settings = _settings(home, bootstrap, f"bench_direct_{run}", args.batch_rows)
@@ -88,21 +92,44 @@ def main() -> None:
                     f"bench-{run}-{kind}",
                 )
                 via_sink.setdefault(kind, []).append(rate)
+                decoded = _decode_rate(encoded[kind])
+                decodes.setdefault(kind, []).append(decoded)
                 print(
                     f"run {run + 1}: {len(messages):,} rows ({len(records[kind]):,} {kind} "
-                    f"records): direct {_rate(direct[-1])}, sink from Kafka {_rate(rate)}",
+                    f"records): direct {_rate(direct[-1])}, sink from Kafka {_rate(rate)}, "
+                    f"its decode alone {decoded:,.0f} rows per CPU-s",
                     flush=True,
                 )
         for kind, rates in via_sink.items():
             d, r = _median(direct), _median(rates)
             print(
                 f"median, {kind} records: direct insert {_rate(d)}, sink {_rate(r)} "
-                f"({r[0] / d[0]:.2f}x of direct; runs: {', '.join(_rate(x) for x in rates)})"
+                f"({r[0] / d[0]:.2f}x of direct; runs: {', '.join(_rate(x) for x in rates)}); "
+                f"decode alone {statistics.median(decodes[kind]):,.0f} rows per CPU-s"
             )
     finally:
         client.close()
         if broker is not None:
             broker.stop()
+
+
+def _by_topic(messages: list[GuardMessage]) -> dict[str, list[bytes]]:
+    """The records of each telemetry topic (named by its single kind), encoded."""
+    out: dict[str, list[bytes]] = {}
+    for m in messages:
+        out.setdefault(m.kind.removesuffix("_batch"), []).append(encode(m))
+    return out
+
+
+def _decode_rate(by_topic: dict[str, list[bytes]], run: int = 1000) -> float:
+    """Rows per CPU-second of the sink's decode alone (``decode_columns``, runs of ``run``
+    records, as a consumer batch gives them): the share of a row's cost that is not Kafka's
+    or the insert's."""
+    rows, started = 0, time.process_time()
+    for kind, values in by_topic.items():
+        for i in range(0, len(values), run):
+            rows += decode_columns(values[i : i + run], kind).rows
+    return rows / (time.process_time() - started)
 
 
 def _median(rates: list[tuple[float, float]]) -> tuple[float, float]:

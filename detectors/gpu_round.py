@@ -36,6 +36,7 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from guard.schemas import GpuSample
@@ -48,6 +49,9 @@ from .robust import median
 __all__ = ["GpuRound", "GpuRoundRule", "RoundMedians", "impact_of"]
 
 _UNKNOWN = object()
+_TS = attrgetter("ts")
+#: attribute readers of :meth:`GpuRound.peer_median`, by name (one C-level call per GPU)
+_READERS: dict[str, attrgetter[Any]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +71,7 @@ class GpuRound:
     @classmethod
     def of(cls, node: str, job: str | None, samples: dict[int, GpuSample]) -> GpuRound:
         """The round of ``samples``, at the event time of its latest sample."""
-        return cls(node, job, max(s.ts for s in samples.values()), samples)
+        return cls(node, job, max(map(_TS, samples.values())), samples)
 
     def peer_median(self, attr: str, min_peers: int = 3) -> float | None:
         """Median of ``attr`` over the GPUs that report it; ``None`` below ``min_peers``."""
@@ -75,7 +79,10 @@ class GpuRound:
         known = self.medians.get(key, _UNKNOWN)
         if known is not _UNKNOWN:
             return known  # type: ignore[return-value]
-        values = [v for s in self.samples.values() if (v := getattr(s, attr)) is not None]
+        read = _READERS.get(attr)
+        if read is None:
+            read = _READERS[attr] = attrgetter(attr)
+        values = [v for v in map(read, self.samples.values()) if v is not None]
         found = median(values) if len(values) >= min_peers else None
         self.medians[key] = found
         return found

@@ -85,28 +85,34 @@ class PowerDetector(GpuRoundRule):
         util_med = message.peer_median("util_pct")
         clock_med = message.peer_median("sm_clock_mhz")
         found: list[Finding] = []
+        limit_cut = None if limit_med is None else self.limit_ratio * limit_med
+        low_ratio, min_util, band = self.low_ratio, self.min_util, self.util_band
+        watch, holds = self.watch, self.holds
         for gpu, s in message.samples.items():
             bits = s.clock_event_reasons or 0
             brake = bool(bits & HW_POWER_BRAKE)
             capped = (
-                s.power_limit_w is not None
-                and limit_med is not None
-                and s.power_limit_w < self.limit_ratio * limit_med
+                limit_cut is not None
+                and s.power_limit_w is not None
+                and s.power_limit_w < limit_cut
             )
             below = 0.0
             if s.power_w is not None and power_med:
                 below = 1.0 - s.power_w / power_med
-            loaded = (
-                s.util_pct is not None
+            low = (
+                below >= low_ratio
+                and s.util_pct is not None
                 and util_med is not None
-                and s.util_pct >= self.min_util
-                and abs(s.util_pct - util_med) <= self.util_band
+                and s.util_pct >= min_util
+                and abs(s.util_pct - util_med) <= band
             )
-            low = below >= self.low_ratio and loaded
+            odd = capped or low
+            if not (brake or odd or gpu in watch or gpu in holds):
+                continue  # the common case: a healthy GPU without state
             impact = None
             if brake:
                 impact = "hw_power_brake"
-            elif capped or low:
+            elif odd:
                 if bits & SW_POWER_CAP:
                     impact = "sw_power_cap"  # held back by its limit
                 elif (
@@ -115,13 +121,11 @@ class PowerDetector(GpuRoundRule):
                     and s.sm_clock_mhz < 0.97 * clock_med
                 ):
                     impact = "sm_clock_deficit"
-            odd = capped or low
-            # the common case, a healthy GPU without state, costs no call
-            watched = self.watched(gpu, odd, s.ts) if odd or gpu in self.watch else None
+            watched = self.watched(gpu, odd, s.ts) if odd or gpu in watch else None
             held = (
                 self.held(gpu, True, s.ts)
                 if impact is not None
-                else (self.held(gpu, False, s.ts) if gpu in self.holds else None)
+                else (self.held(gpu, False, s.ts) if gpu in holds else None)
             )
             if held is None and watched is None:
                 continue

@@ -210,29 +210,38 @@ class NicDetector:
         st = self.ports.get(key)
         if st is None:
             st = self.ports[key] = _PortState(self.hold_args)
-        if s.speed_gbps is not None:
-            st.speed = s.speed_gbps
-            self.nominal_gbps = max(self.nominal_gbps, s.speed_gbps)
+        speed = s.speed_gbps
+        if speed is not None:
+            st.speed = speed
+            if speed > self.nominal_gbps:  # noqa: PLR1730 (per sample: max() costs a call)
+                self.nominal_gbps = speed
         prev, prev_ts = st.counters, st.ts
         st.inc = None
-        if prev_ts is not None and s.ts <= prev_ts:
+        ts = s.ts
+        if prev_ts is not None and ts <= prev_ts:
             return []  # duplicate or out of order: rates need increasing time
         counters = s.counters
         st.counters = counters  # messages are not mutated: keep a reference, not a copy
-        st.ts = s.ts
+        st.ts = ts
         if prev_ts is None:
             return []
-        dt = s.ts - prev_ts
+        dt = ts - prev_ts
         phys_n, retrans_n, marks, flaps, wait = self._increases(st, counters, prev)
-        st.inc = (s.ts, wait, marks)
+        st.inc = (ts, wait, marks)
         down = st.down  # the common case, a port up without flaps or history, costs no call
         if flaps or s.link_up is False or down.bits or down.active:
             found = self._link(s, st, flaps, dt)
         else:
             found = []
-        degraded = self._degraded(s, st, phys_n / dt, retrans_n / dt)
-        if degraded is not None:
-            found.append(degraded)
+        phys, retrans = phys_n / dt, retrans_n / dt
+        errors = phys >= self.phys_per_s or retrans >= self.retrans_per_s
+        speed, nominal = st.speed, self.nominal_gbps
+        slow = speed is not None and nominal > 0.0 and speed < self.speed_ratio * nominal
+        held = st.degraded
+        if errors or slow or held.bits or held.active:
+            degraded = self._degraded(s, st, phys, retrans, errors, slow)
+            if degraded is not None:
+                found.append(degraded)
         congestion = marks / dt
         st.congested = congestion >= self.congestion_per_s and phys_n == 0 and retrans_n == 0
         if self.first_port is None or key < self.first_port:
@@ -300,21 +309,12 @@ class NicDetector:
         return found
 
     def _degraded(
-        self, s: NicSample, st: _PortState, phys: float, retrans: float
+        self, s: NicSample, st: _PortState, phys: float, retrans: float, errors: bool, slow: bool
     ) -> Finding | None:
-        """Error or retransmit rates (per second) too high, or the link slower than nominal."""
-        slow = (
-            st.speed is not None
-            and self.nominal_gbps > 0.0
-            and st.speed < self.speed_ratio * self.nominal_gbps
-        )
-        errors = phys >= self.phys_per_s or retrans >= self.retrans_per_s
-        degraded = st.degraded
-        event = (
-            degraded.update(errors or slow, s.ts)
-            if (errors or slow or degraded.bits or degraded.active)
-            else None
-        )
+        """Error or retransmit rates (per second) too high (``errors``), or the link slower
+        than nominal (``slow``); :meth:`update` calls it when one holds or the port's hold
+        has history."""
+        event = st.degraded.update(errors or slow, s.ts)
         if event is None:
             return None
         return self._finding(

@@ -66,6 +66,11 @@ class ClockDetector(GpuRoundRule):
         clock_med = message.peer_median("sm_clock_mhz")
         if clock_med is None or clock_med <= 0.0:
             return []
+        if not self.holds and self.low_ratio > 0.0:
+            # the common case, no GPU with history: the slowest clock decides for the round
+            slowest = min(message.peer_values("sm_clock_mhz"))
+            if 1.0 - slowest / clock_med < self.low_ratio:
+                return []
         found: list[Finding] = []
         low_ratio, min_util, holds = self.low_ratio, self.min_util, self.holds
         for gpu, s in message.samples.items():

@@ -82,10 +82,12 @@ class PowerDetector(GpuRoundRule):
         """Findings of one sampling round (raises and clears of the GPUs' holds)."""
         power_med = message.peer_median("power_w")
         limit_med = message.peer_median("power_limit_w")
+        limit_cut = None if limit_med is None else self.limit_ratio * limit_med
+        if not self.watch and not self.holds and self._calm(message, power_med, limit_cut):
+            return []  # the common case: a healthy round, no GPU with history
         util_med = message.peer_median("util_pct")
         clock_med = message.peer_median("sm_clock_mhz")
         found: list[Finding] = []
-        limit_cut = None if limit_med is None else self.limit_ratio * limit_med
         low_ratio, min_util, band = self.low_ratio, self.min_util, self.util_band
         watch, holds = self.watch, self.holds
         for gpu, s in message.samples.items():
@@ -148,3 +150,18 @@ class PowerDetector(GpuRoundRule):
                 evidence["impact"] = impact or "hw_power_brake"
                 found.append(self.finding(message, gpu, held, "power", "warning", score, evidence))
         return found
+
+    def _calm(self, rnd: GpuRound, power_med: float | None, limit_cut: float | None) -> bool:
+        """No GPU of ``rnd`` is braked, capped or low: the lowest limit and the lowest draw
+        decide, as the tests fall with them (a NaN leaves it to the per-GPU tests)."""
+        if rnd.reason_bits() & HW_POWER_BRAKE:
+            return False
+        limits = rnd.peer_values("power_limit_w")
+        if limit_cut is not None and limits and not min(limits) >= limit_cut:
+            return False
+        if not self.low_ratio > 0.0:
+            return False
+        if not power_med:
+            return True  # every GPU's shortfall counts as 0
+        powers = rnd.peer_values("power_w")
+        return power_med > 0.0 and 1.0 - min(powers) / power_med < self.low_ratio

@@ -96,6 +96,8 @@ class ThermalDetector(GpuRoundRule):
     def update(self, message: GpuRound) -> list[Finding]:
         """Findings of one sampling round (raises and clears of the GPUs' holds)."""
         center = message.peer_median("temp_c")
+        if not self.watch and not self.holds and self._calm(message, center):
+            return []  # the common case: a healthy round, no GPU with history
         medians: RoundMedians | None = None
         found: list[Finding] = []
         delta, limit, watch, holds = self.peer_delta_c, self.limit_c, self.watch, self.holds
@@ -136,3 +138,14 @@ class ThermalDetector(GpuRoundRule):
                 severity = "critical" if critical else "warning"
                 found.append(self.finding(message, gpu, held, "thermal", severity, score, evidence))
         return found
+
+    def _calm(self, rnd: GpuRound, center: float | None) -> bool:
+        """No GPU of ``rnd`` is hot or reports a thermal reason bit: the hottest one decides,
+        as both tests rise with the temperature (a NaN leaves it to the per-GPU tests)."""
+        if not self.peer_delta_c > 0.0 or rnd.reason_bits() & THERMAL_REASONS:
+            return False
+        temps = rnd.peer_values("temp_c")
+        if not temps:
+            return True
+        hottest = max(temps)
+        return hottest < self.limit_c and (center is None or hottest - center < self.peer_delta_c)

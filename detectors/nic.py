@@ -84,8 +84,9 @@ class _Watch:
     Agents report the counters their NIC has (many leave some of the watched ones out), and
     a port keeps them from sample to sample: reading the present ones in one C-level call
     beats a lookup per watched name. A reader made from a sample fits a later one that has
-    the same watched counters: :meth:`increases` raises KeyError when one of them is gone,
-    :meth:`fits` tells whether one of the absent ones came.
+    the same watched counters: ``read`` raises KeyError when one of them is gone, and one
+    of the ``absent`` ones in it means it does not fit (:meth:`NicDetector._increases`
+    checks both, inline: it runs for every sample).
     """
 
     __slots__ = ("absent", "head", "names", "read", "slices", "tail")
@@ -106,10 +107,6 @@ class _Watch:
 
     def _read(self, counters: dict[str, int]) -> tuple[int, ...]:
         return tuple(counters[name] for name in self.names)
-
-    def fits(self, counters: dict[str, int]) -> bool:
-        """No watched counter that the reader's sample lacked is in ``counters``."""
-        return not any(map(counters.__contains__, self.absent))
 
     def increases(self, now: tuple[int, ...], before: tuple[int, ...]) -> list[int]:
         """:func:`_increases` of two samples' counters as this reader read them."""
@@ -145,6 +142,7 @@ class _PortState:
         "degraded",
         "down",
         "inc",
+        "sample",
         "speed",
         "ts",
         "values",
@@ -163,6 +161,7 @@ class _PortState:
         #: the latest sample's (ts, xmit wait, congestion marks) increases; None when that
         #: sample gave no interval (first, duplicate, out of order) — the fabric reads it
         self.inc: tuple[float, int, int] | None = None
+        self.sample: NicSample | None = None  # the latest one handed in (not pickled)
 
     def __getstate__(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__ if name not in _UNSAVED}
@@ -170,11 +169,11 @@ class _PortState:
     def __setstate__(self, state: dict[str, Any]) -> None:
         for name, value in state.items():
             setattr(self, name, value)
-        self.watch = self.inc = None
+        self.watch = self.inc = self.sample = None
         self.values = ()
 
 
-_UNSAVED = ("watch", "inc", "values")
+_UNSAVED = ("watch", "inc", "sample", "values")
 
 
 class NicDetector:
@@ -201,6 +200,7 @@ class NicDetector:
         self.nominal_gbps = 0.0
         self.first_port: tuple[str, int] | None = None
         self.congestion = Hold(raise_after, within, clear_after)  # the node's, over its ports
+        self.latest: _PortState | None = None  # the port of the latest sample, for increase()
 
     def update(self, message: NicSample) -> list[Finding]:
         """Rates since the port's previous sample; findings of the port (and the node's
@@ -210,6 +210,7 @@ class NicDetector:
         st = self.ports.get(key)
         if st is None:
             st = self.ports[key] = _PortState(self.hold_args)
+        self.latest, st.sample = st, s
         speed = s.speed_gbps
         if speed is not None:
             st.speed = speed
@@ -255,7 +256,9 @@ class NicDetector:
     def increase(self, message: NicSample) -> tuple[int, int] | None:
         """The xmit-wait and congestion-mark (ECN + CNP) increases that ``message``, the
         port's latest sample, added (resets count 0); None: it gave no interval."""
-        st = self.ports.get((message.device, message.port))
+        st = self.latest  # the engine asks right after update(): no key to build
+        if st is None or st.sample is not message:
+            st = self.ports.get((message.device, message.port))
         inc = None if st is None else st.inc
         return None if inc is None or inc[0] != message.ts else (inc[1], inc[2])
 
@@ -264,7 +267,7 @@ class NicDetector:
         """:func:`_increases`, through the port's reader while its counters stay the same
         (``st.values`` is what it read of ``before``, the previous sample)."""
         watch = st.watch
-        if watch is not None and watch.fits(now):
+        if watch is not None and not any(map(now.__contains__, watch.absent)):  # it fits
             try:
                 values = watch.read(now)
             except KeyError:

@@ -261,8 +261,9 @@ def crowded(trackers: list[DeviationTracker], rule: PersistenceRule, sigma_rel: 
     """
     bar = max(2.0 * rule.min_residual, 1.5 * sigma_rel)
     n = 0
+    learned = rule.baseline_rounds
     for t in trackers:
-        if t.rounds > rule.baseline_rounds and len(t.residuals) >= 4:
+        if t.rounds > learned and len(t.residuals) >= 4:
             recent = t.residuals
             last4 = (recent[-1] + recent[-2] + recent[-3] + recent[-4]) / 4.0
             if abs(last4 - t.baseline) >= bar:
@@ -326,6 +327,8 @@ class GroupNoise:
             for residual, tracker in zip(residuals, trackers, strict=True)
         ]
         shared = self.shared(trackers, rule, sigma_rel)
+        if not any(events):
+            return []  # the common case: no member raised or cleared
         judged: list[tuple[int, str]] = []
         for i, (tracker, event) in enumerate(zip(trackers, events, strict=True)):
             if event == "raise" and shared:

@@ -93,11 +93,8 @@ class PowerDetector(GpuRoundRule):
         for gpu, s in message.samples.items():
             bits = s.clock_event_reasons or 0
             brake = bool(bits & HW_POWER_BRAKE)
-            capped = (
-                limit_cut is not None
-                and s.power_limit_w is not None
-                and s.power_limit_w < limit_cut
-            )
+            limit = s.power_limit_w
+            capped = limit_cut is not None and limit is not None and limit < limit_cut
             below = 0.0
             if s.power_w is not None and power_med:
                 below = 1.0 - s.power_w / power_med

@@ -92,6 +92,7 @@ from __future__ import annotations
 import math
 import pickle
 from collections.abc import Hashable
+from itertools import repeat
 from typing import Any
 
 from river import anomaly, stats
@@ -428,7 +429,7 @@ class GpuPeerAnomaly:
         for port, s in self.nic_ports.items():
             if s.ts is None:
                 continue
-            total = sum(s.counters.get(n, 0) for n in _NIC_ERRORS)
+            total = sum(map(s.counters.get, _NIC_ERRORS, repeat(0)))  # absent: 0
             kept = self.nic_kept.get(port)
             self.nic_kept[port] = (s.ts, total)
             if kept is not None and s.ts > kept[0]:

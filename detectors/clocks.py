@@ -66,18 +66,24 @@ class ClockDetector(GpuRoundRule):
         clock_med = message.peer_median("sm_clock_mhz")
         if clock_med is None or clock_med <= 0.0:
             return []
+        if not self.holds and self.low_ratio > 0.0:
+            # the common case, no GPU with history: the slowest clock decides for the round
+            slowest = min(message.peer_values("sm_clock_mhz"))
+            if 1.0 - slowest / clock_med < self.low_ratio:
+                return []
         found: list[Finding] = []
+        low_ratio, min_util, holds = self.low_ratio, self.min_util, self.holds
         for gpu, s in message.samples.items():
             clock = s.sm_clock_mhz
             below = 1.0 - clock / clock_med if clock is not None else 0.0
             condition = (
-                below >= self.low_ratio
+                below >= low_ratio
                 and s.util_pct is not None
-                and s.util_pct >= self.min_util
+                and s.util_pct >= min_util
                 and not ((s.clock_event_reasons or 0) & IDLE)
             )
             # the common case, a healthy GPU without state, costs no call
-            held = self.held(gpu, condition, s.ts) if condition or gpu in self.holds else None
+            held = self.held(gpu, condition, s.ts) if condition or gpu in holds else None
             if held is None:
                 continue
             evidence: dict[str, Any] = {

@@ -130,6 +130,7 @@ class CollectiveHomogeneityDetector:
         self.hang_min_s = hang_min_s
         self.min_peers = min_peers
         self.ops: dict[tuple[str, int], _PendingOp] = {}
+        self.oldest: dict[str, int] = {}  # comm -> its lowest pending seq (an op in ``ops``)
         self.members: dict[str, set[int]] = {}
         self.closed_through: dict[str, int] = {}
         self.expected: dict[str, int] = {}
@@ -164,26 +165,40 @@ class CollectiveHomogeneityDetector:
         op = self.ops.get(key)
         if op is None:
             op = self.ops[key] = _PendingOp()
-        op.arrive[rank] = message.arrive_ts
-        op.first_arrive = min(op.first_arrive, message.arrive_ts)
-        if message.end_ts is not None and op.end.get(rank) is None:
+            oldest = self.oldest.get(comm)
+            if oldest is None or seq < oldest:
+                self.oldest[comm] = seq
+        # runs for every rank of every op: comparisons where min() and max() would be calls
+        arrive, end = message.arrive_ts, message.end_ts
+        op.arrive[rank] = arrive
+        if arrive < op.first_arrive:  # noqa: PLR1730 (min() costs a call)
+            op.first_arrive = arrive
+        if end is not None and op.end.get(rank) is None:
             op.ended += 1
-        op.end[rank] = message.end_ts
-        op.ts = max(op.ts, message.ts)
-        if message.peers and message.end_ts is not None:
-            for peer in message.peers:
-                if peer.bytes > 0 and peer.duration_s > 0.0:
-                    pair = (rank, peer.rank) if rank < peer.rank else (peer.rank, rank)
-                    op.conns[pair] = max(op.conns.get(pair, 0.0), peer.duration_s / peer.bytes)
+        op.end[rank] = end
+        if message.ts > op.ts:  # noqa: PLR1730
+            op.ts = message.ts
+        if message.peers and end is not None:
+            self._add_connections(op, rank, message)
         found: list[Finding] = []
         expected = self.expected.get(comm, 0)
         if expected and op.ended >= expected:
             found += self._close(comm, seq)
-        if len(self.ops) > 1:
-            oldest = min((s for c, s in self.ops if c == comm), default=seq)
-            if seq - oldest >= self.close_lag:
-                found += self._close(comm, seq - self.close_lag)
+        if len(self.ops) > 1 and seq - self.oldest.get(comm, seq) >= self.close_lag:
+            found += self._close(comm, seq - self.close_lag)
         return found
+
+    @staticmethod
+    def _add_connections(op: _PendingOp, rank: int, message: CollectiveTiming) -> None:
+        """The rank's connections in ``op``: the slowest seconds per byte seen per pair."""
+        conns = op.conns
+        for peer in message.peers or ():
+            if peer.bytes > 0 and peer.duration_s > 0.0:
+                pair = (rank, peer.rank) if rank < peer.rank else (peer.rank, rank)
+                spb = peer.duration_s / peer.bytes
+                old = conns.get(pair)
+                if old is None or spb > old:  # max(conns.get(pair, 0.0), spb): spb >= 0
+                    conns[pair] = spb
 
     def tick(self, now: float) -> list[Finding]:
         """Look for hung ops at event time ``now``."""
@@ -217,6 +232,11 @@ class CollectiveHomogeneityDetector:
                 continue
             found += self._arrivals(comm, key[1], op)
             found += self._connections(comm, key[1], op)
+        left = [s for c, s in self.ops if c == comm]
+        if left:
+            self.oldest[comm] = min(left)
+        else:
+            self.oldest.pop(comm, None)
         return found
 
     def _arrivals(self, comm: str, seq: int, op: _PendingOp) -> list[Finding]:

@@ -364,7 +364,7 @@ class DetectionEngine:
             if node is None:
                 node = self.node(msg.node)
             found = node.update(msg) if self.config.node_telemetry else []
-            if self.fabric is not None and kind == "nic":
+            if kind == "nic" and self.fabric is not None:
                 assert isinstance(msg, NicSample)
                 hot = self.fabric.add(msg, node.nic.increase(msg))
                 if hot:
@@ -377,10 +377,11 @@ class DetectionEngine:
         else:
             found = []
         flags = self.fuse(found) if found else []
-        if msg.ts > self.watermark:
-            self.watermark = msg.ts
-            if msg.ts - self.last_tick >= self.config.tick_s:
-                flags += self.tick(msg.ts)
+        ts = msg.ts
+        if ts > self.watermark:
+            self.watermark = ts
+            if ts - self.last_tick >= self.config.tick_s:
+                flags += self.tick(ts)
         return flags
 
     def tick(self, now: float) -> list[Flag]:

@@ -108,8 +108,9 @@ class FabricHotSpotDetector:
         # Called for every NIC sample: plain lookups, no per-call containers.
         window = int(message.ts // self.window_s)
         out: list[Finding] = []
-        if self._window is not None and window > self._window:
-            out = self._close(float((self._window + 1) * self.window_s))
+        last = self._window
+        if last is not None and window > last:
+            out = self._close(float((last + 1) * self.window_s))
         self._window = window
         if increase is None:
             return out
@@ -117,13 +118,15 @@ class FabricHotSpotDetector:
         sums = self._sums.get(key)
         if sums is None:
             sums = self._sums[key] = [0.0, 0.0]
-        sums[0] += increase[0]
-        sums[1] += increase[1]
-        if message.job is not None:
+        wait, marks = increase
+        sums[0] += wait
+        sums[1] += marks
+        job = message.job
+        if job is not None:
             jobs = self._jobs.get(key)
             if jobs is None:
                 jobs = self._jobs[key] = set()
-            jobs.add(message.job)
+            jobs.add(job)
         return out
 
     def tick(self, now: float) -> list[Finding]:

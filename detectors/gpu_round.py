@@ -36,6 +36,8 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import reduce
+from operator import attrgetter, or_
 from typing import Any
 
 from guard.schemas import GpuSample
@@ -48,6 +50,9 @@ from .robust import median
 __all__ = ["GpuRound", "GpuRoundRule", "RoundMedians", "impact_of"]
 
 _UNKNOWN = object()
+_TS = attrgetter("ts")
+#: attribute readers of :meth:`GpuRound.peer_values`, by name (one C-level call per GPU)
+_READERS: dict[str, attrgetter[Any]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +68,32 @@ class GpuRound:
     medians: dict[tuple[str, int], float | None] = field(
         default_factory=dict, compare=False, repr=False
     )
+    #: :meth:`peer_values` already read, by attribute
+    readings: dict[str, list[Any]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, node: str, job: str | None, samples: dict[int, GpuSample]) -> GpuRound:
         """The round of ``samples``, at the event time of its latest sample."""
-        return cls(node, job, max(s.ts for s in samples.values()), samples)
+        return cls(node, job, max(map(_TS, samples.values())), samples)
+
+    def peer_values(self, attr: str) -> list[Any]:
+        """``attr`` of the GPUs that report it (not ``None``), in GPU order; read once.
+
+        The rules screen a whole round with their ``min`` or ``max`` (one C-level call
+        instead of a test per GPU): healthy rounds, the common case, then cost no loop.
+        """
+        values = self.readings.get(attr)
+        if values is None:
+            read = _READERS.get(attr)
+            if read is None:
+                read = _READERS[attr] = attrgetter(attr)
+            values = [v for v in map(read, self.samples.values()) if v is not None]
+            self.readings[attr] = values
+        return values
+
+    def reason_bits(self) -> int:
+        """The clock-event reason bits any GPU of the round reports (OR of all)."""
+        return reduce(or_, self.peer_values("clock_event_reasons"), 0)
 
     def peer_median(self, attr: str, min_peers: int = 3) -> float | None:
         """Median of ``attr`` over the GPUs that report it; ``None`` below ``min_peers``."""
@@ -75,7 +101,7 @@ class GpuRound:
         known = self.medians.get(key, _UNKNOWN)
         if known is not _UNKNOWN:
             return known  # type: ignore[return-value]
-        values = [v for s in self.samples.values() if (v := getattr(s, attr)) is not None]
+        values = self.peer_values(attr)
         found = median(values) if len(values) >= min_peers else None
         self.medians[key] = found
         return found

@@ -84,8 +84,9 @@ class _Watch:
     Agents report the counters their NIC has (many leave some of the watched ones out), and
     a port keeps them from sample to sample: reading the present ones in one C-level call
     beats a lookup per watched name. A reader made from a sample fits a later one that has
-    the same watched counters: :meth:`increases` raises KeyError when one of them is gone,
-    :meth:`fits` tells whether one of the absent ones came.
+    the same watched counters: ``read`` raises KeyError when one of them is gone, and one
+    of the ``absent`` ones in it means it does not fit (:meth:`NicDetector._increases`
+    checks both, inline: it runs for every sample).
     """
 
     __slots__ = ("absent", "head", "names", "read", "slices", "tail")
@@ -106,10 +107,6 @@ class _Watch:
 
     def _read(self, counters: dict[str, int]) -> tuple[int, ...]:
         return tuple(counters[name] for name in self.names)
-
-    def fits(self, counters: dict[str, int]) -> bool:
-        """No watched counter that the reader's sample lacked is in ``counters``."""
-        return not any(map(counters.__contains__, self.absent))
 
     def increases(self, now: tuple[int, ...], before: tuple[int, ...]) -> list[int]:
         """:func:`_increases` of two samples' counters as this reader read them."""
@@ -145,6 +142,7 @@ class _PortState:
         "degraded",
         "down",
         "inc",
+        "sample",
         "speed",
         "ts",
         "values",
@@ -163,6 +161,7 @@ class _PortState:
         #: the latest sample's (ts, xmit wait, congestion marks) increases; None when that
         #: sample gave no interval (first, duplicate, out of order) — the fabric reads it
         self.inc: tuple[float, int, int] | None = None
+        self.sample: NicSample | None = None  # the latest one handed in (not pickled)
 
     def __getstate__(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__ if name not in _UNSAVED}
@@ -170,11 +169,11 @@ class _PortState:
     def __setstate__(self, state: dict[str, Any]) -> None:
         for name, value in state.items():
             setattr(self, name, value)
-        self.watch = self.inc = None
+        self.watch = self.inc = self.sample = None
         self.values = ()
 
 
-_UNSAVED = ("watch", "inc", "values")
+_UNSAVED = ("watch", "inc", "sample", "values")
 
 
 class NicDetector:
@@ -201,6 +200,7 @@ class NicDetector:
         self.nominal_gbps = 0.0
         self.first_port: tuple[str, int] | None = None
         self.congestion = Hold(raise_after, within, clear_after)  # the node's, over its ports
+        self.latest: _PortState | None = None  # the port of the latest sample, for increase()
 
     def update(self, message: NicSample) -> list[Finding]:
         """Rates since the port's previous sample; findings of the port (and the node's
@@ -210,29 +210,39 @@ class NicDetector:
         st = self.ports.get(key)
         if st is None:
             st = self.ports[key] = _PortState(self.hold_args)
-        if s.speed_gbps is not None:
-            st.speed = s.speed_gbps
-            self.nominal_gbps = max(self.nominal_gbps, s.speed_gbps)
+        self.latest, st.sample = st, s
+        speed = s.speed_gbps
+        if speed is not None:
+            st.speed = speed
+            if speed > self.nominal_gbps:  # noqa: PLR1730 (per sample: max() costs a call)
+                self.nominal_gbps = speed
         prev, prev_ts = st.counters, st.ts
         st.inc = None
-        if prev_ts is not None and s.ts <= prev_ts:
+        ts = s.ts
+        if prev_ts is not None and ts <= prev_ts:
             return []  # duplicate or out of order: rates need increasing time
         counters = s.counters
         st.counters = counters  # messages are not mutated: keep a reference, not a copy
-        st.ts = s.ts
+        st.ts = ts
         if prev_ts is None:
             return []
-        dt = s.ts - prev_ts
+        dt = ts - prev_ts
         phys_n, retrans_n, marks, flaps, wait = self._increases(st, counters, prev)
-        st.inc = (s.ts, wait, marks)
+        st.inc = (ts, wait, marks)
         down = st.down  # the common case, a port up without flaps or history, costs no call
         if flaps or s.link_up is False or down.bits or down.active:
             found = self._link(s, st, flaps, dt)
         else:
             found = []
-        degraded = self._degraded(s, st, phys_n / dt, retrans_n / dt)
-        if degraded is not None:
-            found.append(degraded)
+        phys, retrans = phys_n / dt, retrans_n / dt
+        errors = phys >= self.phys_per_s or retrans >= self.retrans_per_s
+        speed, nominal = st.speed, self.nominal_gbps
+        slow = speed is not None and nominal > 0.0 and speed < self.speed_ratio * nominal
+        held = st.degraded
+        if errors or slow or held.bits or held.active:
+            degraded = self._degraded(s, st, phys, retrans, errors, slow)
+            if degraded is not None:
+                found.append(degraded)
         congestion = marks / dt
         st.congested = congestion >= self.congestion_per_s and phys_n == 0 and retrans_n == 0
         if self.first_port is None or key < self.first_port:
@@ -246,7 +256,9 @@ class NicDetector:
     def increase(self, message: NicSample) -> tuple[int, int] | None:
         """The xmit-wait and congestion-mark (ECN + CNP) increases that ``message``, the
         port's latest sample, added (resets count 0); None: it gave no interval."""
-        st = self.ports.get((message.device, message.port))
+        st = self.latest  # the engine asks right after update(): no key to build
+        if st is None or st.sample is not message:
+            st = self.ports.get((message.device, message.port))
         inc = None if st is None else st.inc
         return None if inc is None or inc[0] != message.ts else (inc[1], inc[2])
 
@@ -255,7 +267,7 @@ class NicDetector:
         """:func:`_increases`, through the port's reader while its counters stay the same
         (``st.values`` is what it read of ``before``, the previous sample)."""
         watch = st.watch
-        if watch is not None and watch.fits(now):
+        if watch is not None and not any(map(now.__contains__, watch.absent)):  # it fits
             try:
                 values = watch.read(now)
             except KeyError:
@@ -300,21 +312,12 @@ class NicDetector:
         return found
 
     def _degraded(
-        self, s: NicSample, st: _PortState, phys: float, retrans: float
+        self, s: NicSample, st: _PortState, phys: float, retrans: float, errors: bool, slow: bool
     ) -> Finding | None:
-        """Error or retransmit rates (per second) too high, or the link slower than nominal."""
-        slow = (
-            st.speed is not None
-            and self.nominal_gbps > 0.0
-            and st.speed < self.speed_ratio * self.nominal_gbps
-        )
-        errors = phys >= self.phys_per_s or retrans >= self.retrans_per_s
-        degraded = st.degraded
-        event = (
-            degraded.update(errors or slow, s.ts)
-            if (errors or slow or degraded.bits or degraded.active)
-            else None
-        )
+        """Error or retransmit rates (per second) too high (``errors``), or the link slower
+        than nominal (``slow``); :meth:`update` calls it when one holds or the port's hold
+        has history."""
+        event = st.degraded.update(errors or slow, s.ts)
         if event is None:
             return None
         return self._finding(

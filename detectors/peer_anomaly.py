@@ -92,6 +92,7 @@ from __future__ import annotations
 import math
 import pickle
 from collections.abc import Hashable
+from itertools import repeat
 from typing import Any
 
 from river import anomaly, stats
@@ -247,15 +248,18 @@ class PeerAnomalyDetector:
         elif ts >= self.window_start + self.window_s:
             found = self._close()
             self.window_start = ts
-        self.window_end = max(self.window_end, ts)
+        if ts > self.window_end:  # noqa: PLR1730 (max() costs a call)
+            self.window_end = ts
         acc = self.sums.get(component)
         if acc is None:
             acc = self.sums[component] = [0.0] * (2 * len(self.features))
-        for i, name in enumerate(self.features):
+        i, finite = 0, math.isfinite
+        for name in self.features:
             v = values.get(name)
-            if v is not None and math.isfinite(v):
-                acc[2 * i] += 1.0
-                acc[2 * i + 1] += v
+            if v is not None and finite(v):
+                acc[i] += 1.0
+                acc[i + 1] += v
+            i += 2
         self.where[component] = (group, node, gpu, rank, job)
         return found
 
@@ -425,7 +429,7 @@ class GpuPeerAnomaly:
         for port, s in self.nic_ports.items():
             if s.ts is None:
                 continue
-            total = sum(s.counters.get(n, 0) for n in _NIC_ERRORS)
+            total = sum(map(s.counters.get, _NIC_ERRORS, repeat(0)))  # absent: 0
             kept = self.nic_kept.get(port)
             self.nic_kept[port] = (s.ts, total)
             if kept is not None and s.ts > kept[0]:

@@ -98,6 +98,8 @@ class LevelTracker:
             self.accepted = found
             self.version += 1
         accepted = self.accepted
+        if not accepted:
+            return dict.fromkeys(members, 0)  # the common case: one group
         return {m: accepted.get(m, 0) for m in members}
 
 

@@ -109,27 +109,25 @@ class PeerStragglerDetector:
 
     def update(self, message: StepTiming) -> list[Finding]:
         """Add one rank's step timing; return findings made by the steps it closed."""
-        step = message.step
-        stage = message.pp_stage
-        info = self.ranks.get(message.rank)
+        step, stage, rank, compute = message.step, message.pp_stage, message.rank, message.compute_s
+        info = self.ranks.get(rank)
         if info is None or info[0] != message.node or info[2] != stage:
-            self.ranks[message.rank] = (message.node, message.gpu, stage)
-            self.trackers.pop(message.rank, None)  # a rank that moved starts a fresh history
-        if message.compute_s is None or step <= self.closed_through:
+            self.ranks[rank] = (message.node, message.gpu, stage)
+            self.trackers.pop(rank, None)  # a rank that moved starts a fresh history
+        if compute is None or step <= self.closed_through:
             return []
-        row = self.pending.get(step)
+        pending = self.pending
+        row = pending.get(step)
         if row is None:
-            row = self.pending[step] = {}
-        row[message.rank] = message.compute_s
+            row = pending[step] = {}
+        row[rank] = compute
         if message.ts > self.pending_ts.get(step, -1.0):
             self.pending_ts[step] = message.ts
         found: list[Finding] = []
         if self.expected and len(row) >= self.expected:
             found += self._close_through(step)
-        if len(self.pending) > 1:
-            oldest = min(self.pending)
-            if step - oldest >= self.close_lag:
-                found += self._close_through(step - self.close_lag)
+        if len(pending) > 1 and step - min(pending) >= self.close_lag:
+            found += self._close_through(step - self.close_lag)
         return found
 
     def tick(self, now: float) -> list[Finding]:

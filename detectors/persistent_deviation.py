@@ -97,6 +97,7 @@ __all__ = ["DeviationTracker", "GroupNoise", "PersistenceRule", "crowded"]
 
 _SMOOTHING = 0.1
 _SLOW = 0.02
+_NAN = math.nan  # a normal round's slow residual
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,21 +178,32 @@ class DeviationTracker:
         round_ts: float,
     ) -> str | None:
         """Add one round; return ``"raise"``, ``"clear"`` or ``None``."""
-        self.rounds += 1
-        ready = self.rounds > rule.baseline_rounds
+        # Runs for every member of every round: locals, and ``b if b > a else a`` for
+        # ``max(a, b)`` (the same result, NaN included, without a builtin call).
+        self.rounds = rounds = self.rounds + 1
+        ready = rounds > rule.baseline_rounds
+        baseline = self.baseline
         if not ready:
-            self.baseline += (residual - self.baseline) / self.rounds
-        score = residual / max(rule.abs_residual, rule.z * sigma_abs)
+            self.baseline = baseline = baseline + (residual - baseline) / rounds
+        a, b = rule.abs_residual, rule.z * sigma_abs
+        score = residual / (b if b > a else a)
         if ready:
-            rel = (residual - self.baseline) / max(rule.min_residual, rule.z * sigma_rel)
-            score = max(score, rel)
+            a, b = rule.min_residual, rule.z * sigma_rel
+            rel = (residual - baseline) / (b if b > a else a)
+            if rel > score:  # noqa: PLR1730
+                score = rel
         slow_round = score >= 1.0
         if ready and not slow_round and not self.active and score < 0.5:
-            self.baseline += rule.baseline_alpha * (residual - self.baseline)
+            self.baseline = baseline + rule.baseline_alpha * (residual - baseline)
         scores, slow, picked, kept = self.scores, self.slow, self.slow_residuals, self.residuals
-        scores.append(min(score, rule.cap) if score > 0.0 else 0.0)
-        slow.append(round_ts if slow_round else -1.0)
-        picked.append(residual if slow_round else float("nan"))
+        cap = rule.cap
+        scores.append((cap if cap < score else score) if score > 0.0 else 0.0)
+        if slow_round:
+            slow.append(round_ts)
+            picked.append(residual)
+        else:
+            slow.append(-1.0)
+            picked.append(_NAN)
         cap = rule.residual_cap
         kept.append(cap if residual > cap else (-cap if residual < -cap else residual))
         if len(scores) > rule.window:
@@ -219,7 +231,7 @@ class DeviationTracker:
                 if not slow_round and not any(t >= 0.0 for t in slow):
                     slow[-1] = round_ts  # the offset itself is the evidence: date it here
                     picked[-1] = residual
-        self.windows = ((self.windows << 1) | int(verdict)) & ((1 << rule.n) - 1)
+        self.windows = ((self.windows << 1) | verdict) & ((1 << rule.n) - 1)
         if not self.active:
             if verdict and self.windows.bit_count() >= rule.m:
                 self.active = True
@@ -249,8 +261,9 @@ def crowded(trackers: list[DeviationTracker], rule: PersistenceRule, sigma_rel: 
     """
     bar = max(2.0 * rule.min_residual, 1.5 * sigma_rel)
     n = 0
+    learned = rule.baseline_rounds
     for t in trackers:
-        if t.rounds > rule.baseline_rounds and len(t.residuals) >= 4:
+        if t.rounds > learned and len(t.residuals) >= 4:
             recent = t.residuals
             last4 = (recent[-1] + recent[-2] + recent[-3] + recent[-4]) / 4.0
             if abs(last4 - t.baseline) >= bar:
@@ -302,10 +315,9 @@ class GroupNoise:
         Nothing when the round is disturbed; a raise in a round the group moved together
         (:meth:`shared`) is vetoed instead of returned.
         """
+        learned = rule.baseline_rounds  # :meth:`DeviationTracker.excess`, inline
         excesses = [
-            e
-            for t, r in zip(trackers, residuals, strict=True)
-            if (e := t.excess(r, rule)) is not None
+            r - t.baseline for t, r in zip(trackers, residuals, strict=True) if t.rounds >= learned
         ]
         sigma_rel, sigma_abs = self.measure(residuals, excesses)
         if self.disturbed:
@@ -315,6 +327,8 @@ class GroupNoise:
             for residual, tracker in zip(residuals, trackers, strict=True)
         ]
         shared = self.shared(trackers, rule, sigma_rel)
+        if not any(events):
+            return []  # the common case: no member raised or cleared
         judged: list[tuple[int, str]] = []
         for i, (tracker, event) in enumerate(zip(trackers, events, strict=True)):
             if event == "raise" and shared:

@@ -82,31 +82,36 @@ class PowerDetector(GpuRoundRule):
         """Findings of one sampling round (raises and clears of the GPUs' holds)."""
         power_med = message.peer_median("power_w")
         limit_med = message.peer_median("power_limit_w")
+        limit_cut = None if limit_med is None else self.limit_ratio * limit_med
+        if not self.watch and not self.holds and self._calm(message, power_med, limit_cut):
+            return []  # the common case: a healthy round, no GPU with history
         util_med = message.peer_median("util_pct")
         clock_med = message.peer_median("sm_clock_mhz")
         found: list[Finding] = []
+        low_ratio, min_util, band = self.low_ratio, self.min_util, self.util_band
+        watch, holds = self.watch, self.holds
         for gpu, s in message.samples.items():
             bits = s.clock_event_reasons or 0
             brake = bool(bits & HW_POWER_BRAKE)
-            capped = (
-                s.power_limit_w is not None
-                and limit_med is not None
-                and s.power_limit_w < self.limit_ratio * limit_med
-            )
+            limit = s.power_limit_w
+            capped = limit_cut is not None and limit is not None and limit < limit_cut
             below = 0.0
             if s.power_w is not None and power_med:
                 below = 1.0 - s.power_w / power_med
-            loaded = (
-                s.util_pct is not None
+            low = (
+                below >= low_ratio
+                and s.util_pct is not None
                 and util_med is not None
-                and s.util_pct >= self.min_util
-                and abs(s.util_pct - util_med) <= self.util_band
+                and s.util_pct >= min_util
+                and abs(s.util_pct - util_med) <= band
             )
-            low = below >= self.low_ratio and loaded
+            odd = capped or low
+            if not (brake or odd or gpu in watch or gpu in holds):
+                continue  # the common case: a healthy GPU without state
             impact = None
             if brake:
                 impact = "hw_power_brake"
-            elif capped or low:
+            elif odd:
                 if bits & SW_POWER_CAP:
                     impact = "sw_power_cap"  # held back by its limit
                 elif (
@@ -115,13 +120,11 @@ class PowerDetector(GpuRoundRule):
                     and s.sm_clock_mhz < 0.97 * clock_med
                 ):
                     impact = "sm_clock_deficit"
-            odd = capped or low
-            # the common case, a healthy GPU without state, costs no call
-            watched = self.watched(gpu, odd, s.ts) if odd or gpu in self.watch else None
+            watched = self.watched(gpu, odd, s.ts) if odd or gpu in watch else None
             held = (
                 self.held(gpu, True, s.ts)
                 if impact is not None
-                else (self.held(gpu, False, s.ts) if gpu in self.holds else None)
+                else (self.held(gpu, False, s.ts) if gpu in holds else None)
             )
             if held is None and watched is None:
                 continue
@@ -144,3 +147,18 @@ class PowerDetector(GpuRoundRule):
                 evidence["impact"] = impact or "hw_power_brake"
                 found.append(self.finding(message, gpu, held, "power", "warning", score, evidence))
         return found
+
+    def _calm(self, rnd: GpuRound, power_med: float | None, limit_cut: float | None) -> bool:
+        """No GPU of ``rnd`` is braked, capped or low: the lowest limit and the lowest draw
+        decide, as the tests fall with them (a NaN leaves it to the per-GPU tests)."""
+        if rnd.reason_bits() & HW_POWER_BRAKE:
+            return False
+        limits = rnd.peer_values("power_limit_w")
+        if limit_cut is not None and limits and not min(limits) >= limit_cut:
+            return False
+        if not self.low_ratio > 0.0:
+            return False
+        if not power_med:
+            return True  # every GPU's shortfall counts as 0
+        powers = rnd.peer_values("power_w")
+        return power_med > 0.0 and 1.0 - min(powers) / power_med < self.low_ratio

@@ -75,14 +75,20 @@ class StepRegressionDetector:
 
     def update(self, message: StepTiming) -> list[Finding]:
         """Add one rank's step time; return the drift found by the steps it closed."""
-        if message.step <= self.closed_through:
+        step = message.step
+        if step <= self.closed_through:
             return []
-        self.pending.setdefault(message.step, []).append(message.step_s)
-        if message.ts > self.pending_ts.get(message.step, -1.0):
-            self.pending_ts[message.step] = message.ts
+        pending = self.pending
+        values = pending.get(step)
+        if values is None:
+            values = pending[step] = []
+        values.append(message.step_s)
+        if message.ts > self.pending_ts.get(step, -1.0):
+            self.pending_ts[step] = message.ts
         found: list[Finding] = []
-        for step in [s for s in self.pending if s <= message.step - 2]:
-            found += self._close(step)
+        if min(pending) <= step - 2:  # a step to close: most messages close none
+            for done in [s for s in pending if s <= step - 2]:
+                found += self._close(done)
         return found
 
     def tick(self, now: float) -> list[Finding]:

@@ -96,22 +96,26 @@ class ThermalDetector(GpuRoundRule):
     def update(self, message: GpuRound) -> list[Finding]:
         """Findings of one sampling round (raises and clears of the GPUs' holds)."""
         center = message.peer_median("temp_c")
+        if not self.watch and not self.holds and self._calm(message, center):
+            return []  # the common case: a healthy round, no GPU with history
         medians: RoundMedians | None = None
         found: list[Finding] = []
+        delta, limit, watch, holds = self.peer_delta_c, self.limit_c, self.watch, self.holds
         for gpu, s in message.samples.items():
             temp = s.temp_c
             bits = (s.clock_event_reasons or 0) & THERMAL_REASONS
             above = temp - center if (temp is not None and center is not None) else 0.0
-            hot = above >= self.peer_delta_c or (temp is not None and temp >= self.limit_c)
+            hot = above >= delta or (temp is not None and temp >= limit)
+            if not (hot or bits or gpu in watch or gpu in holds):
+                continue  # the common case: a healthy GPU without state
             impact = None
             if hot or bits:
                 if medians is None:
                     medians = RoundMedians.of(message)
                 impact = impact_of(s, medians, self.limit_c, self.margin_c, reasons=_REASONS)
             claim = bool(bits) or (hot and impact is not None)
-            # the common case, a healthy GPU without state, costs no call
-            watched = self.watched(gpu, hot, s.ts) if hot or gpu in self.watch else None
-            held = self.held(gpu, claim, s.ts) if claim or gpu in self.holds else None
+            watched = self.watched(gpu, hot, s.ts) if hot or gpu in watch else None
+            held = self.held(gpu, claim, s.ts) if claim or gpu in holds else None
             if held is None and watched is None:
                 continue
             evidence: dict[str, Any] = {
@@ -134,3 +138,14 @@ class ThermalDetector(GpuRoundRule):
                 severity = "critical" if critical else "warning"
                 found.append(self.finding(message, gpu, held, "thermal", severity, score, evidence))
         return found
+
+    def _calm(self, rnd: GpuRound, center: float | None) -> bool:
+        """No GPU of ``rnd`` is hot or reports a thermal reason bit: the hottest one decides,
+        as both tests rise with the temperature (a NaN leaves it to the per-GPU tests)."""
+        if not self.peer_delta_c > 0.0 or rnd.reason_bits() & THERMAL_REASONS:
+            return False
+        temps = rnd.peer_values("temp_c")
+        if not temps:
+            return True
+        hottest = max(temps)
+        return hottest < self.limit_c and (center is None or hottest - center < self.peer_delta_c)

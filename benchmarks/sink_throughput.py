@@ -4,9 +4,10 @@ Pre-loads the topics with simulator output, then times (a) the baseline: the sam
 inserted straight from memory with ``guard.store.insert_messages`` in batches of the sink's
 size, and (b) the sink consuming them from Kafka (time from its first stored batch to the
 last, so the group join is not counted), and (c) the sink's decode alone
-(``decode_columns`` over the same records, no Kafka, no insert). Medians of several runs. Each rate is also given
-per CPU-second of this process (all its threads: librdkafka's, chDB's): on a shared machine
-that is steadier than the wall clock, and it says what one core would do.
+(``decode_columns`` over the same records, no Kafka, no insert). Medians of several runs.
+Each rate is also given per CPU-second of this process (all its threads: librdkafka's,
+chDB's): on a shared machine that is steadier than the wall clock, and it says what one core
+would do.
 
     .venv/bin/python benchmarks/sink_throughput.py [--nodes 8] [--duration 300] [--runs 3]
         [--records single,batched] [--batch-rows N]

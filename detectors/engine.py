@@ -54,7 +54,7 @@ import inspect
 import pickle
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from guard.schemas import CollectiveTiming, Flag, GpuSample, GuardMessage, NicSample, StepTiming
 from guard.schemas.topology import Topology
@@ -242,21 +242,25 @@ class NodeDetectors(_DetectorSet):
 
     def update(self, message: GuardMessage) -> list[Finding]:
         """A sample of this node; a GPU that reports again closes the open round."""
-        if message.job is not None:
-            self.job = self.errors.job = message.job
+        job = message.job
+        if job is not None:
+            self.job = self.errors.job = job
         kind = message.kind
         if kind == "gpu":
-            assert isinstance(message, GpuSample)
+            if TYPE_CHECKING:  # the kind says so: mypy's narrowing, no call at run time
+                assert isinstance(message, GpuSample)
             found = self.errors.update(message)
             samples = self.open_round  # this runs for every sample: no call in the common case
-            if message.gpu in samples:
-                self.open_round = {message.gpu: message}
+            gpu = message.gpu
+            if gpu in samples:
+                self.open_round = {gpu: message}
                 found += self._round(samples)
             else:
-                samples[message.gpu] = message
+                samples[gpu] = message
             return found
         if kind == "nic":
-            assert isinstance(message, NicSample)
+            if TYPE_CHECKING:
+                assert isinstance(message, NicSample)
             return self.nic.update(message)
         return []
 
@@ -343,6 +347,9 @@ class DetectionEngine:
         )
         self.watermark = 0.0
         self.last_tick = 0.0
+        # read for every message: the config's switches as the engine's own attributes
+        self.node_telemetry = self.config.node_telemetry
+        self.tick_s = self.config.tick_s
 
     def node(self, node: str) -> NodeDetectors:
         part = self.nodes.get(node)
@@ -363,9 +370,10 @@ class DetectionEngine:
             node = self.nodes.get(msg.node)
             if node is None:
                 node = self.node(msg.node)
-            found = node.update(msg) if self.config.node_telemetry else []
+            found = node.update(msg) if self.node_telemetry else []
             if kind == "nic" and self.fabric is not None:
-                assert isinstance(msg, NicSample)
+                if TYPE_CHECKING:
+                    assert isinstance(msg, NicSample)
                 hot = self.fabric.add(msg, node.nic.increase(msg))
                 if hot:
                     found = found + hot
@@ -380,7 +388,7 @@ class DetectionEngine:
         ts = msg.ts
         if ts > self.watermark:
             self.watermark = ts
-            if ts - self.last_tick >= self.config.tick_s:
+            if ts - self.last_tick >= self.tick_s:
                 flags += self.tick(ts)
         return flags
 

@@ -48,6 +48,7 @@ Example
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable
 from operator import itemgetter, sub
 from typing import Any
 
@@ -83,44 +84,59 @@ class _Watch:
 
     Agents report the counters their NIC has (many leave some of the watched ones out), and
     a port keeps them from sample to sample: reading the present ones in one C-level call
-    beats a lookup per watched name. A reader made from a sample fits a later one that has
-    the same watched counters: ``read`` raises KeyError when one of them is gone, and one
+    (``errors``, the error counters, and ``rest``, apart, so that nothing is sliced) beats a
+    lookup per watched name. A reader made from a sample fits a later one that has the same
+    watched counters: a read raises KeyError when one of them is gone, and one
     of the ``absent`` ones in it means it does not fit (:meth:`NicDetector._increases`
     checks both, inline: it runs for every sample).
     """
 
-    __slots__ = ("absent", "head", "names", "read", "slices", "tail")
+    __slots__ = ("absent", "errors", "names", "rest", "slices", "tail")
 
     def __init__(self, counters: dict[str, int]) -> None:
         present = [(name, group) for name, group in _GROUP if name in counters]
         self.names = tuple(name for name, _ in present)
         self.absent = tuple(name for name, _ in _GROUP if name not in counters)
-        # itemgetter of two or more names returns a tuple; of one, the value itself
-        self.read = itemgetter(*self.names) if len(self.names) > 1 else self._read
         groups = [group for _, group in present]  # in group order, as _GROUP is
         self.slices = tuple(
             slice(bisect_left(groups, g), bisect_right(groups, g)) for g in range(5)
         )
-        # error counters (groups 0, 1) come first and seldom move; the rest after ``head``
-        self.head = self.slices[1].stop
-        self.tail = tuple(slice(s.start - self.head, s.stop - self.head) for s in self.slices[2:])
+        # error counters (groups 0, 1) come first and seldom move: read apart from the rest
+        head = self.slices[1].stop
+        self.errors = _reader(self.names[:head])
+        self.rest = _reader(self.names[head:])
+        self.tail = tuple(slice(s.start - head, s.stop - head) for s in self.slices[2:])
 
-    def _read(self, counters: dict[str, int]) -> tuple[int, ...]:
-        return tuple(counters[name] for name in self.names)
-
-    def increases(self, now: tuple[int, ...], before: tuple[int, ...]) -> list[int]:
+    def increases(
+        self,
+        errors_now: tuple[int, ...],
+        rest_now: tuple[int, ...],
+        errors_before: tuple[int, ...],
+        rest_before: tuple[int, ...],
+    ) -> list[int]:
         """:func:`_increases` of two samples' counters as this reader read them."""
-        head = self.head
-        if now[:head] == before[:head]:  # the common case: no error counter moved
+        if errors_now == errors_before:  # the common case: no error counter moved
             g0 = g1 = 0
         else:
-            errors = [a - b if a > b else 0 for a, b in zip(now[:head], before[:head], strict=True)]
+            errors = [a - b if a > b else 0 for a, b in zip(errors_now, errors_before, strict=True)]
             g0, g1 = sum(errors[self.slices[0]]), sum(errors[self.slices[1]])
-        rest = list(map(sub, now[head:], before[head:]))
+        rest = list(map(sub, rest_now, rest_before))
         if rest and min(rest) < 0:
             rest = [d if d > 0 else 0 for d in rest]
         t2, t3, t4 = self.tail
         return [g0, g1, sum(rest[t2]), sum(rest[t3]), sum(rest[t4])]
+
+
+def _reader(names: tuple[str, ...]) -> Callable[[dict[str, int]], tuple[int, ...]]:
+    """Reads ``names`` of a sample's counters as a tuple in one call (itemgetter of two or
+    more names returns a tuple; of one, the value itself); raises KeyError for a missing one."""
+    if len(names) > 1:
+        return itemgetter(*names)
+
+    def read(counters: dict[str, int]) -> tuple[int, ...]:
+        return tuple(counters[name] for name in names)
+
+    return read
 
 
 def _increases(now: dict[str, int], before: dict[str, int]) -> list[int]:
@@ -141,11 +157,12 @@ class _PortState:
         "counters",
         "degraded",
         "down",
+        "errors",
         "inc",
+        "rest",
         "sample",
         "speed",
         "ts",
-        "values",
         "watch",
     )
 
@@ -157,7 +174,9 @@ class _PortState:
         self.congested = False
         self.speed: float | None = None
         self.watch: _Watch | None = None  # reader of ``counters``' watched ones (not pickled)
-        self.values: tuple[int, ...] = ()  # what ``watch`` read of ``counters``
+        #: what ``watch`` read of ``counters``: the error counters and the rest
+        self.errors: tuple[int, ...] = ()
+        self.rest: tuple[int, ...] = ()
         #: the latest sample's (ts, xmit wait, congestion marks) increases; None when that
         #: sample gave no interval (first, duplicate, out of order) — the fabric reads it
         self.inc: tuple[float, int, int] | None = None
@@ -170,10 +189,10 @@ class _PortState:
         for name, value in state.items():
             setattr(self, name, value)
         self.watch = self.inc = self.sample = None
-        self.values = ()
+        self.errors = self.rest = ()
 
 
-_UNSAVED = ("watch", "inc", "sample", "values")
+_UNSAVED = ("watch", "inc", "sample", "errors", "rest")
 
 
 class NicDetector:
@@ -245,9 +264,10 @@ class NicDetector:
                 found.append(degraded)
         congestion = marks / dt
         st.congested = congestion >= self.congestion_per_s and phys_n == 0 and retrans_n == 0
-        if self.first_port is None or key < self.first_port:
-            self.first_port = key
-        if key == self.first_port:  # one node-level verdict per sampling round
+        first = self.first_port
+        if first is None or key < first:
+            self.first_port = first = key
+        if key == first:  # one node-level verdict per sampling round
             congested = self._congestion(s, congestion, wait / dt)
             if congested is not None:
                 found.append(congested)
@@ -265,18 +285,21 @@ class NicDetector:
     @staticmethod
     def _increases(st: _PortState, now: dict[str, int], before: dict[str, int]) -> list[int]:
         """:func:`_increases`, through the port's reader while its counters stay the same
-        (``st.values`` is what it read of ``before``, the previous sample)."""
+        (``st.errors`` and ``st.rest`` are what it read of ``before``, the previous sample)."""
         watch = st.watch
-        if watch is not None and not any(map(now.__contains__, watch.absent)):  # it fits
+        if watch is not None and (
+            not watch.absent or not any(map(now.__contains__, watch.absent))
+        ):  # it fits
             try:
-                values = watch.read(now)
+                errors, rest = watch.errors(now), watch.rest(now)
             except KeyError:
                 pass  # a watched counter is gone
             else:
-                before_values, st.values = st.values, values
-                return watch.increases(values, before_values)
+                errors_before, rest_before = st.errors, st.rest
+                st.errors, st.rest = errors, rest
+                return watch.increases(errors, rest, errors_before, rest_before)
         st.watch = watch = _Watch(now)  # fits ``now``, the next sample's ``before``
-        st.values = watch.read(now)
+        st.errors, st.rest = watch.errors(now), watch.rest(now)
         return _increases(now, before)
 
     def _link(self, s: NicSample, st: _PortState, flaps: int, dt: float) -> list[Finding]:

@@ -194,3 +194,29 @@ def test_a_groups_model_from_the_prototype_is_a_fresh_model_bit_for_bit() -> Non
     masses = [[(n.l_mass, n.r_mass) for n in nodes] for nodes in fresh._tree_nodes]
     assert [[(n.l_mass, n.r_mass) for n in nodes] for nodes in copied._tree_nodes] == masses
     assert any(r for tree in masses for _, r in tree)  # windows pivoted: scores were real
+
+
+def test_a_copied_model_pickles_to_the_bytes_of_a_fresh_one() -> None:
+    """The copy of the prototype's trees is what a checkpoint of a group saves: it must pickle
+    to the same bytes as a fresh model brought to the same untrained state (trees built,
+    masses taken back), for both feeds."""
+    import pickle
+
+    from river import anomaly
+
+    from guard.detectors.peer_anomaly import GPU_FEATURES, RANK_FEATURES, _new_model
+
+    for features in (GPU_FEATURES, RANK_FEATURES):
+        limits = {name: (0.0, float(4)) for name in features}  # one tuple each, as _new_model
+        fresh = anomaly.HalfSpaceTrees(n_trees=8, height=5, window_size=16, limits=limits, seed=17)
+        fresh.learn_one(dict.fromkeys(features, 0.0))
+        for nodes in fresh._tree_nodes:
+            for node in nodes:
+                node.l_mass = node.r_mass = 0
+        fresh.counter = 0
+        fresh._first_window = True
+        expected = pickle.dumps(fresh, protocol=pickle.HIGHEST_PROTOCOL)
+        _new_model(features, 8, 5, 16)
+        copied = _new_model(features, 8, 5, 16)
+        assert copied.trees == [nodes[0] for nodes in copied._tree_nodes]
+        assert pickle.dumps(copied, protocol=pickle.HIGHEST_PROTOCOL) == expected

@@ -159,7 +159,15 @@ def test_guard_advise_turns_live_collectives_into_advice_sent_only_when_it_chang
         _drain(advisor, total, sent)
         changed = sent[steady:]
         assert [a.job for a in changed] == ["job-b"]
-        assert "observed node-05->node-07 x3" in changed[-1].hot_links
+        # the slow link's averaged ratio climbs towards 3 (0.3 s against 0.1 s) with each of
+        # its updates; how many the last plan saw depends on where it fell among the consumer's
+        # batches (the plan follows the watermark of both jobs' partitions; job-b's can lag)
+        ratios = [
+            float(h.rsplit(" x", 1)[1])
+            for h in changed[-1].hot_links
+            if h.startswith("observed node-05->node-07 x")
+        ]
+        assert len(ratios) == 1 and 1.5 <= ratios[0] <= 3.0, changed[-1].hot_links
     finally:
         advisor.close()
 

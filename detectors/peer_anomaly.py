@@ -96,7 +96,11 @@ from itertools import repeat
 from typing import Any
 
 from river import anomaly, stats
-from river.tree.padded import PaddedBranch
+
+try:  # river's padded trees, whose nodes :func:`_copy_tree` makes itself
+    from river.tree.padded import PaddedBranch
+except ImportError:  # a river without them: groups' models are copied by pickle
+    PaddedBranch = None  # type: ignore[misc, assignment]
 
 from guard.schemas import GpuSample, StepTiming
 
@@ -131,7 +135,7 @@ _SPAN = 4.0  # distances beyond 4 notable units are all "far"
 
 #: untrained models by (features, n_trees, height, window): the model without its trees,
 #: pickled, and each tree's nodes in depth-first order (see :func:`_new_model`)
-_PROTOTYPES: dict[tuple[Any, ...], tuple[bytes, list[list[Any]]]] = {}
+_PROTOTYPES: dict[tuple[Any, ...], tuple[bytes, list[list[Any]] | None]] = {}
 _make = object.__new__
 
 
@@ -145,7 +149,8 @@ def _new_model(
     copying them, so the first group of a kind builds them (by learning one vector of all
     features, as every vector here has, then taking its mass back) and later groups start
     from a copy of that: the same model, bit for bit, as a fresh one. The copy reads the
-    model without its trees from a pickle and copies the trees with :func:`_copy_tree`.
+    model without its trees from a pickle and copies the trees with :func:`_copy_tree` (a
+    river whose trees it does not know, :func:`_copyable`: the whole model from a pickle).
     """
     key = (tuple(features), n_trees, height, window)
     prototype = _PROTOTYPES.get(key)
@@ -161,17 +166,45 @@ def _new_model(
                 node.l_mass = node.r_mass = 0
         model.counter = 0
         model._first_window = True
-        trees, model.trees, model._tree_nodes = model._tree_nodes, [], []
+        if _copyable(model):
+            trees, model.trees, model._tree_nodes = model._tree_nodes, [], []
+        else:  # river's internals are not those _copy_tree knows: the whole model, pickled
+            trees = None
         shell = pickle.dumps(model, protocol=pickle.HIGHEST_PROTOCOL)
         prototype = _PROTOTYPES[key] = (shell, trees)
     shell, trees = prototype
     model = pickle.loads(shell)
+    if trees is None:
+        return model  # type: ignore[no-any-return]
     names = {name: name for name in model.limits}  # the model's own strings, as in a pickle
     for nodes in trees:
         copied = _copy_tree(nodes, names)
         model.trees.append(copied[0])
         model._tree_nodes.append(copied)
     return model  # type: ignore[no-any-return]
+
+
+#: the attributes of river's tree nodes that :func:`_copy_tree` sets, in their order
+_BRANCH_ATTRS = ("children", "feature", "threshold", "l_mass", "r_mass")
+_LEAF_ATTRS = ("r_mass", "l_mass")
+
+
+def _copyable(model: Any) -> bool:
+    """Whether the model's trees are river's as :func:`_copy_tree` copies them: the flat
+    node lists of river 0.21–0.26, branches ``PaddedBranch``, each node's attributes exactly
+    those it sets. Another river release copies by pickle (slower, the same model)."""
+    nodes = getattr(model, "_tree_nodes", None)
+    if PaddedBranch is None or not isinstance(nodes, list) or len(nodes) != len(model.trees):
+        return False
+    for tree, root in zip(nodes, model.trees, strict=True):
+        if not tree or tree[0] is not root:
+            return False
+        for node in tree:
+            attrs = getattr(node, "__dict__", None)
+            want = _BRANCH_ATTRS if type(node) is PaddedBranch else _LEAF_ATTRS
+            if attrs is None or tuple(attrs) != want:
+                return False
+    return True
 
 
 def _copy_tree(nodes: list[Any], names: dict[str, str]) -> list[Any]:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pytest
 
 from guard.agents.simulator import ClusterSimulator, SimConfig
 from guard.detectors.engine import DetectionEngine, EngineConfig, JobDetectors, NodeDetectors
@@ -220,3 +221,30 @@ def test_a_copied_model_pickles_to_the_bytes_of_a_fresh_one() -> None:
         copied = _new_model(features, 8, 5, 16)
         assert copied.trees == [nodes[0] for nodes in copied._tree_nodes]
         assert pickle.dumps(copied, protocol=pickle.HIGHEST_PROTOCOL) == expected
+
+
+def test_a_river_whose_trees_are_not_known_copies_the_model_by_pickle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The node-by-node copy knows river's tree internals of today; a river that changes
+    them (here: no ``PaddedBranch``; or other node attributes) must still give each group
+    the fresh model, copied whole by pickle — never a model built wrong."""
+    import pickle
+
+    from guard.detectors import peer_anomaly
+
+    reference = peer_anomaly._new_model(peer_anomaly.GPU_FEATURES, 8, 5, 16)
+    assert peer_anomaly._copyable(reference)
+    del reference._tree_nodes[0][-1].l_mass  # a leaf without a mass is no tree it knows
+    assert not peer_anomaly._copyable(reference)
+    expected = pickle.dumps(
+        peer_anomaly._new_model(peer_anomaly.GPU_FEATURES, 8, 5, 16),
+        protocol=pickle.HIGHEST_PROTOCOL,
+    )
+    monkeypatch.setattr(peer_anomaly, "PaddedBranch", None)
+    monkeypatch.setattr(peer_anomaly, "_PROTOTYPES", {})
+    first = peer_anomaly._new_model(peer_anomaly.GPU_FEATURES, 8, 5, 16)
+    assert next(iter(peer_anomaly._PROTOTYPES.values()))[1] is None  # copied by pickle
+    copied = peer_anomaly._new_model(peer_anomaly.GPU_FEATURES, 8, 5, 16)
+    assert copied is not first and copied.trees[0] is not first.trees[0]
+    assert pickle.dumps(copied, protocol=pickle.HIGHEST_PROTOCOL) == expected

@@ -12,10 +12,14 @@ the messages; the difference is the engine's instructions (parsing, imports and 
 start-up cancel out). ``--against PYTHON`` measures another checkout's engine (its
 virtualenv's interpreter) on the same input, written by this checkout's simulator; a
 ``--config`` JSON object switches detectors off (``{"peer_anomaly": false}``) to show what
-one costs. The parsed input is frozen out of the cyclic collector's walks (``gc.freeze``): a
-backtest streams its input and holds nothing like it, and the collections that walk it
-(triggered by the engine's own allocations, e.g. a river model's ~9,500 tree nodes) moved
-the counts by ~1–2 % from run to run and charged the engine ~7 % for the benchmark's memory.
+one costs (``--other-config``: the other checkout's switches, when its engine has other
+ones). ``--end-to-end`` counts ``guard backtest``'s work instead (read the JSONL, parse and
+validate every line, detect, write the flags): the figure the backtest's throughput follows;
+there the setup child only imports. Engine only, the parsed input is frozen out of the
+cyclic collector's walks (``gc.freeze``): a backtest streams its input and holds nothing
+like it, and the collections that walk it (triggered by the engine's own allocations, e.g. a
+river model's ~9,500 tree nodes) moved the counts by ~1–2 % from run to run and charged the
+engine ~7 % for the benchmark's memory.
 Instructions are not time (cache misses are not counted), so this complements
 ``detector_throughput.py``; it does not replace it.
 
@@ -24,6 +28,8 @@ Usage::
     .venv/bin/python benchmarks/detector_instructions.py [--nodes 16] [--messages 40000]
     .venv/bin/python benchmarks/detector_instructions.py --against OTHER/.venv/bin/python
     .venv/bin/python benchmarks/detector_instructions.py --config '{"fabric": false}'
+    .venv/bin/python benchmarks/detector_instructions.py --end-to-end --messages 200000 \
+        --against OTHER/.venv/bin/python
 
 Needs valgrind (Debian: ``apt-get install valgrind``); a run takes about a minute per
 measurement of 40k messages.
@@ -58,10 +64,27 @@ if run:
     engine.flush()
 """
 
+#: ``guard backtest`` over the file (its first ``limit`` lines already cut by the parent)
+_END_TO_END = """
+import json, sys, tempfile
+from pathlib import Path
+from guard.detectors.engine import EngineConfig
+from guard.evaluation.backtest import BacktestStats, make_detector, read_messages, run_backtest
+path, limit, run, config = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "run", sys.argv[4]
+switches = json.loads(config)  # none: the default engine, as any checkout makes it
+detector = make_detector("guard", EngineConfig(**switches)) if switches else make_detector("guard")
+if run:
+    stats = BacktestStats()
+    with tempfile.TemporaryFile() as out:
+        run_backtest(read_messages([Path(path)], stats), out, detector, stats)
+"""
+
 _REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
 
-def instructions(python: str, path: Path, limit: int, run: bool, config: str) -> int:
+def instructions(
+    python: str, path: Path, limit: int, run: bool, config: str, child: str = _CHILD
+) -> int:
     """Instructions valgrind counted for one child (its whole life)."""
     done = subprocess.run(
         [
@@ -71,7 +94,7 @@ def instructions(python: str, path: Path, limit: int, run: bool, config: str) ->
             "--cachegrind-out-file=/dev/null",
             python,
             "-c",
-            _CHILD,
+            child,
             str(path),
             str(limit),
             "run" if run else "setup",
@@ -88,9 +111,11 @@ def instructions(python: str, path: Path, limit: int, run: bool, config: str) ->
     return int(found.group(1).replace(",", ""))
 
 
-def engine_instructions(python: str, path: Path, limit: int, config: str) -> int:
-    return instructions(python, path, limit, True, config) - instructions(
-        python, path, limit, False, config
+def engine_instructions(
+    python: str, path: Path, limit: int, config: str, child: str = _CHILD
+) -> int:
+    return instructions(python, path, limit, True, config, child) - instructions(
+        python, path, limit, False, config, child
     )
 
 
@@ -102,11 +127,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=40_000, help="the first N messages")
     parser.add_argument("--against", metavar="PYTHON", help="another checkout's interpreter")
     parser.add_argument("--config", default="{}", help="EngineConfig switches, as JSON")
+    parser.add_argument(
+        "--other-config", default=None, help="the other checkout's switches (default: --config)"
+    )
+    parser.add_argument(
+        "--end-to-end", action="store_true", help="guard backtest's work: read, parse, detect"
+    )
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
         print("detector_instructions: valgrind is not installed (apt-get install valgrind)")
         return 2
-    json.loads(args.config)  # a bad object fails here, not in every child
+    other_config = args.config if args.other_config is None else args.other_config
+    json.loads(args.config), json.loads(other_config)  # a bad object fails here, not in a child
+    child = _END_TO_END if args.end_to_end else _CHILD
 
     from guard.agents.simulator import ClusterSimulator, SimConfig
     from guard.schemas import encode
@@ -114,13 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     sim = ClusterSimulator(SimConfig(nodes=args.nodes, duration_s=args.duration, seed=args.seed))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "telemetry.jsonl"
-        path.write_bytes(b"".join(encode(m) + b"\n" for m in sim.messages()))
-        n = min(args.messages, len(path.read_bytes().splitlines()))
-        print(f"input: {args.nodes} nodes x {args.duration:.0f} s, first {n:,} messages")
-        this = engine_instructions(sys.executable, path, n, args.config)
+        lines = [encode(m) + b"\n" for m in sim.messages()][: args.messages]
+        path.write_bytes(b"".join(lines))  # the first N: the end-to-end child reads them all
+        n = len(lines)
+        what = "guard backtest (read, parse, detect)" if args.end_to_end else "the engine"
+        print(f"input: {args.nodes} nodes x {args.duration:.0f} s, first {n:,} messages; {what}")
+        this = engine_instructions(sys.executable, path, n, args.config, child)
         print(f"this:  {this / 1e9:.3f}e9 instructions, {this / n:,.0f} per message")
         if args.against:
-            other = engine_instructions(args.against, path, n, args.config)
+            other = engine_instructions(args.against, path, n, other_config, child)
             print(f"other: {other / 1e9:.3f}e9 instructions, {other / n:,.0f} per message")
             print(f"this / other: {this / other:.3f}")
     return 0

@@ -52,8 +52,8 @@ import gc, json, sys
 from pathlib import Path
 from guard.schemas import parse_message
 from guard.detectors.engine import DetectionEngine, EngineConfig
-path, limit, run, config = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "run", sys.argv[4]
-lines = [line for line in Path(path).read_bytes().splitlines() if line][:limit]
+path, run, config = sys.argv[1], sys.argv[2] == "run", sys.argv[3]
+lines = [line for line in Path(path).read_bytes().splitlines() if line]
 messages = [parse_message(line) for line in lines]
 gc.freeze()  # the parsed input is the benchmark's memory, not the engine's: never walk it
 if run:
@@ -64,13 +64,13 @@ if run:
     engine.flush()
 """
 
-#: ``guard backtest`` over the file (its first ``limit`` lines already cut by the parent)
+#: ``guard backtest`` over the file
 _END_TO_END = """
 import json, sys, tempfile
 from pathlib import Path
 from guard.detectors.engine import EngineConfig
 from guard.evaluation.backtest import BacktestStats, make_detector, read_messages, run_backtest
-path, limit, run, config = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "run", sys.argv[4]
+path, run, config = sys.argv[1], sys.argv[2] == "run", sys.argv[3]
 switches = json.loads(config)  # none: the default engine, as any checkout makes it
 detector = make_detector("guard", EngineConfig(**switches)) if switches else make_detector("guard")
 if run:
@@ -82,9 +82,7 @@ if run:
 _REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
 
-def instructions(
-    python: str, path: Path, limit: int, run: bool, config: str, child: str = _CHILD
-) -> int:
+def instructions(python: str, path: Path, run: bool, config: str, child: str = _CHILD) -> int:
     """Instructions valgrind counted for one child (its whole life)."""
     done = subprocess.run(
         [
@@ -96,7 +94,6 @@ def instructions(
             "-c",
             child,
             str(path),
-            str(limit),
             "run" if run else "setup",
             config,
         ],
@@ -111,11 +108,9 @@ def instructions(
     return int(found.group(1).replace(",", ""))
 
 
-def engine_instructions(
-    python: str, path: Path, limit: int, config: str, child: str = _CHILD
-) -> int:
-    return instructions(python, path, limit, True, config, child) - instructions(
-        python, path, limit, False, config, child
+def engine_instructions(python: str, path: Path, config: str, child: str = _CHILD) -> int:
+    return instructions(python, path, True, config, child) - instructions(
+        python, path, False, config, child
     )
 
 
@@ -148,14 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "telemetry.jsonl"
         lines = [encode(m) + b"\n" for m in sim.messages()][: args.messages]
-        path.write_bytes(b"".join(lines))  # the first N: the end-to-end child reads them all
+        path.write_bytes(b"".join(lines))  # the first N: the children read them all
         n = len(lines)
         what = "guard backtest (read, parse, detect)" if args.end_to_end else "the engine"
         print(f"input: {args.nodes} nodes x {args.duration:.0f} s, first {n:,} messages; {what}")
-        this = engine_instructions(sys.executable, path, n, args.config, child)
+        this = engine_instructions(sys.executable, path, args.config, child)
         print(f"this:  {this / 1e9:.3f}e9 instructions, {this / n:,.0f} per message")
         if args.against:
-            other = engine_instructions(args.against, path, n, other_config, child)
+            other = engine_instructions(args.against, path, other_config, child)
             print(f"other: {other / 1e9:.3f}e9 instructions, {other / n:,.0f} per message")
             print(f"this / other: {this / other:.3f}")
     return 0

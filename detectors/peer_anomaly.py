@@ -190,9 +190,10 @@ _LEAF_ATTRS = ("r_mass", "l_mass")
 
 
 def _copyable(model: Any) -> bool:
-    """Whether the model's trees are river's as :func:`_copy_tree` copies them: the flat
-    node lists of river 0.21–0.26, branches ``PaddedBranch``, each node's attributes exactly
-    those it sets. Another river release copies by pickle (slower, the same model)."""
+    """Whether the model's trees are river's as :func:`_copy_tree` copies them (written
+    against river 0.26): flat node lists, branches ``PaddedBranch``, each node's attributes
+    exactly those it sets, in its order (``_BRANCH_ATTRS``, ``_LEAF_ATTRS``: keep them with
+    it). A river whose trees differ copies by pickle (slower, the same model)."""
     nodes = getattr(model, "_tree_nodes", None)
     if PaddedBranch is None or not isinstance(nodes, list) or len(nodes) != len(model.trees):
         return False

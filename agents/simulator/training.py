@@ -252,7 +252,7 @@ class TrainingModel:
             * stage_factor
             * self._gpu_speed[nodes, gpus]
             * (1.0 + s["slow"][nodes, gpus])
-            * np.exp(0.004 * rng.standard_normal(ranks))
+            * rng.lognormal(0.0, 0.004, ranks)
         )
         # One-step hiccups on random ranks (GC pause, page fault storm, host jitter).
         hiccup = rng.random(ranks) < 0.0003
@@ -270,7 +270,7 @@ class TrainingModel:
                     step=job.step,
                     extra=round(float(extras[r]), 3),
                 )
-        stall_noise = np.exp(0.1 * rng.standard_normal(ranks))
+        stall_noise = rng.lognormal(0.0, 0.1, ranks)
         for st, en, extra in self.scenario.stalls:
             if st <= start < en:
                 compute += compute_nominal * extra * stall_noise
@@ -312,7 +312,7 @@ class TrainingModel:
         ranks = len(job.rank_node)
         nodes, gpus, stages = job.rank_node, job.rank_gpu, job.rank_stage
         link_slow = s["link_slow"]
-        conn_noise = np.exp(0.01 * self._step_noise.standard_normal(ranks))
+        conn_noise = self._step_noise.lognormal(0.0, 0.01, ranks)
         stage_end = np.zeros(job.pp_stages)
         next_peer = np.full(ranks, -1, dtype=np.int64)
         prev_peer = np.full(ranks, -1, dtype=np.int64)

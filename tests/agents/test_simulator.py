@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import statistics
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -131,6 +134,29 @@ def test_same_seed_same_bytes_and_workers_do_not_change_them(tmp_path: Path) -> 
     assert other.read_bytes() != (tmp_path / "t1.jsonl").read_bytes()
     for line in (tmp_path / "t2.jsonl").read_bytes().splitlines()[::11]:
         parse_message(line)
+
+
+def test_same_seed_same_bytes_whichever_simd_kernels_numpy_picks(tmp_path: Path) -> None:
+    """numpy picks its vector kernels by CPU at import: on an AVX-512 machine ``np.exp`` gave
+    other last bits than elsewhere, so the same seed wrote other bytes (and the regression
+    fixture's hash failed there). The simulator's output must not depend on the machine: a
+    run limited to numpy's baseline kernels writes the same bytes as one with every kernel
+    this CPU has."""
+    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+
+    extras = [name for name in __cpu_dispatch__ if __cpu_features__.get(name)]
+    args = ["simulate", "--nodes", "4", "--duration", "120", "--seed", "3", "--workers", "1"]
+    written = []
+    for disable in ("", " ".join(extras)):
+        out, truth = tmp_path / f"t{len(written)}.jsonl", tmp_path / f"truth{len(written)}.json"
+        env = {**os.environ, "NPY_DISABLE_CPU_FEATURES": disable}
+        done = subprocess.run(
+            [sys.executable, "-m", "guard.cli", *args, "--out", str(out), "--truth", str(truth)],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        written.append(out.read_bytes() + truth.read_bytes())
+    assert written[0] == written[1], f"numpy kernels {extras} change the simulator's output"
 
 
 def _after(messages: list[Any], ts: float, index: int, attr: str) -> list[Any]:

@@ -59,39 +59,54 @@ class BacktestStats:
         return self.messages / self.seconds if self.seconds > 0 else 0.0
 
 
-def _parse_file(path: Path, stats: BacktestStats) -> Iterator[tuple[float, int, GuardMessage]]:
+def _read_file(
+    path: Path, stats: BacktestStats, line: list[int] | None = None
+) -> Iterator[GuardMessage]:
+    """Each message of the file (a batch record: its samples, in entry order); ``line[0]``
+    is kept at the line number of the message last yielded. The common line costs one
+    parse: a blank or bad one is told apart only when the parse refuses it."""
+    parse = parse_message
     with path.open("rb") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
+        for number, text in enumerate(fh, 1):
             try:
-                msg = parse_message(line)
+                msg = parse(text)
             except SchemaError as exc:
-                stats.bad_lines += 1
-                key = str(exc)
-                if key not in stats.errors:
-                    print(f"guard backtest: {path}:{number}: skipped: {exc}", file=sys.stderr)
-                stats.errors[key] = stats.errors.get(key, 0) + 1
+                if not text.isspace():
+                    _skipped(stats, path, number, exc)
                 continue
-            if isinstance(msg, TelemetryBatch):  # a batch is its samples, in entry order
-                for single in msg.samples():
-                    yield single.ts, number, single
-                continue
-            yield msg.ts, number, msg
+            if line is not None:
+                line[0] = number
+            if isinstance(msg, TelemetryBatch):
+                yield from msg.samples()
+            else:
+                yield msg
+
+
+def _skipped(stats: BacktestStats, path: Path, number: int, exc: SchemaError) -> None:
+    stats.bad_lines += 1
+    key = str(exc)
+    if key not in stats.errors:
+        print(f"guard backtest: {path}:{number}: skipped: {exc}", file=sys.stderr)
+    stats.errors[key] = stats.errors.get(key, 0) + 1
 
 
 def read_messages(
     paths: Iterable[Path], stats: BacktestStats | None = None
 ) -> Iterator[GuardMessage]:
-    """Messages of all files, merged by event time (each file is read as it comes)."""
+    """Messages of all files, merged by event time (each file is read as it comes; ties in
+    event time go by line number, then by the files' order)."""
     stats = stats or BacktestStats()
-    streams = [_parse_file(Path(p), stats) for p in paths]
-    if len(streams) == 1:
-        for _, _, msg in streams[0]:
-            yield msg
-        return
-    for _, _, msg in heapq.merge(*streams, key=lambda item: (item[0], item[1])):
-        yield msg
+    files = [Path(p) for p in paths]
+    if len(files) == 1:  # nothing to merge: the file's own reader, no key or tuple per message
+        return _read_file(files[0], stats)
+    merged = heapq.merge(*(_numbered(p, stats) for p in files), key=lambda item: item[:2])
+    return (msg for _, _, msg in merged)
+
+
+def _numbered(path: Path, stats: BacktestStats) -> Iterator[tuple[float, int, GuardMessage]]:
+    line = [0]
+    for msg in _read_file(path, stats, line):
+        yield msg.ts, line[0], msg
 
 
 def run_backtest(

@@ -78,13 +78,19 @@ def test_backtest_skips_bad_lines_and_merges_inputs(
     _, _, lines = simulated
     half = len(lines) // 2
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    a.write_bytes(b"\n".join([*lines[:half:2], b'{"kind":"gpu","ts":"x"}', b"not json"]) + b"\n")
+    bad = [b'{"kind":"gpu","ts":"x"}', b"", b"  \t\r", b"not json"]  # blank lines are no error
+    a.write_bytes(b"\n".join([*lines[:half:2], *bad]) + b"\n")
     b.write_bytes(b"\n".join(lines[1:half:2]) + b"\n")
     out = tmp_path / "flags.jsonl"
     assert main(["backtest", str(a), str(b), "--out", str(out), "--quiet"]) == 0
     err = capsys.readouterr().err
     assert "2 bad lines skipped" in err and "field 'ts'" in err
     assert f"{half:,} messages" in err
+    assert "a.jsonl:" + str(half // 2 + half % 2 + 1) + ": skipped" in err  # where the line is
+    # One input takes the reader without the merge: the same lines skipped, the rest read.
+    assert main(["backtest", str(a), "--out", str(out), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "2 bad lines skipped" in err and f"{len(lines[:half:2]):,} messages" in err
 
 
 def test_baselines_run_through_the_same_backtest(

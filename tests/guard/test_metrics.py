@@ -140,10 +140,14 @@ def test_a_running_worker_serves_metrics_that_move_with_its_work(
             reports = [r for r in map(parse_progress, lines) if r is not None]
             return reports[-1] if reports else {}
 
-        wait_for(lambda: reported().get("telemetry") == total, log, 30)
-        line, now = reported(), scrape(port)
-        assert line["flags"] == sum(v for k, v in now.items() if k[0] == "guard_flags_total")
-        assert line["dead_letters"] == 2
+        # (a flag from a later tick can land between a line and a scrape: the next line has it)
+        def agree() -> bool:
+            line, now = reported(), scrape(port)
+            flags = sum(v for k, v in now.items() if k[0] == "guard_flags_total")
+            return line.get("telemetry") == total and line.get("flags") == flags
+
+        wait_for(agree, log, 30)
+        assert reported()["dead_letters"] == 2
 
 
 def test_healthz_fails_when_the_loop_stops_beating() -> None:

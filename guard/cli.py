@@ -55,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if argv is None:  # the process's own command line, not a call from other code
+        from guard.commands.common import own_the_process
+
+        own_the_process()
     try:
         settings = load_settings(args.config)
         code: int = args.handler(args, settings)

@@ -10,6 +10,8 @@ from typing import Any
 
 from guard.errors import GuardError
 
+from .common import tune_gc_for_the_data_path
+
 __all__ = ["register"]
 
 
@@ -23,6 +25,7 @@ def cmd_backtest(args: argparse.Namespace, settings: Any) -> int:
             raise GuardError(f"input {path} does not exist")
     stats = BacktestStats()
     detector = make_detector(args.detector, engine_config_of(settings))
+    tune_gc_for_the_data_path()
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with out_path.open("wb") as out:

@@ -13,7 +13,7 @@ from typing import Any
 
 from guard.config import Settings
 
-from .common import add_log_level, apply_options, configure_logging
+from .common import add_log_level, apply_options, configure_logging, tune_gc_for_the_data_path
 
 __all__ = ["register"]
 
@@ -37,6 +37,7 @@ def cmd_streams(args: argparse.Namespace, settings: Settings) -> int:
     apply_options(settings, args, {"streams.engine": "engine"})
     metrics = Metrics("streams", stale_s=settings.metrics.stale_s)
     if settings.streams.engine == "native":
+        tune_gc_for_the_data_path()
         return _run_native(settings, args.log_level or "info", metrics)
     import faust
 
@@ -59,6 +60,7 @@ def cmd_streams(args: argparse.Namespace, settings: Settings) -> int:
 
     loglevel = args.log_level or "warning"
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    tune_gc_for_the_data_path()
     worker.execute_from_commandline()
     return 0
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -158,3 +161,29 @@ def test_fusion_ids_are_stable_and_duplicates_are_dropped() -> None:
     assert escalated is not None and escalated.severity == "critical"
     assert escalated.evidence["also"][0]["category"] == "nic"
     assert "link on n1 mlx5_1" in str(escalated.evidence["summary"])
+
+
+def test_a_backtest_runs_with_the_data_paths_collector_settings(
+    simulated: tuple[Path, Path, list[bytes]], tmp_path: Path
+) -> None:
+    """``guard backtest`` (like a streams worker) collects cycles less often than CPython's
+    default and has frozen what start-up made; its flags are those of a default process.
+    Called in-process (as here, below) it leaves the caller's collector alone."""
+    from guard.commands.common import GC_THRESHOLDS
+
+    telemetry, _, _ = simulated
+    script = (
+        "import gc, sys; from guard.cli import main; "
+        "code = main(); print(list(gc.get_threshold()), gc.get_freeze_count())"
+    )
+    out = tmp_path / "flags.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-c", script, "backtest", str(telemetry), "--out", str(out), "--quiet"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    thresholds, frozen = done.stdout.split("] ")
+    assert json.loads(thresholds + "]") == list(GC_THRESHOLDS) and int(frozen) > 10_000
+    plain, before = tmp_path / "plain.jsonl", gc.get_threshold()
+    assert main(["backtest", str(telemetry), "--out", str(plain), "--quiet"]) == 0
+    assert gc.get_threshold() == before
+    assert out.read_bytes() == plain.read_bytes() and out.read_bytes()

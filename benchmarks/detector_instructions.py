@@ -99,7 +99,9 @@ def instructions(python: str, path: Path, run: bool, config: str, child: str = _
         ],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONHASHSEED": "0"},
+        # OpenBLAS (numpy) otherwise starts spinning threads whose spin valgrind counts
+        # (±50M instructions a run); the engine does no BLAS work
+        env={**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"},
         check=False,
     )
     found = _REFS.search(done.stderr)

@@ -29,8 +29,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 #: The cyclic collector's thresholds in a data-path process (CPython's: 700, 10, 10).
 GC_THRESHOLDS = (100_000, 50, 100)
-#: True once :func:`guard.cli.main` runs as the process's command line (``argv`` None); a
-#: caller in its own process (a test, the demo) keeps its collector as it set it.
+#: True once :func:`guard.cli.main` runs as the process's command line (``argv`` None); code
+#: that calls ``main([...])`` in its own process (a test) keeps its collector as it set it.
 _OWN_PROCESS = [False]
 
 

@@ -41,12 +41,14 @@ def own_the_process() -> None:
 
 def tune_gc_for_the_data_path() -> None:
     """Fewer passes of the cyclic garbage collector, for a process that holds much long-lived
-    detector state (a streams worker, a backtest). With CPython's thresholds its young
+    detector state (a native streams worker, a backtest). With CPython's thresholds its young
     collections come every 700 allocations and its full ones walk every object the detectors
     keep (a node's river model is ~500 tree nodes): at 10k GPUs that was ~38 % of a worker's
     detector time, and a 3 s stall when every node's first model window closed. Cycles are
     still collected, less often; what start-up made (modules, schemas) is frozen out of
-    every later walk. Only in a process the command owns (:func:`own_the_process`).
+    every later walk. Only in a process the command owns (:func:`own_the_process`). Not in a
+    faust worker: one stalled once in CI after a restart with these settings (cause not
+    found), and faust is not the default engine.
     """
     if not _OWN_PROCESS[0]:
         return

@@ -60,8 +60,7 @@ def cmd_streams(args: argparse.Namespace, settings: Settings) -> int:
 
     loglevel = args.log_level or "warning"
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
-    tune_gc_for_the_data_path()
-    worker.execute_from_commandline()
+    worker.execute_from_commandline()  # CPython's collector: see tune_gc_for_the_data_path
     return 0
 
 

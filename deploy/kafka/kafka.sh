@@ -95,8 +95,13 @@ PROPS
   set_java_opts
   local cp="$lib/*"
   local cluster_id
-  # what `StorageTool random-uuid` prints (16 random bytes, base64url), without a JVM start
-  cluster_id="$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')"
+  # what `StorageTool random-uuid` prints (16 random bytes, base64url, never starting with
+  # '-', which the tool's argument parser would take for an option), without a JVM start
+  cluster_id="$(python3 -c '
+import base64, uuid
+while (cid := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"):
+    pass
+print(cid)')"
   java -cp "$cp" "${java_opts[@]}" kafka.tools.StorageTool format \
        -t "$cluster_id" -c "$dir/server.properties" \
        --add-scram "SCRAM-SHA-256=[name=$user,password=$password]" >"$dir/logs/format.log" 2>&1 \

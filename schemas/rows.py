@@ -23,19 +23,18 @@ free-form fields) take :func:`guard.schemas.decode` for every record.
 from __future__ import annotations
 
 import operator
-import types
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from itertools import chain, groupby, islice, repeat
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Any, get_args, get_origin
 
-import annotated_types as at
 import orjson
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from .batches import BATCH_MODEL_OF_KIND, BATCH_OF, TelemetryBatch
 from .codec import MAX_MESSAGE_BYTES, MODELS, SchemaError, decode
+from .constraints import bounds, unwrap
 from .messages import GuardMessage
 from .tables import TABLE_BY_KIND, Table, micros
 
@@ -74,32 +73,6 @@ class Decoded:
 
 
 # -- field checks read from the models ------------------------------------------------------
-
-
-def _bounds(metadata: Sequence[Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for m in metadata:
-        if isinstance(m, FieldInfo):
-            out.update(_bounds(m.metadata))
-        elif isinstance(m, (at.Ge, at.Le, at.Gt, at.Lt, at.MinLen, at.MaxLen)):
-            out.update((f.name, getattr(m, f.name)) for f in fields(m))
-        else:  # a constraint this module does not know: no fast path for the model
-            raise TypeError(f"unsupported constraint {m!r}")
-    return out
-
-
-def _unwrap(annotation: Any) -> tuple[Any, bool, list[Any]]:
-    """(base type, optional, constraints) of a field's annotation."""
-    optional = False
-    metadata: list[Any] = []
-    if get_origin(annotation) in (Union, types.UnionType):
-        args = [a for a in get_args(annotation) if a is not _NONE]
-        if len(args) != 1:
-            raise TypeError(f"unsupported union {annotation!r}")
-        optional, annotation = True, args[0]
-    if get_origin(annotation) is Annotated:
-        annotation, *metadata = get_args(annotation)
-    return annotation, optional, metadata
 
 
 Check = Callable[[list[Any]], list[Any]]
@@ -168,12 +141,12 @@ def _bool_check(optional: bool) -> Check:
 
 def _dict_check(annotation: Any, b: dict[str, Any]) -> Check:
     key, value = get_args(annotation)
-    key_base, _, key_meta = _unwrap(key)
-    value_base, _, value_meta = _unwrap(value)
+    key_base, _, key_meta = unwrap(key)
+    value_base, _, value_meta = unwrap(value)
     if key_base is not str or value_base is not int:
         raise TypeError(f"unsupported mapping {annotation!r}")
-    key_longest = _bounds(key_meta).get("max_length")
-    values_check = _number_check(int, False, _bounds(value_meta))
+    key_longest = bounds(key_meta).get("max_length")
+    values_check = _number_check(int, False, bounds(value_meta))
     longest = b.get("max_length")
 
     def check(col: list[Any]) -> list[Any]:
@@ -213,8 +186,8 @@ def _list_check(annotation: Any, optional: bool, b: dict[str, Any]) -> Check:
 
 
 def _field_check(info: FieldInfo, str_max: int | None) -> Check:
-    base, optional, inner = _unwrap(info.annotation)
-    b = _bounds([*info.metadata, *inner])
+    base, optional, inner = unwrap(info.annotation)
+    b = bounds([*info.metadata, *inner])
     if base in (int, float):
         return _number_check(base, optional, b)
     if base is str:
@@ -345,7 +318,7 @@ class _Kind:
 
 
 def _list_len_check(info: FieldInfo) -> Check:
-    b = _bounds(info.metadata)
+    b = bounds(info.metadata)
     shortest, longest = b.get("min_length", 0), b.get("max_length")
 
     def check(col: list[Any]) -> list[Any]:

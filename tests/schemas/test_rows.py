@@ -9,114 +9,20 @@ type (``repr``), in the same order.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
-import orjson
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from guard.agents.simulator import ClusterSimulator, SimConfig
 from guard.schemas import Flag, SchemaError, batch_messages, decode, encode
-from guard.schemas.batches import BATCH_MODEL_OF_KIND, BATCH_OF, expand
-from guard.schemas.codec import MODELS
+from guard.schemas.batches import expand
 from guard.schemas.rows import FAST_KINDS, decode_columns
 from guard.schemas.tables import TABLE_BY_KIND
 
-from .strategies import STRATEGIES
-
-TELEMETRY = sorted(BATCH_OF)
-#: Nested deeper than pydantic parses (orjson reads it): pydantic's rejection must stand.
-_DEEP = b"[" * 300 + b"1" + b"]" * 300
-
-
-def _deep(depth: int) -> Any:
-    value: Any = 1
-    for _ in range(depth):
-        value = [value]
-    return value
-
-
-nasty = (
-    st.none()
-    | st.booleans()
-    | st.sampled_from([0, -1, 1, 2**53 + 1, 2**64 - 1, 2**64, 10**30, 1001, 1_000_001])
-    | st.sampled_from([-0.0, 0.5, 1e300, -1e300, 3.0, 1e-320, 2.0**53 + 2, 32503680001.0])
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.sampled_from(["", "x", "12", "1.5", "true", "null", "gpu", "gpu_batch", "x" * 300])
-    | st.text(max_size=8)
-    | st.lists(st.integers(), max_size=3)
-    | st.dictionaries(st.text(max_size=4), st.integers(0, 5), max_size=3)
-    | st.just([{"rank": 1, "bytes": 2, "duration_s": "slow"}])
-    | st.just([{"rank": 1, "bytes": 2, "duration_s": 1, "extra": [[[]]]}])
-    | st.just(_deep(3))
-)
-
-
-def _field_names(kind: str) -> list[str]:
-    names = set(TABLE_BY_KIND[kind].column_names) | set(MODELS[kind].model_fields)
-    names |= set(BATCH_MODEL_OF_KIND[BATCH_OF[kind]].model_fields)
-    return sorted(names | {"kind", "unknown_field", "ts"})
-
-
-@st.composite
-def mutated(draw: Any, obj: dict[str, Any], kind: str) -> bytes:
-    """``obj`` as JSON bytes, maybe broken: in a field of its own, of an entry, or its bytes."""
-    how = draw(st.sampled_from(["keep", "keep", "set", "drop", "entry", "bytes", "dup"]))
-    target = obj
-    entries = next((v for k, v in obj.items() if isinstance(v, list) and k != "peers"), None)
-    if how == "entry" and entries:
-        target = draw(st.sampled_from(entries))
-        how = draw(st.sampled_from(["set", "drop"]))
-    if how == "set":
-        target[draw(st.sampled_from(_field_names(kind)))] = draw(nasty)
-    elif how == "drop" and target:
-        target.pop(draw(st.sampled_from(sorted(target))))
-    data = json.dumps(obj, separators=(",", ":")).encode()  # orjson: ints of 64 bits only
-    if how == "dup":  # a second value for a field, after the first: the last one wins
-        field = draw(st.sampled_from(_field_names(kind)))
-        data = data[:-1] + b',"' + field.encode() + b'":' + json.dumps(draw(nasty)).encode() + b"}"
-    elif how == "bytes":
-        data = draw(
-            st.sampled_from(
-                [
-                    data[: len(data) // 2],
-                    data + b"x",
-                    b" " + data + b"\n",
-                    b"[1]",
-                    b'"x"',
-                    b"3",
-                    b"",
-                    data[:-1] + b',"unknown_field":' + _DEEP + b"}",
-                ]
-            )
-        )
-    return data
-
-
-@st.composite
-def records(draw: Any, kind: str) -> list[bytes]:
-    out = []
-    for _ in range(draw(st.integers(1, 8))):
-        samples = draw(st.lists(STRATEGIES[kind], min_size=1, max_size=4))
-        if draw(st.booleans()):
-            for m in samples:
-                m.node, m.ts = samples[0].node, samples[0].ts  # one node, one instant
-                if kind in ("step", "collective"):
-                    m.job = samples[0].job
-                if kind == "step":
-                    m.step = samples[0].step  # type: ignore[attr-defined]
-                if kind == "collective":
-                    m.comm, m.seq = samples[0].comm, samples[0].seq  # type: ignore[attr-defined]
-            messages = batch_messages(samples)
-        else:
-            messages = samples
-        for m in messages:
-            out.append(draw(mutated(orjson.loads(encode(m)), kind)))
-    return out
+from .strategies import TELEMETRY, records
 
 
 def reference(values: list[bytes], kind: str) -> tuple[list[list[Any]], list[tuple[int, str]]]:

@@ -1,0 +1,307 @@
+"""Telemetry records straight to sample models, through msgspec's validating JSON decoder.
+
+:func:`guard.schemas.decode` validates a record with pydantic-core into its model: for a
+batch, a model of the batch and one of each entry, after which
+:meth:`~guard.schemas.batches.TelemetryBatch.samples` builds one sample model per entry —
+≈4–6 µs a sample, three to four times what orjson alone takes to parse it. The detectors
+need the samples, not the batch. :func:`decode_samples` decodes the record with msgspec
+against typed dicts generated from the same pydantic models (types and constraints read from
+them, not restated) and builds each sample model once from the result (≈1.5–3 µs a sample;
+`benchmarks/processing_core.py` prints both).
+
+Acceptance is pydantic's. The generated types accept a subset of what the models accept,
+with the same values: JSON integers in float fields become floats, unknown fields are
+dropped, a duplicated key's last value wins, nothing that is not finite gets through. Where
+msgspec cannot say what pydantic says, the generated type is stricter (integers above
+2**63 - 1, msgspec's largest bound, are refused; a string, a bool or a float where pydantic's
+lax mode takes an integer is refused), and a record the fast path refuses goes through
+:func:`guard.schemas.decode`: its samples, or its :class:`SchemaError` with pydantic's
+reason. tests/schemas/test_sample_decoder.py compares both on random valid and broken
+records. A model this module cannot express (a validator, an alias, a constraint it does
+not know) has no fast path: its records take pydantic only.
+
+Example
+-------
+>>> from guard.schemas import GpuSample, batch_messages, encode
+>>> singles = [GpuSample(ts=10.0, node="n1", gpu=i, temp_c=60.0 + i) for i in range(2)]
+>>> [record] = [encode(m) for m in batch_messages(singles)]
+>>> kind, samples = decode_samples(record, "gpu")
+>>> kind, [s.model_dump() == m.model_dump() for s, m in zip(samples, singles)]
+('gpu_batch', [True, True])
+>>> decode_samples(b'{"kind":"gpu","ts":1.0,"node":"n1","gpu":"zero"}', "gpu")
+Traceback (most recent call last):
+guard.schemas.codec.SchemaError: gpu message, field 'gpu': Input should be a valid integer, ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import (
+    Annotated,
+    Any,
+    Literal,
+    NotRequired,
+    Optional,
+    Required,
+    TypedDict,
+    get_args,
+    get_origin,
+)
+
+import msgspec
+from pydantic import BaseModel
+
+from .batches import BATCH_MODEL_OF_KIND, BATCH_OF, expand
+from .codec import _KIND_AT, _KIND_FIRST, MAX_MESSAGE_BYTES, MODELS, decode, parse_message
+from .constraints import bounds, unwrap
+from .fast import fast_builder
+from .messages import GuardMessage
+
+__all__ = ["FAST_SAMPLE_KINDS", "decode_samples", "parse_samples"]
+
+#: msgspec's integer bounds must fit an int64: a larger bound becomes this (stricter: safe)
+_INT64_MAX = 2**63 - 1
+_INT64_MIN = -(2**63)
+#: what msgspec raises for bad input; ValueError and RecursionError: its parser's limits
+_REFUSED = (msgspec.DecodeError, ValueError, RecursionError)
+#: Every batch's ``kind`` ends so (as in guard.schemas.codec).
+_BATCH_MARK = b'_batch"'
+#: pydantic refuses JSON nested deeper than 200 (jiter's limit), msgspec skips an unknown
+#: field however deep: a record with more brackets than this (so maybe deeper) takes pydantic
+MAX_BRACKETS = 100
+
+Samples = list[GuardMessage]
+
+
+def _int_type(b: dict[str, Any]) -> Any:
+    meta = {}
+    for name, value in b.items():
+        if name in ("ge", "gt"):
+            if value < _INT64_MIN:
+                raise TypeError(f"integer bound {value} below msgspec's")
+            meta[name] = value
+        elif name in ("le", "lt"):
+            meta[name] = min(value, _INT64_MAX)
+        else:
+            raise TypeError(f"integer constraint {name!r}")
+    return Annotated[int, msgspec.Meta(**meta)] if meta else int
+
+
+def _wire_type(base: Any, b: dict[str, Any], str_max: int | None) -> Any:
+    """The msgspec type of a field's base type with bounds ``b``; TypeError if none fits."""
+    if base is bool:
+        if b:
+            raise TypeError("a constrained bool")
+        return bool
+    if base is int:
+        return _int_type(b)
+    if base is float:
+        return Annotated[float, msgspec.Meta(**b)] if b else float
+    if base is str:
+        meta = {"min_length": b.get("min_length", 0)}
+        longest = [x for x in (b.get("max_length"), str_max) if x is not None]
+        if longest:  # the stricter of the field's and the model's limits
+            meta["max_length"] = min(longest)
+        return Annotated[str, msgspec.Meta(**meta)]
+    if get_origin(base) is Literal:
+        if b or not all(isinstance(x, str) for x in get_args(base)):
+            raise TypeError(f"unsupported literal {base!r}")
+        return base
+    if get_origin(base) is dict:
+        key, value = get_args(base)
+        key_base, key_optional, key_meta = unwrap(key)
+        value_base, value_optional, value_meta = unwrap(value)
+        if key_base is not str or key_optional or value_optional:
+            raise TypeError(f"unsupported mapping {base!r}")
+        key_type = _wire_type(str, bounds(key_meta), str_max)
+        value_type = _wire_type(value_base, bounds(value_meta), str_max)
+        return _sized(dict[key_type, value_type], b)  # type: ignore[valid-type]
+    if get_origin(base) is list:
+        (item,) = get_args(base)
+        if not (isinstance(item, type) and issubclass(item, BaseModel)):
+            raise TypeError(f"unsupported list {base!r}")
+        return _sized(list[_typed_dict(item)], b)  # type: ignore[misc]
+    raise TypeError(f"unsupported field type {base!r}")
+
+
+def _sized(container: Any, b: dict[str, Any]) -> Any:
+    meta = {k: v for k, v in b.items() if k in ("min_length", "max_length")}
+    if set(b) - set(meta):
+        raise TypeError(f"unsupported constraints {b!r} on {container!r}")
+    return Annotated[container, msgspec.Meta(**meta)] if meta else container
+
+
+def _check_model(model: type[BaseModel]) -> None:
+    config = model.model_config
+    if config.get("extra", "ignore") != "ignore" or config.get("strict"):
+        raise TypeError(f"{model.__name__}: only lax models with extra='ignore'")
+    if config.get("allow_inf_nan", True) is not False:
+        raise TypeError(f"{model.__name__}: allows inf and nan (msgspec never gives them)")
+    decorators = model.__pydantic_decorators__
+    if decorators.field_validators or decorators.model_validators or decorators.validators:
+        raise TypeError(f"{model.__name__} has validators")
+
+
+_TYPED_DICTS: dict[type[BaseModel], Any] = {}
+
+
+def _typed_dict(model: type[BaseModel]) -> Any:
+    """A TypedDict that msgspec decodes as ``model`` validates (required fields Required)."""
+    if model in _TYPED_DICTS:
+        return _TYPED_DICTS[model]
+    _check_model(model)
+    str_max = model.model_config.get("str_max_length")
+    fields: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        if info.alias not in (None, name) or info.validation_alias not in (None, name):
+            raise TypeError(f"{model.__name__}.{name} has an alias")
+        base, optional, inner = unwrap(info.annotation)
+        wire = _wire_type(base, bounds([*info.metadata, *inner]), str_max)
+        if optional:
+            wire = Optional[wire]  # noqa: UP045 (a runtime type for msgspec, not an annotation)
+        fields[name] = Required[wire] if info.is_required() else NotRequired[wire]
+    out = TypedDict(f"{model.__name__}Wire", fields, total=False)  # type: ignore[misc]
+    _TYPED_DICTS[model] = out
+    return out
+
+
+class _ModelBuilder:
+    """Builds a model from a dict msgspec decoded against its TypedDict: the missing fields
+    get their defaults (a fresh one from a default factory), nested models are built too."""
+
+    def __init__(self, model: type[BaseModel]) -> None:
+        self.build: Callable[[dict[str, Any]], Any] = fast_builder(model)
+        self.template: dict[str, Any] = {}
+        self.factories: list[tuple[str, Callable[[], Any]]] = []
+        self.nested: list[tuple[str, _ModelBuilder]] = []
+        for name, info in model.model_fields.items():
+            factory = info.default_factory
+            if factory is not None:
+                self.factories.append((name, factory))  # type: ignore[arg-type]
+                self.template[name] = _FROM_FACTORY
+            else:
+                self.template[name] = info.default  # a required one: always in the record
+            base, _, _ = unwrap(info.annotation)
+            if get_origin(base) is list:
+                (item,) = get_args(base)
+                self.nested.append((name, _ModelBuilder(item)))
+
+    def complete(self, data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` (every field present, in field order) made ready for ``build``."""
+        for name, factory in self.factories:
+            if data[name] is _FROM_FACTORY:
+                data[name] = factory()
+        for name, builder in self.nested:
+            items = data[name]
+            if items:
+                template, build, complete = builder.template, builder.build, builder.complete
+                data[name] = [build(complete({**template, **item})) for item in items]
+        return data
+
+
+#: stands for a default made by a factory, until :meth:`_ModelBuilder.complete` makes it
+_FROM_FACTORY: Any = object()
+
+
+class _SampleKind:
+    """The fast path of one telemetry kind: its single records and its batch records."""
+
+    def __init__(self, kind: str) -> None:
+        single = MODELS[kind]
+        batch = BATCH_MODEL_OF_KIND[BATCH_OF[kind]]
+        entries = batch.model_fields[batch.entries_field].annotation
+        entry: type[BaseModel] = get_args(unwrap(entries)[0])[0]
+        if set(entry.model_fields) - set(single.model_fields):
+            raise TypeError(f"{entry.__name__}: fields that are not {single.__name__}'s")
+        self.kind, self.batch_kind = kind, BATCH_OF[kind]
+        self.entries_field = batch.entries_field
+        self.single_decode = msgspec.json.Decoder(_typed_dict(single)).decode
+        self.batch_decode = msgspec.json.Decoder(_typed_dict(batch)).decode
+        self.sample = _ModelBuilder(single)
+        self.finish = self.sample.complete if self.sample.factories or self.sample.nested else None
+
+    def singles(self, data: bytes) -> Samples:
+        sample = self.sample
+        fields = {**sample.template, **self.single_decode(data)}
+        if self.finish is not None:
+            self.finish(fields)
+        return [sample.build(fields)]
+
+    def batches(self, data: bytes) -> Samples:
+        """The samples of a batch record, as :meth:`TelemetryBatch.samples` makes them: the
+        batch's ``node`` and ``job``, an entry's own ``ts`` or else the batch's, ``v`` 1."""
+        record = self.batch_decode(data)
+        if "kind" not in record:  # without its kind a record is a single one (pydantic's)
+            raise ValueError("a batch without its kind")
+        ts = record["ts"]
+        head = {**self.sample.template, "kind": self.kind, "v": 1, "ts": ts}
+        head["node"], head["job"] = record["node"], record.get("job")
+        build, finish = self.sample.build, self.finish
+        out: Samples = []
+        append = out.append
+        for entry in record[self.entries_field]:
+            fields = {**head, **entry}
+            if fields["ts"] is None:
+                fields["ts"] = ts
+            if finish is not None:
+                finish(fields)
+            append(build(fields))
+        return out
+
+
+def _sample_kinds() -> dict[str, _SampleKind]:
+    out = {}
+    for kind in BATCH_OF:
+        try:
+            fast = _SampleKind(kind)
+        except TypeError:  # a schema this module cannot express: that kind takes pydantic
+            continue
+        out[kind] = out[fast.batch_kind] = fast
+    return out
+
+
+_KINDS = _sample_kinds()
+#: The telemetry kinds (and their batch kinds) decoded without pydantic when clean.
+FAST_SAMPLE_KINDS: frozenset[str] = frozenset(_KINDS)
+#: the decoder of each record kind, as the record's bytes spell it
+_BY_RECORD_KIND: dict[bytes, Callable[[bytes], Samples]] = {}
+for _fast in _KINDS.values():
+    _BY_RECORD_KIND[_fast.kind.encode()] = _fast.singles
+    _BY_RECORD_KIND[_fast.batch_kind.encode()] = _fast.batches
+
+
+def _plain(data: bytes) -> bool:
+    """Not too long, not too deep for pydantic: the fast path may decide."""
+    return len(data) <= MAX_MESSAGE_BYTES and data.count(b"[") + data.count(b"{") <= MAX_BRACKETS
+
+
+def decode_samples(data: bytes, kind: str) -> tuple[str, Samples]:
+    """The kind of a telemetry record on ``kind``'s topic (``kind`` or its batch kind) and
+    the samples it stands for (one for a single record), as :func:`guard.schemas.decode`
+    and :func:`~guard.schemas.batches.expand` give them; its :class:`SchemaError` if the
+    record is not valid."""
+    fast = _KINDS.get(kind)
+    if fast is not None and type(data) is bytes and _plain(data):
+        try:
+            if _BATCH_MARK in data:
+                return fast.batch_kind, fast.batches(data)
+            return fast.kind, fast.singles(data)
+        except _REFUSED:
+            pass  # pydantic decides, and says why
+    message = decode(data, kind)
+    return message.kind, expand(message)
+
+
+def parse_samples(data: bytes) -> Samples:
+    """A record of any kind as the samples it stands for (:func:`parse_message`, then
+    :func:`expand`); a telemetry record that starts with its ``kind`` (as
+    :func:`~guard.schemas.encode` writes every message) takes the fast path."""
+    if type(data) is bytes and data.startswith(_KIND_FIRST) and _plain(data):
+        end = data.find(b'"', _KIND_AT, _KIND_AT + 32)
+        fast = _BY_RECORD_KIND.get(data[_KIND_AT:end]) if end > 0 else None
+        if fast is not None:
+            try:
+                return fast(data)
+            except _REFUSED:
+                pass
+    return expand(parse_message(data))

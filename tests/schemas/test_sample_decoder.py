@@ -1,0 +1,148 @@
+"""The workers' and backtests' decode (guard.schemas.sample_decoder) against pydantic's.
+
+Differential: random valid records of each telemetry kind, single and batched, many of them
+broken on purpose (a field set to a value of another type or out of bounds, a field missing,
+an unknown or duplicated key, bytes cut or appended, not an object), decoded by both paths:
+the same rejections with the same reasons, and the same samples — every field's value and
+type (``repr``) and the fields' order.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from guard.agents.simulator import ClusterSimulator, SimConfig
+from guard.schemas import (
+    Flag,
+    GuardMessage,
+    SchemaError,
+    batch_messages,
+    decode,
+    encode,
+    parse_message,
+    sample_decoder,
+)
+from guard.schemas.batches import expand
+from guard.schemas.sample_decoder import FAST_SAMPLE_KINDS, decode_samples, parse_samples
+
+from .strategies import TELEMETRY, records
+
+
+def _shown(samples: list[GuardMessage]) -> str:
+    # every field with its type, in field order, and the nested models' too
+    return repr([(type(s).__name__, list(s.__dict__.items())) for s in samples])
+
+
+def _reference(value: bytes, kind: str) -> tuple[str, str] | str:
+    try:
+        message = decode(value, kind)
+    except SchemaError as exc:
+        return str(exc)
+    return message.kind, _shown(expand(message))
+
+
+def _got(value: bytes, kind: str) -> tuple[str, str] | str:
+    try:
+        record_kind, samples = decode_samples(value, kind)
+    except SchemaError as exc:
+        return str(exc)
+    return record_kind, _shown(samples)
+
+
+def _parsed(value: bytes, parse: Any) -> str:
+    try:
+        return _shown(parse(value))
+    except SchemaError as exc:
+        return str(exc)
+
+
+@hsettings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.sampled_from(TELEMETRY).flatmap(lambda k: st.tuples(st.just(k), records(k))))
+def test_same_samples_and_rejections_as_pydantic(case: tuple[str, list[bytes]]) -> None:
+    kind, values = case
+    for value in values:
+        assert _got(value, kind) == _reference(value, kind)
+        assert _parsed(value, parse_samples) == _parsed(value, lambda v: expand(parse_message(v)))
+
+
+def test_every_telemetry_kind_and_its_batch_have_the_fast_path() -> None:
+    assert {k for kind in TELEMETRY for k in (kind, f"{kind}_batch")} == FAST_SAMPLE_KINDS
+
+
+def _pydantic_never_called(monkeypatch: Any) -> None:
+    def refuse(*args: Any) -> Any:
+        raise AssertionError("a clean record took pydantic")
+
+    monkeypatch.setattr(sample_decoder, "decode", refuse)
+    monkeypatch.setattr(sample_decoder, "parse_message", refuse)
+
+
+def test_clean_records_never_take_pydantic_and_give_the_same_samples(monkeypatch: Any) -> None:
+    sim = ClusterSimulator(
+        SimConfig(nodes=3, duration_s=40, start_ts=float(int(time.time())), seed=2)
+    )
+    ticks = list(sim.batches())
+    values = [
+        (m.kind.removesuffix("_batch"), encode(m))
+        for batched in (False, True)
+        for tick in ticks
+        for m in (batch_messages(tick) if batched else tick)
+    ]
+    assert {kind for kind, _ in values} == set(TELEMETRY)
+    want = [_reference(value, kind) for kind, value in values]
+    want_parsed = [_parsed(value, lambda v: expand(parse_message(v))) for _, value in values]
+    _pydantic_never_called(monkeypatch)
+    assert [_got(value, kind) for kind, value in values] == want
+    assert [_parsed(value, parse_samples) for _, value in values] == want_parsed
+
+
+def test_a_default_factory_gives_each_sample_its_own_value() -> None:
+    record = (
+        b'{"kind":"nic_batch","ts":5.0,"node":"n1",'
+        b'"ports":[{"device":"a","port":1},{"device":"b","port":1}]}'
+    )
+    _, (first, second) = decode_samples(record, "nic")
+    assert first.counters == second.counters == {}  # type: ignore[attr-defined]
+    assert first.counters is not second.counters  # type: ignore[attr-defined]
+
+
+def test_a_record_the_fast_path_refuses_gets_pydantics_reason() -> None:
+    cases = {
+        # a batch without its kind is a single record, which lacks the single's fields
+        b'{"ts":5.0,"node":"n1","gpus":[{"gpu":0}],"x":"y_batch\\""}': "gpu",
+        # a counter above msgspec's largest bound but within the contract's: accepted
+        b'{"kind":"nic","ts":5.0,"node":"n1","device":"d","port":1,'
+        b'"counters":{"c":18446744073709551615}}': "nic",
+        # lax pydantic takes a float that is an integer, msgspec does not: accepted
+        b'{"kind":"gpu","ts":5.0,"node":"n1","gpu":3.0}': "gpu",
+        b'{"kind":"gpu","ts":5.0,"node":"n1","gpu":0,"temp_c":1e400}': "gpu",
+        b'{"kind":"step","ts":5.0,"node":"n1","job":"j","rank":0,"step":1,"step_s":"slow"}': "step",
+        b'{"kind":"gpu_batch","ts":5.0,"node":"n1","gpus":[]}': "gpu",
+    }
+    for value, kind in cases.items():
+        assert _got(value, kind) == _reference(value, kind), value
+    _, [sample] = decode_samples(next(iter(v for v in cases if b"1844" in v)), "nic")
+    assert sample.counters == {"c": 2**64 - 1}  # type: ignore[attr-defined]
+
+
+def test_other_kinds_parse_as_before() -> None:
+    flag = Flag(ts=1e9, node="n1", id="f1", detector="thermal", category="thermal",
+                severity="warning", score=2.5, evidence={"temp_c": 93})  # fmt: skip
+    assert _parsed(encode(flag), parse_samples) == _shown([flag])
+    assert _parsed(b"\n", parse_samples) == _parsed(b"\n", parse_message)
+
+
+def test_pydantic_parses_as_deep_as_the_fast_path_admits() -> None:
+    # the fast path skips an unknown field however deep; pydantic refuses beyond its limit,
+    # so records with more than MAX_BRACKETS brackets take pydantic: the limit must hold
+    depth = sample_decoder.MAX_BRACKETS
+    deep = b"[" * (depth - 3) + b"1" + b"]" * (depth - 3)
+    value = b'{"kind":"gpu_batch","ts":5.0,"node":"n1","gpus":[{"gpu":0,"u":' + deep + b"}]}"
+    assert value.count(b"[") + value.count(b"{") == depth
+    assert _got(value, "gpu") == _reference(value, "gpu")
+    assert isinstance(_reference(value, "gpu"), tuple)  # pydantic parses it

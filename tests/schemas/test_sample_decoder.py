@@ -146,3 +146,31 @@ def test_pydantic_parses_as_deep_as_the_fast_path_admits() -> None:
     assert value.count(b"[") + value.count(b"{") == depth
     assert _got(value, "gpu") == _reference(value, "gpu")
     assert isinstance(_reference(value, "gpu"), tuple)  # pydantic parses it
+
+
+_JSON_NUMBER = r"-?(0|[1-9][0-9]{0,25})(\.[0-9]{1,30})?([eE][-+]?[0-9]{1,3})?"
+
+
+@hsettings(max_examples=500, deadline=None)
+@given(st.from_regex(_JSON_NUMBER, fullmatch=True))
+def test_numbers_become_the_same_values(number: str) -> None:
+    # two JSON parsers: the same float (or int) for every literal, or both refuse it
+    raw = number.encode()
+    for value, kind in (
+        (b'{"kind":"gpu","ts":5.0,"node":"n","gpu":0,"temp_c":' + raw + b"}", "gpu"),
+        (
+            b'{"kind":"step","ts":5.0,"node":"n","job":"j","rank":0,"step":1,"step_s":'
+            + raw
+            + b"}",
+            "step",
+        ),
+        (b'{"kind":"gpu","ts":5.0,"node":"n","gpu":' + raw + b"}", "gpu"),
+    ):
+        assert _got(value, kind) == _reference(value, kind), value
+
+
+def test_name_lengths_count_characters_as_pydantic_does() -> None:
+    for char in ("é", "😀", "\u0301", "\\u00e9", "\\ud83d\\ude00"):
+        for n in (252, 253, 254):
+            value = ('{"kind":"gpu","ts":5.0,"node":"' + char * n + '","gpu":0}').encode()
+            assert _got(value, "gpu") == _reference(value, "gpu"), (char, n)

@@ -9,7 +9,11 @@ same run, its parts:
 
 * **core** — ``TelemetryProcessor.process`` for the node and the job stream, in batches of
   ``--batch`` records (a worker's ``batch_max``);
-* **decode** — ``guard.schemas.decode`` of each record and a batch's ``samples()`` alone;
+* **decode** — each record to its samples as the core decodes it
+  (:func:`~guard.schemas.sample_decoder.decode_samples`, msgspec against the models'
+  constraints) alone;
+* **pydantic** — the same through ``guard.schemas.decode`` and a batch's ``samples()``:
+  what the core paid before, and what a record the fast path refuses still pays;
 * **detectors** — :class:`~guard.detectors.engine.DetectionEngine` over the decoded samples;
 * **orjson** — ``orjson.loads`` of each record: what a bare consume + decode loop pays.
 
@@ -36,6 +40,7 @@ from guard.agents.simulator import ClusterSimulator, SimConfig
 from guard.detectors.engine import DetectionEngine, EngineConfig
 from guard.schemas import GuardMessage, decode, encode
 from guard.schemas.batches import batch_messages, expand
+from guard.schemas.sample_decoder import decode_samples
 from guard.streams.processing import StreamsCounters, TelemetryProcessor
 
 #: the stream (and its Kafka key) of each telemetry kind
@@ -67,6 +72,14 @@ def core(records: Records, batch: int) -> tuple[float, int]:
 
 
 def decode_only(records: Records) -> float:
+    started = time.process_time()
+    for recs in records.values():
+        for topic, _, value in recs:
+            decode_samples(value, topic)
+    return time.process_time() - started
+
+
+def pydantic_only(records: Records) -> float:
     started = time.process_time()
     for recs in records.values():
         for topic, _, value in recs:
@@ -112,6 +125,7 @@ def main() -> None:
     print(f"input: {args.nodes} nodes x {args.duration:.0f} s, {n:,} samples")
     parts: dict[str, Callable[[Records], float]] = {
         "decode": decode_only,
+        "pydantic": pydantic_only,
         "orjson": orjson_only,
     }
     for label, records in inputs.items():

@@ -19,8 +19,8 @@ from typing import IO, Protocol
 
 from guard.detectors.baselines import NvrxBaseline, StaticRulesBaseline
 from guard.detectors.engine import DetectionEngine, EngineConfig
-from guard.schemas import Flag, GuardMessage, SchemaError, encode, parse_message
-from guard.schemas.batches import TelemetryBatch
+from guard.schemas import Flag, GuardMessage, SchemaError, encode
+from guard.schemas.sample_decoder import parse_samples
 
 __all__ = ["BacktestStats", "FlagSource", "make_detector", "read_messages", "run_backtest"]
 
@@ -65,21 +65,18 @@ def _read_file(
     """Each message of the file (a batch record: its samples, in entry order); ``line[0]``
     is kept at the line number of the message last yielded. The common line costs one
     parse: a blank or bad one is told apart only when the parse refuses it."""
-    parse = parse_message
+    parse = parse_samples
     with path.open("rb") as fh:
         for number, text in enumerate(fh, 1):
             try:
-                msg = parse(text)
+                samples = parse(text)
             except SchemaError as exc:
                 if not text.isspace():
                     _skipped(stats, path, number, exc)
                 continue
             if line is not None:
                 line[0] = number
-            if isinstance(msg, TelemetryBatch):
-                yield from msg.samples()
-            else:
-                yield msg
+            yield from samples
 
 
 def _skipped(stats: BacktestStats, path: Path, number: int, exc: SchemaError) -> None:

@@ -41,9 +41,8 @@ from guard.schemas import (
     GuardMessage,
     NicSample,
     SchemaError,
-    decode,
 )
-from guard.schemas.batches import TelemetryBatch
+from guard.schemas.sample_decoder import decode_samples
 from guard.schemas.topics import JOB_KINDS, NODE_KINDS, TOPIC_BY_KIND
 
 from .checkpoints import CHECKPOINT_FORMAT, CheckpointRefused, seal, unseal
@@ -348,6 +347,10 @@ def topic_kinds(topic: Callable[[str], str], level: str) -> dict[str, str]:
     return {topic(TOPIC_BY_KIND[kind]): kind for kind in kinds}
 
 
+#: the record kinds whose samples the fabric detector reads
+_NIC_KINDS = frozenset({"nic", "nic_batch"})
+
+
 class TelemetryProcessor:
     """Decodes telemetry records and feeds them to the keyed detectors of one stream.
 
@@ -406,34 +409,26 @@ class TelemetryProcessor:
         n = samples = 0
         for n, (topic, partition, value) in enumerate(records, 1):
             try:
-                message = decode(value or b"", self.kind_of_topic[topic])
+                kind, singles = decode_samples(value or b"", self.kind_of_topic[topic])
             except SchemaError as exc:
                 bad.append((n - 1, exc))
                 continue
-            kinds[message.kind] += 1
-            key = self.key_of(message)
+            kinds[kind] += 1
+            key = self.key_of(singles[0])  # a batch's samples share its node and job
             if key is None:
                 continue
             detectors = self.state.get(key, partition)
-            if isinstance(message, TelemetryBatch):
-                singles = message.samples()
-                samples += len(singles)
-                update = detectors.update
-                newest = latest.get(key, 0.0)
-                for single in singles:
-                    found += update(single)
-                    newest = max(newest, single.ts)
-                if newest > 0.0:
-                    latest[key] = newest
-                if self.fabric and message.kind == "nic_batch":
-                    found += self._fabric(singles, partition, latest, detectors.nic)
-                continue
-            samples += 1
-            found += detectors.update(message)
-            if message.ts > latest.get(key, 0.0):
-                latest[key] = message.ts
-            if self.fabric and message.kind == "nic":
-                found += self._fabric((message,), partition, latest, detectors.nic)
+            samples += len(singles)
+            update = detectors.update
+            newest = latest.get(key, 0.0)
+            for single in singles:
+                found += update(single)
+                if single.ts > newest:  # noqa: PLR1730 (per sample: max() costs a call)
+                    newest = single.ts
+            if newest > 0.0:
+                latest[key] = newest
+            if self.fabric and kind in _NIC_KINDS:
+                found += self._fabric(singles, partition, latest, detectors.nic)
         self.counters.telemetry += n
         self.counters.samples += samples
         self.counters.dead_letters += len(bad)

@@ -68,7 +68,7 @@ _REFUSED = (msgspec.DecodeError, ValueError, RecursionError)
 _BATCH_MARK = b'_batch"'
 #: pydantic refuses JSON nested deeper than 200 (jiter's limit), msgspec skips an unknown
 #: field however deep: a record with more brackets than this (so maybe deeper) takes pydantic
-MAX_BRACKETS = 100
+MAX_BRACKETS = 190
 
 Samples = list[GuardMessage]
 

@@ -27,8 +27,8 @@ from typing import Any
 from guard.config import FabricSettings, Settings
 from guard.detectors.path_advice import JobPatterns, advise
 from guard.kafka import dead_letter, make_consumer, make_producer, produce
-from guard.schemas import Advice, GuardMessage, SchemaError, decode
-from guard.schemas.batches import TelemetryBatch
+from guard.schemas import Advice, GuardMessage, SchemaError
+from guard.schemas.sample_decoder import decode_samples
 from guard.schemas.topics import TOPIC_BY_KIND
 from guard.schemas.topology import Topology, TopologyError
 
@@ -151,13 +151,12 @@ class AdviceProducer:
                 continue
             self.stats.consumed += 1
             try:
-                message = decode(record.value() or b"", self.kinds[record.topic() or ""])
+                _, singles = decode_samples(record.value() or b"", self.kinds[record.topic() or ""])
             except SchemaError as exc:
                 source = f"{record.topic()}/{record.partition()}/{record.offset()}"
                 dead_letter(self.producer, self.settings, record.value(), exc, source)
                 self.stats.dead_letters += 1
                 continue
-            singles = message.samples() if isinstance(message, TelemetryBatch) else [message]
             for single in singles:
                 self.advisor.update(single)
         sent = self.advisor.due(time.monotonic())

@@ -31,9 +31,10 @@ import orjson
 
 from guard.config import Settings
 from guard.kafka import dead_letter, make_producer, produce
-from guard.schemas import MODELS, GuardMessage, SchemaError, parse_message
+from guard.schemas import MODELS, GuardMessage, SchemaError
 from guard.schemas.batches import BATCH_MODEL_OF_KIND as BATCH_MODELS
-from guard.schemas.batches import SINGLE_OF, expand
+from guard.schemas.batches import SINGLE_OF
+from guard.schemas.sample_decoder import parse_samples
 from guard.schemas.tables import TABLE_BY_KIND
 from guard.schemas.topics import JOB_KINDS, NODE_KINDS
 
@@ -198,12 +199,12 @@ class JsonlSource:
                 if not line.strip():
                     continue
                 try:
-                    message = parse_message(line)
+                    singles = parse_samples(line)
                 except SchemaError as exc:
                     bad = BadRecord(line.rstrip(b"\r\n"), str(exc), f"{path}:{number}")
                     yield 0.0, index, number, bad  # out of order: to the dead letters at once
                     continue
-                for single in expand(message):  # batches are replayed as their samples
+                for single in singles:  # batches are replayed as their samples
                     if self.only.keeps(single.ts, single.node, single.job):
                         yield single.ts, index, number, single
 

@@ -194,8 +194,12 @@ class _ModelBuilder:
         for name, builder in self.nested:
             items = data[name]
             if items:
-                template, build, complete = builder.template, builder.build, builder.complete
-                data[name] = [build(complete({**template, **item})) for item in items]
+                template, build = builder.template, builder.build
+                if builder.factories or builder.nested:
+                    complete = builder.complete
+                    data[name] = [build(complete({**template, **item})) for item in items]
+                else:  # e.g. a collective's peers: nothing to complete
+                    data[name] = [build({**template, **item}) for item in items]
         return data
 
 

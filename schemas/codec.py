@@ -138,15 +138,24 @@ def parse_message(data: bytes | bytearray | memoryview | str) -> GuardMessage:
     builds Python objects of the whole input; anything else, or a record that this path
     refuses, takes the dispatching validator, whose error says what was wrong.
     """
-    if isinstance(data, (bytes, bytearray)) and data.startswith(_KIND_FIRST):
-        end = data.find(b'"', _KIND_AT, _KIND_AT + 32)
-        model = _MODEL_OF_KIND.get(bytes(data[_KIND_AT:end])) if end > 0 else None
+    if isinstance(data, (bytes, bytearray)):
+        kind = leading_kind(data)
+        model = _MODEL_OF_KIND.get(kind) if kind is not None else None
         if model is not None and len(data) <= MAX_MESSAGE_BYTES:
             try:
                 return model(data)  # type: ignore[no-any-return]
             except (ValidationError, ValueError):
                 pass
     return _validate(_MESSAGE_ADAPTER.validate_json, data, None)
+
+
+def leading_kind(data: bytes | bytearray) -> bytes | None:
+    """The kind a record starts with, as :func:`encode` writes every message
+    (``{"kind":"gpu",...`` gives ``b"gpu"``); None if it does not start so."""
+    if not data.startswith(_KIND_FIRST):
+        return None
+    end = data.find(b'"', _KIND_AT, _KIND_AT + 32)
+    return bytes(data[_KIND_AT:end]) if end > 0 else None
 
 
 def from_dict(data: dict[str, Any]) -> GuardMessage:

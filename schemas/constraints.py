@@ -21,9 +21,10 @@ from dataclasses import fields
 from typing import Annotated, Any, Union, get_args, get_origin
 
 import annotated_types as at
+from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-__all__ = ["bounds", "unwrap"]
+__all__ = ["bounds", "check_plain_model", "unwrap"]
 
 _NONE = type(None)
 
@@ -54,3 +55,17 @@ def unwrap(annotation: Any) -> tuple[Any, bool, list[Any]]:
     if get_origin(annotation) is Annotated:
         annotation, *metadata = get_args(annotation)
     return annotation, optional, metadata
+
+
+def check_plain_model(model: type[BaseModel]) -> None:
+    """TypeError unless ``model`` validates by its fields' types and bounds alone — lax, unknown
+    fields ignored, no validators, no aliases — which is all a fast decoder can stand in for."""
+    config = model.model_config
+    if config.get("extra", "ignore") != "ignore" or config.get("strict"):
+        raise TypeError(f"{model.__name__}: only lax models with extra='ignore'")
+    decorators = model.__pydantic_decorators__
+    if decorators.field_validators or decorators.model_validators or decorators.validators:
+        raise TypeError(f"{model.__name__} has validators")
+    for name, info in model.model_fields.items():
+        if info.alias not in (None, name) or info.validation_alias not in (None, name):
+            raise TypeError(f"{model.__name__}.{name} has an alias")

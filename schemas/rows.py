@@ -34,7 +34,7 @@ from pydantic.fields import FieldInfo
 
 from .batches import BATCH_MODEL_OF_KIND, BATCH_OF, TelemetryBatch
 from .codec import MAX_MESSAGE_BYTES, MODELS, SchemaError, decode
-from .constraints import bounds, unwrap
+from .constraints import bounds, check_plain_model, unwrap
 from .messages import GuardMessage
 from .tables import TABLE_BY_KIND, Table, micros
 
@@ -217,17 +217,10 @@ class _Spec:
 
     @classmethod
     def of(cls, model: type[BaseModel], skip: tuple[str, ...] = ()) -> _Spec:
-        config = model.model_config
-        if config.get("extra", "ignore") != "ignore" or config.get("strict"):
-            raise TypeError(f"{model.__name__}: only lax models with extra='ignore'")
-        decorators = model.__pydantic_decorators__
-        if decorators.field_validators or decorators.model_validators or decorators.validators:
-            raise TypeError(f"{model.__name__} has validators")
-        str_max = config.get("str_max_length")
+        check_plain_model(model)
+        str_max = model.model_config.get("str_max_length")
         names, defaults, checks = [], {}, {}
         for name, info in model.model_fields.items():
-            if info.alias not in (None, name) or info.validation_alias not in (None, name):
-                raise TypeError(f"{model.__name__}.{name} has an alias")
             if name in skip:
                 continue
             names.append(name)

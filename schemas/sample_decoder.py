@@ -52,8 +52,15 @@ import msgspec
 from pydantic import BaseModel
 
 from .batches import BATCH_MODEL_OF_KIND, BATCH_OF, expand
-from .codec import _KIND_AT, _KIND_FIRST, MAX_MESSAGE_BYTES, MODELS, decode, parse_message
-from .constraints import bounds, unwrap
+from .codec import (
+    _BATCH_MARK,
+    MAX_MESSAGE_BYTES,
+    MODELS,
+    decode,
+    leading_kind,
+    parse_message,
+)
+from .constraints import bounds, check_plain_model, unwrap
 from .fast import fast_builder
 from .messages import GuardMessage
 
@@ -64,8 +71,6 @@ _INT64_MAX = 2**63 - 1
 _INT64_MIN = -(2**63)
 #: what msgspec raises for bad input; ValueError and RecursionError: its parser's limits
 _REFUSED = (msgspec.DecodeError, ValueError, RecursionError)
-#: Every batch's ``kind`` ends so (as in guard.schemas.codec).
-_BATCH_MARK = b'_batch"'
 #: pydantic refuses JSON nested deeper than 200 (jiter's limit), msgspec skips an unknown
 #: field however deep: a record with more brackets than this (so maybe deeper) takes pydantic
 MAX_BRACKETS = 190
@@ -131,17 +136,6 @@ def _sized(container: Any, b: dict[str, Any]) -> Any:
     return Annotated[container, msgspec.Meta(**meta)] if meta else container
 
 
-def _check_model(model: type[BaseModel]) -> None:
-    config = model.model_config
-    if config.get("extra", "ignore") != "ignore" or config.get("strict"):
-        raise TypeError(f"{model.__name__}: only lax models with extra='ignore'")
-    if config.get("allow_inf_nan", True) is not False:
-        raise TypeError(f"{model.__name__}: allows inf and nan (msgspec never gives them)")
-    decorators = model.__pydantic_decorators__
-    if decorators.field_validators or decorators.model_validators or decorators.validators:
-        raise TypeError(f"{model.__name__} has validators")
-
-
 _TYPED_DICTS: dict[type[BaseModel], Any] = {}
 
 
@@ -149,12 +143,12 @@ def _typed_dict(model: type[BaseModel]) -> Any:
     """A TypedDict that msgspec decodes as ``model`` validates (required fields Required)."""
     if model in _TYPED_DICTS:
         return _TYPED_DICTS[model]
-    _check_model(model)
+    check_plain_model(model)
+    if model.model_config.get("allow_inf_nan", True) is not False:
+        raise TypeError(f"{model.__name__}: allows inf and nan (msgspec never gives them)")
     str_max = model.model_config.get("str_max_length")
     fields: dict[str, Any] = {}
     for name, info in model.model_fields.items():
-        if info.alias not in (None, name) or info.validation_alias not in (None, name):
-            raise TypeError(f"{model.__name__}.{name} has an alias")
         base, optional, inner = unwrap(info.annotation)
         wire = _wire_type(base, bounds([*info.metadata, *inner]), str_max)
         if optional:
@@ -300,9 +294,9 @@ def parse_samples(data: bytes) -> Samples:
     """A record of any kind as the samples it stands for (:func:`parse_message`, then
     :func:`expand`); a telemetry record that starts with its ``kind`` (as
     :func:`~guard.schemas.encode` writes every message) takes the fast path."""
-    if type(data) is bytes and data.startswith(_KIND_FIRST) and _plain(data):
-        end = data.find(b'"', _KIND_AT, _KIND_AT + 32)
-        fast = _BY_RECORD_KIND.get(data[_KIND_AT:end]) if end > 0 else None
+    if type(data) is bytes and _plain(data):
+        kind = leading_kind(data)
+        fast = _BY_RECORD_KIND.get(kind) if kind is not None else None
         if fast is not None:
             try:
                 return fast(data)

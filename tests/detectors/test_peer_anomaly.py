@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from guard.agents.simulator import ClusterSimulator, SimConfig
-from guard.detectors.engine import DetectionEngine, EngineConfig, JobDetectors, NodeDetectors
+from guard.detectors.core import MessageFeed
+from guard.detectors.engine import EngineConfig, JobDetectors, NodeDetectors
 from guard.detectors.findings import Finding
 from guard.schemas import GpuSample, GuardMessage, StepTiming
 
@@ -158,7 +159,7 @@ def test_state_stays_within_the_per_gpu_budget_and_the_switch_turns_it_off() -> 
     messages = _simulated(8, 240)
 
     def per_gpu(config: EngineConfig) -> tuple[float, dict[str, Any]]:
-        engine = DetectionEngine(config)
+        engine = MessageFeed(config)
         for m in messages:
             engine.update(m)
         engine.flush()

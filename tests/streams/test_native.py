@@ -17,7 +17,7 @@ import pytest
 
 from guard.agents.simulator import ClusterSimulator, FaultSpec, SimConfig
 from guard.config import Settings
-from guard.detectors.engine import DetectionEngine
+from guard.detectors.core import MessageFeed
 from guard.detectors.fusion import PRIORITY
 from guard.kafka import create_topics, make_producer, produce
 from guard.schemas import GuardMessage
@@ -44,7 +44,7 @@ def scenario() -> list[GuardMessage]:
 
 
 def backtest_claims(messages: list[GuardMessage]) -> set[tuple[str, str]]:
-    engine = DetectionEngine()
+    engine = MessageFeed()
     flags = [f for m in messages for f in engine.update(m)]
     return {(f.node, f.category) for f in flags if f.severity != "info" and f.node}
 

@@ -11,9 +11,9 @@ For each level and each of ``--seeds`` placements, three routings of the same fl
   ``--base-qps`` queue pairs per connection (default 1, NCCL's default);
 * ``ecmp x4`` — the same with ``NCCL_IB_QPS_PER_CONNECTION=4`` + ``NCCL_IB_SPLIT_DATA_ON_QPS=1``
   (what an operator can set today);
-* ``planned`` — :func:`guard.detectors.paths.plan_routes` (min-max link load).
+* ``planned`` — :func:`guard.planning.paths.plan_routes` (min-max link load).
 
-Figures (medians over placements; the bottleneck model of ``detectors/paths.py``):
+Figures (medians over placements; the bottleneck model of ``planning/paths.py``):
 
 * ``max link`` — the busiest link's busy time over the NIC-bound ideal (1.00 = no link
   slower than a NIC);
@@ -32,7 +32,7 @@ the switches hashing every queue pair (their own CRC32, not the one the planner 
 another job's flows counted for the share of time that job spends in its all-reduce
 (``--sim-overlap``, default the simulator's ~0.26; 1.0: every all-reduce at once).
 ``planned`` steers every queue pair onto the spine
-:func:`~guard.detectors.paths.steering_plan` gives. Figures, medians over runs:
+:func:`~guard.planning.paths.steering_plan` gives. Figures, medians over runs:
 
 * ``all-reduce`` — median over the job's all-reduces (last rank in → last rank out, from
   the collective messages of the last ``--sim-window`` s) over the nominal 0.5 s;
@@ -51,7 +51,7 @@ import statistics
 import time
 
 from guard.agents.simulator import ClusterSimulator, FabricSpec, JobSpec, SimConfig
-from guard.detectors.paths import (
+from guard.planning.paths import (
     Fabric,
     Flow,
     ecmp_routes,

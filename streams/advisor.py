@@ -1,11 +1,11 @@
 """The live C4P advice producer behind ``guard advise``: collectives in, ``advice`` out.
 
 It reads the step and collective topics (job membership, the rings' per-connection
-``peers`` and their durations, the all-reduce sizes: :class:`~guard.detectors.path_advice.
+``peers`` and their durations, the all-reduce sizes: :class:`~guard.planning.advice.
 JobPatterns`), and every ``[fabric] advise_every_s`` of event time, when a job's pattern or
 its slow connections changed since the last plan, plans the concurrent jobs together on the
 topology (``[fabric] topology``, else inferred over the nodes the jobs run on) with
-:func:`~guard.detectors.path_advice.advise`. A job's advice is published on ``guard.advice``
+:func:`~guard.planning.advice.advise`. A job's advice is published on ``guard.advice``
 only when it differs from the one last sent for that job (plan, hot links, actions), so a
 steady cluster sends each job's advice once. A job silent for ``[fabric] job_idle_s`` of
 event time has ended and is forgotten.
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from guard.config import FabricSettings, Settings
-from guard.detectors.path_advice import JobPatterns, advise
 from guard.kafka import dead_letter, make_consumer, make_producer, produce
+from guard.planning.advice import JobPatterns, advise
 from guard.schemas import Advice, GuardMessage, SchemaError
 from guard.schemas.sample_decoder import decode_samples
 from guard.schemas.topics import TOPIC_BY_KIND

@@ -10,7 +10,7 @@ import pytest
 
 from guard.agents.simulator import ClusterSimulator, FabricSpec, JobSpec, SimConfig
 from guard.detectors.engine import DetectionEngine
-from guard.detectors.paths import steering_plan
+from guard.planning.paths import steering_plan
 from guard.schemas import CollectiveTiming, GpuSample, NicSample
 
 NOMINAL_CONN_S = 0.25 * 2.0  # the training model's connection time at a 2 s nominal step

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from guard.config import Settings
-from guard.detectors.path_advice import JobPattern, advise
 from guard.kafka import make_producer, produce
+from guard.planning.advice import JobPattern, advise
 from guard.schemas import Advice, CollectiveTiming, ConnectionStat, StepTiming
 from guard.schemas.topology import infer_topology
 from guard.streams.advisor import AdviceProducer

@@ -2,7 +2,7 @@
 
 For the concurrent jobs on a fabric, :func:`advise` plans every job's ring all-reduce flows
 together (they share links), judges the plan and ECMP with the bottleneck model of
-:mod:`guard.detectors.paths`, and writes one :class:`~guard.schemas.Advice` per job. Besides
+:mod:`guard.planning.paths`, and writes one :class:`~guard.schemas.Advice` per job. Besides
 the plan (the flows it moves off their ECMP spine, at most ``ADVICE_MAX_PLAN`` listed; applying it
 needs source-port steering, as C4P does), the actions are the ones an
 operator can apply today, each kept only when the model says it helps:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from guard.detectors.path_advice import JobPattern, advise
-from guard.detectors.paths import (
+from guard.planning.advice import JobPattern, advise
+from guard.planning.paths import (
     Fabric,
     ecmp_routes,
     evaluate_routes,
@@ -180,7 +180,7 @@ def test_advice_has_the_plan_the_gain_and_operator_actions() -> None:
 
 def test_job_patterns_from_simulated_telemetry_feed_the_advice() -> None:
     from guard.agents.simulator import ClusterSimulator, SimConfig
-    from guard.detectors.path_advice import JobPatterns
+    from guard.planning.advice import JobPatterns
     from guard.schemas import CollectiveTiming, StepTiming
 
     sim = ClusterSimulator(SimConfig(nodes=8, duration_s=60.0, seed=3, start_ts=1_700_000_000.0))

@@ -8,6 +8,6 @@ is ``guard.streams.advisor``; the simulator's fabric (``agents/simulator/fabric.
 independent model that judges the advice without sharing its cost function.
 """
 
-from .advice import JobPattern, JobPatterns, advise
+from .advice import JobPattern, JobPatterns, advise, leaf_ring_order
 
-__all__ = ["JobPattern", "JobPatterns", "advise"]
+__all__ = ["JobPattern", "JobPatterns", "advise", "leaf_ring_order"]

@@ -49,7 +49,7 @@ from guard.schemas.topology import Topology
 from .paths import Fabric, Flow, Route, ecmp_routes, evaluate_routes, plan_routes
 from .paths import ring_allreduce_flows as _ring
 
-__all__ = ["JobPattern", "JobPatterns", "advise"]
+__all__ = ["JobPattern", "JobPatterns", "advise", "leaf_ring_order"]
 
 SPLIT_QPS = 4
 #: An action is advised when the model says it saves at least this share of all-reduce time.
@@ -187,6 +187,47 @@ class JobPatterns:
             JobPattern(job, self.ring(job), self._bytes.get(job, self.default_bytes))
             for job in self.jobs()
         ]
+
+
+def leaf_ring_order(topology: Topology, nodes: Sequence[str]) -> tuple[str, ...]:
+    """A host order for the next restart that keeps ring neighbours under the same leaves.
+
+    Nodes whose NICs plug into the same leaves (one pod of a rail-optimised fabric) are
+    consecutive, pods in leaf order, nodes by name within a pod. NCCL builds its inter-node
+    rings in rank order, so each rail's ring then crosses the spines once per pod it spans
+    (one flow out of and one into each pod per rail) instead of at almost every hop when
+    ranks are in an order that ignores the pods — fewer flows for ECMP to collide. Applies
+    to any leaf-spine fabric (RoCE with ECMP, InfiniBand with or without adaptive routing,
+    rail-optimised or not).
+
+    >>> from guard.schemas.topology import infer_topology
+    >>> topo = infer_topology(["a", "b", "c", "d"], rails=1, nodes_per_leaf=2, spines=2)
+    >>> leaf_ring_order(topo, ["d", "a", "c", "b"])  # a, b on pod0; c, d on pod1
+    ('a', 'b', 'c', 'd')
+    """
+
+    def leaves(name: str) -> tuple[str, ...]:
+        return tuple(nic.leaf for nic in sorted(topology.node(name).nics, key=lambda n: n.rail))
+
+    return tuple(sorted(nodes, key=lambda n: (leaves(n), n)))
+
+
+def cross_leaf_connections(topology: Topology, ring: Sequence[str]) -> int:
+    """Ring connections (rail 0) whose two ends are under different leaves.
+
+    >>> from guard.schemas.topology import infer_topology
+    >>> topo = infer_topology(["a", "b", "c", "d"], rails=1, nodes_per_leaf=2, spines=2)
+    >>> cross_leaf_connections(topo, ["a", "c", "b", "d"]), cross_leaf_connections(topo, "abcd")
+    (4, 2)
+    """
+    n = len(ring)
+    if n < 2:
+        return 0
+    rail = min(nic.rail for nic in topology.node(ring[0]).nics)
+    return sum(
+        topology.leaf_of(ring[k], rail) != topology.leaf_of(ring[(k + 1) % n], rail)
+        for k in range(n)
+    )
 
 
 def _all_flows(jobs: Sequence[JobPattern], rails: int, qps: int | None = None) -> list[Flow]:

@@ -1,17 +1,27 @@
-"""Traffic-engineering advice per job: the path plan, its gain over ECMP, and what to apply.
+"""Traffic-engineering advice per job: what a stock stack can apply, and the path plan.
 
-For the concurrent jobs on a fabric, :func:`advise` plans every job's ring all-reduce flows
-together (they share links), judges the plan and ECMP with the bottleneck model of
-:mod:`guard.planning.paths`, and writes one :class:`~guard.schemas.Advice` per job. Besides
-the plan (the flows it moves off their ECMP spine, at most ``ADVICE_MAX_PLAN`` listed; applying it
-needs source-port steering, as C4P does), the actions are the ones an
-operator can apply today, each kept only when the model says it helps:
+For the concurrent jobs on a fabric, :func:`advise` models every job's ring all-reduce flows
+together (they share links) with the bottleneck model of :mod:`guard.planning.paths` and
+writes one :class:`~guard.schemas.Advice` per job. Each action says what applies it, when
+(now, or at the job's next restart) and on which fabrics it helps (its ``why``), and is kept
+only when the model says it saves at least ``MIN_GAIN`` of the job's all-reduce time:
 
-- ``nccl_env``: ``NCCL_IB_QPS_PER_CONNECTION=4`` with ``NCCL_IB_SPLIT_DATA_ON_QPS=1`` splits
-  each connection over four queue pairs, i.e. four ECMP hashes instead of one;
-- ``drain_uplink``: a degraded uplink that ECMP still loads with an equal share;
+- ``nccl_env``: ``NCCL_IB_QPS_PER_CONNECTION=2`` or ``4`` (the fewest that gets within
+  ``MIN_GAIN`` of the best) with ``NCCL_IB_SPLIT_DATA_ON_QPS=1``: more ECMP hashes per
+  connection; next restart; RoCE or InfiniBand hashing by ECMP;
+- ``place_ranks``: a host order (:func:`leaf_ring_order`) keeping ring neighbours under one
+  leaf, so each rail's ring crosses the spines once per pod; next restart; any leaf-spine;
+- ``drain_uplink``: a degraded uplink on a leaf the hot-spot detector saw hot
+  (``hot_leaves``, fed by ``guard advise``), never from the topology file alone; now;
+  RoCE with ECMP. ``inspect_leaf``: a hot leaf with no uplink known to be degraded;
 - ``drain_rail``: a node's NIC running below its rail's speed, with the ``NCCL_IB_HCA``
-  list that leaves it out (not part of the modelled gain: NCCL then moves that rail's traffic).
+  list that leaves it out (not part of the modelled gain); next restart; rail-optimised.
+
+The plan (the flows it moves off their ECMP spine, at most ``ADVICE_MAX_PLAN`` listed) and
+its modelled gain stay in the message; ``route_flow`` (apply it) is advised only with
+``steering=True``: it needs per-QP source-port steering, which stock NCCL does not have
+(C4 modified its collective library). These are the planner's own figures: judge the
+actions on an independent model (``benchmarks/paths.py``).
 
 Pure: ``ts`` is passed in.
 
@@ -31,8 +41,8 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
 
 from guard.schemas import (
     ADVICE_MAX_PLAN,
@@ -44,6 +54,7 @@ from guard.schemas import (
     StepTiming,
     stable_id,
 )
+from guard.schemas.messages import AdviceActionName
 from guard.schemas.topology import Topology
 
 from .paths import Fabric, Flow, Route, ecmp_routes, evaluate_routes, plan_routes
@@ -51,7 +62,6 @@ from .paths import ring_allreduce_flows as _ring
 
 __all__ = ["JobPattern", "JobPatterns", "advise", "leaf_ring_order"]
 
-SPLIT_QPS = 4
 #: An action is advised when the model says it saves at least this share of all-reduce time.
 MIN_GAIN = 0.03
 
@@ -238,32 +248,86 @@ def _ecmp_times(fabric: Fabric, flows: list[Flow]) -> dict[str, float]:
     return evaluate_routes(fabric, flows, ecmp_routes(fabric, flows)).allreduce_s
 
 
-def advise(topology: Topology, jobs: Sequence[JobPattern], ts: float) -> list[Advice]:
-    """One advice message per job with inter-node traffic."""
+#: how each action is applied and on which fabrics it helps (in each action's ``why``)
+APPLY: dict[AdviceActionName, str] = {
+    "nccl_env": "apply: next restart, in the job's environment (NCCL reads it when a "
+    "communicator is created); fabrics: RoCE or InfiniBand hashing by ECMP (little to gain "
+    "with adaptive routing, which already spreads packets)",
+    "place_ranks": "apply: next restart, ranks in this host order (Slurm: SLURM_HOSTFILE with "
+    "srun --distribution=arbitrary; torchrun/mpirun: node ranks in this order); fabrics: "
+    "any leaf-spine (RoCE with ECMP, InfiniBand with adaptive routing, rail-optimised)",
+    "drain_uplink": "apply: now, on the switch (shut the port or raise its routing cost; ECMP "
+    "re-hashes at once; InfiniBand: disable the port in the subnet manager); fabrics: RoCE "
+    "with ECMP (adaptive routing already avoids a slow link)",
+    "inspect_leaf": "apply: now, the leaf's uplink port counters (utilisation, ECN marks, "
+    "discards) to find the slow or overloaded uplink; fabrics: any",
+    "drain_rail": "apply: next restart, in this node's environment (NCCL then carries that "
+    "rail's traffic through another NIC); fabrics: rail-optimised",
+    "route_flow": "apply: per-QP source-port steering, which needs a modified collective "
+    "library (C4 modified Alibaba's ACCL): stock NCCL cannot; fabrics: RoCE with ECMP",
+}
+#: queue pairs per connection tried for ``nccl_env``, fewest first
+SPLIT_OPTIONS = (2, 4)
+#: the longest host order written out in a ``place_ranks`` value
+MAX_HOSTFILE = 4000
+
+
+def advise(
+    topology: Topology,
+    jobs: Sequence[JobPattern],
+    ts: float,
+    hot_leaves: Collection[str] = (),
+    steering: bool = False,
+) -> list[Advice]:
+    """One advice message per job with inter-node traffic.
+
+    The plan and its modelled gain are the planner's (min-max over the bottleneck model of
+    :mod:`.paths`); the actions are what a stock stack can apply, each kept when the same
+    model says it saves at least ``MIN_GAIN`` of the job's all-reduce time under ECMP:
+    ``nccl_env`` (2 or 4 QPs per connection), ``place_ranks`` (a host order keeping ring
+    neighbours under one leaf), ``drain_uplink`` (a degraded uplink on a leaf the hot-spot
+    detector saw hot: ``hot_leaves``; never from the topology file alone), ``inspect_leaf``
+    (a hot leaf of the job with no uplink known to be degraded), ``drain_rail`` (a slower
+    NIC, NCCL_IB_HCA). ``route_flow`` (apply the plan by per-QP steering) only with
+    ``steering``: stock NCCL cannot steer queue pairs.
+    """
     fabric = Fabric(topology)
     rails = topology.rails
+    hot = set(hot_leaves)
     flows = _all_flows(jobs, rails)
     ecmp = ecmp_routes(fabric, flows)
     planned = plan_routes(fabric, flows)
     ecmp_report = evaluate_routes(fabric, flows, ecmp)
     planned_s = evaluate_routes(fabric, flows, planned).allreduce_s
-    split_s = _ecmp_times(fabric, _all_flows(jobs, rails, SPLIT_QPS))
-    degraded = [u.name for u in topology.uplinks if 0 < u.capacity_factor < 1]
+    split_s = {q: _ecmp_times(fabric, _all_flows(jobs, rails, q)) for q in SPLIT_OPTIONS}
+    placed = [replace(job, nodes=leaf_ring_order(topology, job.nodes)) for job in jobs]
+    placed_s = _ecmp_times(fabric, _all_flows(placed, rails))
+    drainable = [u.name for u in topology.uplinks if 0 < u.capacity_factor < 1 and u.leaf in hot]
     drained_s = (
-        _ecmp_times(Fabric(topology.with_capacity(dict.fromkeys(degraded, 0.0))), flows)
-        if degraded
+        _ecmp_times(Fabric(topology.with_capacity(dict.fromkeys(drainable, 0.0))), flows)
+        if drainable
         else {}
     )
     out = []
-    for job in jobs:
+    for job, moved_to in zip(jobs, placed, strict=True):
         mine = [i for i, f in enumerate(flows) if f.job == job.job]
         if not mine:
             continue
         before, after = ecmp_report.allreduce_s[job.job], planned_s[job.job]
         busy = ecmp_report.link_busy_s
         used = sorted({link for i in mine for link in ecmp[i].links}, key=lambda k: -busy[k])
-        hot = [fabric.link_names[k] for k in used[:8] if busy[k] >= 0.9 * before]
-        actions = _actions(topology, job, before, after, split_s, drained_s, degraded, hot)
+        hot_links = [fabric.link_names[k] for k in used[:8] if busy[k] >= 0.9 * before]
+        leaves = {nic.leaf for name in job.nodes for nic in topology.node(name).nics}
+        seen = sorted(hot & leaves)
+        hot_links += [f"detected hot {leaf}" for leaf in seen[:8]]
+        actions = [
+            *_nccl_env(job, before, split_s),
+            *_placement(topology, job, moved_to, before, placed_s),
+            *_hot_leaves(topology, job, seen, before, drained_s, drainable),
+            *_slow_rails(topology, job),
+        ]
+        if steering and after < before * (1 - MIN_GAIN):
+            actions.insert(0, _action("route_flow", job.job, "apply the plan", before, after))
         moved = [i for i in mine if planned[i].spine != ecmp[i].spine]
         plan = [_assignment(flows[i], planned[i], ecmp[i]) for i in moved[:ADVICE_MAX_PLAN]]
         out.append(
@@ -277,12 +341,82 @@ def advise(topology: Topology, jobs: Sequence[JobPattern], ts: float) -> list[Ad
                 ecmp_allreduce_s=before,
                 planned_allreduce_s=after,
                 expected_gain_pct=round(100 * (before / after - 1), 2) if after > 0 else 0.0,
-                hot_links=hot,
+                hot_links=hot_links,
                 plan=plan,
                 actions=actions,
             )
         )
     return out
+
+
+def _action(
+    name: AdviceActionName, target: str, value: str, before: float, after: float
+) -> AdviceAction:
+    why = f"modelled all-reduce {before:.4g} s under ECMP, {after:.4g} s with it; {APPLY[name]}"
+    return AdviceAction(action=name, target=target, value=value, why=why)
+
+
+def _nccl_env(
+    job: JobPattern, before: float, split_s: dict[int, dict[str, float]]
+) -> list[AdviceAction]:
+    options = [q for q in SPLIT_OPTIONS if q > job.qps_per_connection]
+    good = [q for q in options if split_s[q].get(job.job, before) < before * (1 - MIN_GAIN)]
+    if not good:
+        return []
+    best = min(split_s[q][job.job] for q in good)
+    q = next(q for q in good if split_s[q][job.job] <= best * (1 + MIN_GAIN))  # fewest QPs
+    value = f"NCCL_IB_QPS_PER_CONNECTION={q} NCCL_IB_SPLIT_DATA_ON_QPS=1"
+    return [_action("nccl_env", job.job, value, before, split_s[q][job.job])]
+
+
+def _placement(
+    topology: Topology,
+    job: JobPattern,
+    moved_to: JobPattern,
+    before: float,
+    placed_s: dict[str, float],
+) -> list[AdviceAction]:
+    now = cross_leaf_connections(topology, job.nodes)
+    then = cross_leaf_connections(topology, moved_to.nodes)
+    after = placed_s.get(job.job, before)
+    if then >= now or after >= before * (1 - MIN_GAIN):
+        return []
+    order = ",".join(moved_to.nodes)
+    if len(order) > MAX_HOSTFILE:
+        order = "hosts sorted by their leaves, then by name (guard.planning.leaf_ring_order)"
+    action = _action("place_ranks", job.job, order, before, after)
+    action.why = f"{now} -> {then} ring connections across leaves per rail; {action.why}"
+    return [action]
+
+
+def _hot_leaves(
+    topology: Topology,
+    job: JobPattern,
+    seen: list[str],
+    before: float,
+    drained_s: dict[str, float],
+    drainable: list[str],
+) -> list[AdviceAction]:
+    actions = []
+    drained = drained_s.get(job.job, before)
+    for leaf in seen:
+        slow = [name for name in drainable if name.startswith(f"{leaf}->")]
+        if slow and drained < before * (1 - MIN_GAIN):
+            for name in slow:
+                action = _action("drain_uplink", name, "drain", before, drained)
+                action.why = f"the hot-spot detector saw {leaf} hot; degraded; {action.why}"
+                actions.append(action)
+        elif not slow:
+            actions.append(
+                AdviceAction(
+                    action="inspect_leaf",
+                    target=leaf,
+                    value=f"uplinks of {leaf}",
+                    why=f"the hot-spot detector saw {leaf} hot and no uplink of it is known "
+                    f"to be degraded; {APPLY['inspect_leaf']}",
+                )
+            )
+    return actions
 
 
 def _assignment(flow: Flow, planned: Route, ecmp: Route) -> PathAssignment:
@@ -294,51 +428,6 @@ def _assignment(flow: Flow, planned: Route, ecmp: Route) -> PathAssignment:
         spine=planned.spine,
         ecmp_spine=ecmp.spine,
     )
-
-
-def _actions(
-    topology: Topology,
-    job: JobPattern,
-    before: float,
-    after: float,
-    split_s: dict[str, float],
-    drained_s: dict[str, float],
-    degraded: list[str],
-    hot: list[str],
-) -> list[AdviceAction]:
-    actions = []
-    if after < before * (1 - MIN_GAIN):
-        actions.append(
-            AdviceAction(
-                action="route_flow",
-                target=job.job,
-                value="apply the plan (source-port steering)",
-                why=f"all-reduce {before:.4g} s under ECMP, {after:.4g} s planned",
-            )
-        )
-    split = split_s.get(job.job, before)
-    if job.qps_per_connection < SPLIT_QPS and split < before * (1 - MIN_GAIN):
-        actions.append(
-            AdviceAction(
-                action="nccl_env",
-                target=job.job,
-                value=f"NCCL_IB_QPS_PER_CONNECTION={SPLIT_QPS} NCCL_IB_SPLIT_DATA_ON_QPS=1",
-                why=f"{SPLIT_QPS} hashes per connection instead of 1: {split:.4g} s under ECMP",
-            )
-        )
-    drained = drained_s.get(job.job, before)
-    for link in degraded:
-        if drained < before * (1 - MIN_GAIN) and any(link in h for h in hot):
-            actions.append(
-                AdviceAction(
-                    action="drain_uplink",
-                    target=link,
-                    value="drain",
-                    why=f"degraded but hashed an equal share; drained: {drained:.4g} s under ECMP",
-                )
-            )
-    actions += _slow_rails(topology, job)
-    return actions
 
 
 def _slow_rails(topology: Topology, job: JobPattern) -> list[AdviceAction]:
@@ -360,7 +449,8 @@ def _slow_rails(topology: Topology, job: JobPattern) -> list[AdviceAction]:
                     target=f"{name}/{slow[0].device}",
                     value=f"NCCL_IB_HCA={keep}",
                     why=f"{slow[0].gbps:g} Gb/s against {fastest[slow[0].rail]:g} on its rail; "
-                    "gates every ring through it (not in the modelled gain)",
+                    "gates every ring through it (not in the modelled gain); "
+                    + APPLY["drain_rail"],
                 )
             )
     return actions

@@ -362,6 +362,11 @@ class FabricSettings(Section):
     job_idle_s: float = Field(
         600.0, gt=0, description="guard advise: a job silent this long has ended, s"
     )
+    steering: bool = Field(
+        False,
+        description="guard advise: advise route_flow (apply the plan by per-QP source-port "
+        "steering); only with a collective library that can steer QPs (stock NCCL cannot)",
+    )
 
     def load(self) -> Topology | None:
         """The topology file's fabric, or None when none is configured (then inferred)."""

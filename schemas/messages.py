@@ -61,7 +61,9 @@ Category = Literal[
 ]
 Severity = Literal["info", "warning", "critical"]
 NodeStateName = Literal["healthy", "suspect", "cordoned", "sweeping", "failed", "repair"]
-AdviceActionName = Literal["nccl_env", "drain_uplink", "drain_rail", "route_flow"]
+AdviceActionName = Literal[
+    "nccl_env", "drain_uplink", "drain_rail", "route_flow", "place_ranks", "inspect_leaf"
+]
 
 # The same vocabularies as tuples, for code that iterates them.
 CATEGORIES: tuple[str, ...] = get_args(Category)

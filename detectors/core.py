@@ -57,7 +57,7 @@ from __future__ import annotations
 import pickle
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Any, Protocol
 
@@ -443,27 +443,15 @@ def finding_key(finding: Finding) -> str:
     return finding.node if finding.node is not None else f"job:{finding.job or ''}"
 
 
+#: the fields a finding and its record share (all of the finding's)
+_FINDING_FIELDS = tuple(f.name for f in fields(Finding))
+
+
 def encode_finding(finding: Finding) -> bytes:
     """The record of ``finding`` on the findings topic (the ``finding`` kind of the schema)."""
-    record: bytes = encode(
-        FindingRecord(
-            ts=finding.ts,
-            node=finding.node,
-            job=finding.job,
-            detector=finding.detector,
-            category=finding.category,
-            severity=finding.severity,
-            since=finding.since,
-            score=finding.score,
-            gpu=finding.gpu,
-            device=finding.device,
-            rank=finding.rank,
-            window_s=finding.window_s,
-            evidence=finding.evidence,
-            clear=finding.clear,
-        )
-    )
-    return record
+    record = FindingRecord(**{name: getattr(finding, name) for name in _FINDING_FIELDS})
+    raw: bytes = encode(record)
+    return raw
 
 
 def encode_findings(findings: Iterable[Finding], partition: int = 0) -> list[FindingRecordIn]:
@@ -475,23 +463,7 @@ def decode_finding(raw: bytes) -> Finding:
     """A finding off the findings topic, which anyone who can produce can write to: anything
     but a valid ``finding`` record is a :class:`~guard.schemas.SchemaError`."""
     record = decode(raw, "finding")
-    assert isinstance(record, FindingRecord)
-    return Finding(
-        detector=record.detector,
-        category=record.category,
-        severity=record.severity,
-        node=record.node,
-        ts=record.ts,
-        since=record.since,
-        score=record.score,
-        job=record.job,
-        gpu=record.gpu,
-        device=record.device,
-        rank=record.rank,
-        window_s=record.window_s,
-        evidence=dict(record.evidence),
-        clear=record.clear,
-    )
+    return Finding(**{name: getattr(record, name) for name in _FINDING_FIELDS})
 
 
 class MessageFeed:

@@ -153,8 +153,7 @@ class NicDetector:
         speed = s.speed_gbps
         if speed is not None:
             st.speed = speed
-            if speed > self.nominal_gbps:  # noqa: PLR1730 (per sample: max() costs a call)
-                self.nominal_gbps = speed
+            self.nominal_gbps = max(self.nominal_gbps, speed)
         prev, prev_ts = st.counters, st.ts
         st.inc = None
         ts = s.ts

@@ -228,8 +228,7 @@ class PeerAnomalyDetector:
         elif ts >= self.window_start + self.window_s:
             found = self._close()
             self.window_start = ts
-        if ts > self.window_end:  # noqa: PLR1730 (max() costs a call)
-            self.window_end = ts
+        self.window_end = max(self.window_end, ts)
         acc = self.sums.get(component)
         if acc is None:
             acc = self.sums[component] = [0.0] * (2 * len(self.features))

@@ -11,7 +11,7 @@ What is simulated how (a hybrid, so that a run takes minutes on two shared cores
 1. **Detection, per fault, with the real code.** For each fault kind, ``--slices`` runs of the
    real simulator (``guard.agents.simulator``, one 16-node / 128-GPU data-parallel job, all
    confounders on) with that fault injected at t+120 s, 15 simulated minutes each. Every
-   message goes through the real :class:`~guard.detectors.engine.DetectionEngine`; Guard's
+   message goes through the real :class:`~guard.detectors.engine.MessageFeed`; Guard's
    flags go, in event time, through the real orchestrator core
    (:class:`~guard.sweeps.orchestrator.Orchestrator`: policy, state machine, cordon cap,
    simulated sweeps; dry-run scheduler; no Kafka). A slice gives: Guard's time to detect
@@ -188,7 +188,7 @@ def run_slice(spec: tuple[str | None, int]) -> SliceOutcome:
     """One simulated slice through Guard's detectors and the static rules."""
     from guard.agents.simulator import ClusterSimulator, FaultSpec, JobSpec, SimConfig
     from guard.detectors.baselines import StaticRulesBaseline
-    from guard.detectors.engine import DetectionEngine
+    from guard.detectors.core import MessageFeed
 
     kind, seed = spec
     faults = [FaultSpec(kind, onset_s=SLICE_ONSET_S)] if kind else []
@@ -204,7 +204,7 @@ def run_slice(spec: tuple[str | None, int]) -> SliceOutcome:
             random_faults=0,
         )
     )
-    dets = {"guard": DetectionEngine(), "static": StaticRulesBaseline()}
+    dets = {"guard": MessageFeed(), "static": StaticRulesBaseline()}
     flags: dict[str, list[Any]] = {name: [] for name in dets}
     for message in sim.messages():
         for name, det in dets.items():

@@ -1,6 +1,6 @@
 """``guard backtest``: recorded telemetry (JSONL) through the detectors, flags out (JSONL).
 
-The same :class:`~guard.detectors.engine.DetectionEngine` the streams app runs, without Kafka:
+The same :class:`~guard.detectors.engine.MessageFeed` the streams app runs, without Kafka:
 each input line is parsed through :mod:`guard.schemas` (a bad line is counted, reported once
 per kind of error, and skipped; a batch record is read as its samples), several inputs are
 merged in event-time order, and every flag is written as one JSON line. The baselines of
@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from guard.detectors.baselines import NvrxBaseline, StaticRulesBaseline
-from guard.detectors.engine import DetectionEngine, EngineConfig
+from guard.detectors.core import MessageFeed
+from guard.detectors.engine import EngineConfig
 from guard.schemas import Flag, GuardMessage, SchemaError, encode
 from guard.schemas.sample_decoder import parse_samples
 
@@ -37,7 +38,7 @@ def make_detector(name: str, config: EngineConfig | None = None) -> FlagSource:
     """``guard`` (the engine, with ``config``: the ``[detectors]`` settings), ``static``
     (dcgm-style alert rules) or ``nvrx`` (relative score)."""
     if name == "guard":
-        return DetectionEngine(config)
+        return MessageFeed(config)
     if name == "static":
         return StaticRulesBaseline()
     if name == "nvrx":

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from guard.agents.simulator import ClusterSimulator, FabricSpec, JobSpec, SimConfig
-from guard.detectors.engine import DetectionEngine
+from guard.detectors.core import MessageFeed
 from guard.planning.paths import steering_plan
 from guard.schemas import CollectiveTiming, GpuSample, NicSample
 
@@ -97,7 +97,7 @@ def test_a_degraded_uplink_is_a_fabric_confounder_that_slows_ecmp_not_the_plan()
 def test_hot_links_raise_nic_congestion_counters_seen_as_info_hot_spots() -> None:
     spec: dict[str, Any] = {"nodes_per_leaf": 8, "spines": 8, "placement": "random"}
     sim = _run(FabricSpec(**spec), duration=240.0)
-    engine = DetectionEngine()
+    engine = MessageFeed()
     flags = []
     waits: dict[tuple[str, str], list[int]] = {}
     for m in sim.messages():

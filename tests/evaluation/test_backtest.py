@@ -13,7 +13,7 @@ import pytest
 
 from guard.agents.simulator import ClusterSimulator, FaultSpec, SimConfig
 from guard.cli import main
-from guard.detectors.engine import DetectionEngine
+from guard.detectors.core import MessageFeed
 from guard.detectors.findings import Finding
 from guard.detectors.fusion import NodeFusion
 from guard.evaluation.scoring import evaluate
@@ -44,7 +44,7 @@ def test_engine_finds_the_three_faults_and_nothing_else(
     simulated: tuple[Path, Path, list[bytes]],
 ) -> None:
     _, truth_path, lines = simulated
-    engine = DetectionEngine()
+    engine = MessageFeed()
     flags = [f for line in lines for f in engine.update(parse_message(line))] + engine.flush()
     ev = evaluate(json.loads(truth_path.read_text()), [f.model_dump() for f in flags])
     assert ev.rows["all"].recall == 1.0
@@ -115,9 +115,9 @@ def test_snapshot_and_restore_midway_gives_the_same_flags(
 ) -> None:
     _, _, lines = simulated
     messages = [parse_message(line) for line in lines]
-    whole = DetectionEngine()
+    whole = MessageFeed()
     expected = [f for m in messages for f in whole.update(m)] + whole.flush()
-    first = DetectionEngine()
+    first = MessageFeed()
     cut = len(messages) * 2 // 3
     got = [f for m in messages[:cut] for f in first.update(m)]
     resumed = pickle.loads(pickle.dumps(first))  # a checkpoint of the whole engine
@@ -127,7 +127,7 @@ def test_snapshot_and_restore_midway_gives_the_same_flags(
 
 def test_state_per_gpu_is_under_10_kb(simulated: tuple[Path, Path, list[bytes]]) -> None:
     _, truth, lines = simulated
-    engine = DetectionEngine()
+    engine = MessageFeed()
     for line in lines:
         engine.update(parse_message(line))
     sizes = engine.state_bytes()

@@ -24,7 +24,9 @@ at NIC speed. Routings of the same jobs (same QP numbers, same seeds):
 * ``planner`` — every QP pinned to the spine :func:`guard.planning.paths.plan_routes` gives
   (source-port steering: needs a modified collective library, as C4 modified ACCL);
 * ``placement + planner`` — both;
-* ``adaptive`` — per-packet adaptive routing's fluid limit (InfiniBand AR, Spectrum-X), q1.
+* ``adaptive`` — per-packet adaptive routing's fluid limit (InfiniBand AR, Spectrum-X), q1;
+* ``drain q1 / q4`` (degraded fabric only) — the degraded uplinks drained, then ECMP (the
+  advice's ``drain_uplink``, once the hot-spot detector saw their leaves hot).
 
 Figures, medians over ``--seeds`` placements (each the mean over jobs): all-reduce time and
 step time over their ideal (NIC-bound), and aggregate steps/s over ``ecmp q1``'s.
@@ -96,6 +98,11 @@ def planner_steering(topo: Topology, rings: list[list[str]], message: float, cha
 
 
 Variant = tuple[str, int, bool, bool, str]  # name, qps, placement, planner, routing
+#: drain the degraded uplinks (what the advice says once the hot-spot detector saw them)
+DRAINED: list[Variant] = [
+    ("drain q1", 1, False, False, "ecmp"),
+    ("drain q4", 4, False, False, "ecmp"),
+]
 VARIANTS: list[Variant] = [
     ("ecmp q1", 1, False, False, "ecmp"),
     ("ecmp q2", 2, False, False, "ecmp"),
@@ -114,13 +121,17 @@ def run_level(args: argparse.Namespace, topo: Topology, jobs: int) -> dict[str, 
     ideal_ar = 2 * (n - 1) / n * message / RAILS / NIC_BYTES_S
     compute = ideal_ar * (1 - args.comm_share) / args.comm_share
     fabrics = {r: FlowFabric(topo, routing=r) for r in ("ecmp", "adaptive")}
+    degraded = {u.name: 0.0 for u in topo.uplinks if 0 < u.capacity_factor < 1}
+    variants = VARIANTS + (DRAINED if degraded else [])
+    if degraded:
+        fabrics["drained"] = FlowFabric(topo.with_capacity(degraded))
     per: dict[str, dict[str, list[float]]] = {
-        v[0]: {"ar": [], "step": [], "rate": []} for v in VARIANTS
+        v[0]: {"ar": [], "step": [], "rate": []} for v in variants
     }
     for seed in range(args.seeds):
         rings = place(topo, jobs, n, args.ring_order, seed)
         placed = [list(leaf_ring_order(topo, r)) for r in rings]
-        for name, qps, placement, planner, routing in VARIANTS:
+        for name, qps, placement, planner, routing in variants:
             use = placed if placement else rings
             steer = planner_steering(topo, use, message, args.channels) if planner else None
             specs = [
@@ -128,7 +139,7 @@ def run_level(args: argparse.Namespace, topo: Topology, jobs: int) -> dict[str, 
                 for j, r in enumerate(use)
             ]
             runs = simulate_steps(
-                fabrics[routing],
+                fabrics["drained" if name.startswith("drain") else routing],
                 specs,
                 args.steps,
                 np.random.default_rng(seed),

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import json
 import random
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -280,3 +284,37 @@ def test_a_hot_leaf_seen_by_the_detector_drains_its_degraded_uplink_or_asks_to_i
     # hot, but no uplink of it known to be slow: look at its ports, drain nothing
     healthy = advise(topo, job, ts=1.0, hot_leaves={"pod0-rail0", "elsewhere"})[0]
     assert [(a.action, a.target) for a in healthy.actions] == [("inspect_leaf", "pod0-rail0")]
+
+
+@pytest.fixture(scope="module")
+def bench() -> Any:
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "paths.py"
+    spec = importlib.util.spec_from_file_location("paths_benchmark", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_balls_into_bins_expectation_is_exact(bench: Any) -> None:
+    assert bench.expected_max_load(2, 2) == pytest.approx(1.5)
+    # 3 into 3: all apart 6/27 (max 1), all together 3/27 (max 3), else max 2
+    assert bench.expected_max_load(3, 3) == pytest.approx((6 + 2 * 18 + 3 * 3) / 27)
+    assert bench.expected_max_load(16, 16) == pytest.approx(3.08, abs=0.01)
+
+
+def test_benchmark_judges_every_routing_on_the_independent_model(bench: Any) -> None:
+    args = argparse.Namespace(
+        message_mb=64.0, job_nodes=8, comm_share=0.3, seeds=2, steps=3, ring_order="random",
+        phase="random", channels=1,
+    )  # fmt: skip
+    topo = bench.cluster(256, 8, 8)
+    healthy = bench.run_level(args, topo, 4)
+    assert set(healthy) == {v[0] for v in bench.VARIANTS}
+    assert all(r["ar"] >= 1 - 1e-9 and r["step"] >= 1 - 1e-9 for r in healthy.values())
+    assert healthy["ecmp q1"]["gain"] == 0
+    assert healthy["adaptive"]["ar"] == pytest.approx(1.0)  # non-blocking, spread by capacity
+    assert healthy["ecmp q1"]["ar"] > healthy["placement q1"]["ar"]  # random rank order
+    degraded = bench.run_level(args, topo.with_capacity({"pod0-rail0->spine0": 0.5}), 4)
+    assert {"drain q1", "drain q4"} <= set(degraded)

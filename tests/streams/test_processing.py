@@ -92,6 +92,13 @@ def test_findings_travel_as_json_and_are_keyed_by_their_node() -> None:
         evidence={"ranks": [1, 2]},
     )
     assert decode_finding(encode_finding(f)) == f
+    assert b'"kind":"finding"' in encode_finding(f)  # the schema's kind, one encoder
+    # what workers before the finding kind wrote (the dataclass's fields, no kind) still reads
+    from dataclasses import asdict
+
+    import orjson
+
+    assert decode_finding(orjson.dumps(asdict(f))) == f
     assert finding_key(f) == "job:job-a"
     assert finding_key(Finding("thermal", "thermal", "warning", "n1", 1.0, 1.0, 1.0)) == "n1"
 

@@ -273,3 +273,22 @@ def test_benchmark_interval_and_break_even(bench: Any) -> None:
     above = bench.Setting(**{**setting.__dict__, "false_rate": {"guard": 4 * be / 1000}})
     assert bench.gain(above, 60, "none")[0] < 0
     assert bench.poisson_upper(0) == pytest.approx(2.996, abs=1e-3)
+
+
+def test_a_crash_after_a_planned_restart_loses_only_steps_since_its_checkpoint() -> None:
+    # node-001 is cordoned while the job runs (its restart saves a checkpoint on demand);
+    # node-002's DBE crashes the job 150 s later: only the steps after the relaunch are lost,
+    # not all since the start (checkpoints every 2,000 s save nothing before the crash)
+    config = _config()
+    config.checkpoint_every_s = 2000.0
+    sim = ClusterSimulator(config)
+    cordoned = False
+    for batch in sim.batches():
+        if not cordoned and batch and batch[-1].ts - config.start_ts >= ONSET - 150:
+            sim.remediate("node-001")
+            cordoned = True
+    (crash,) = sim.training.crashes[:1]
+    steps_per_s = 1 / 2.0
+    ran_s = 150 - config.restart_s + 2 * config.sample_interval_s
+    assert 0 < crash["lost_steps"] <= ran_s * steps_per_s
+    assert [r["node"] for r in sim.training.remediations][:1] == ["node-001"]

@@ -389,7 +389,7 @@ def _print_compression(console: Any, summary: dict[str, Any]) -> None:
 def demo_report_data(pipe: Pipeline, effects: dict[str, Any], summary: dict[str, Any]) -> Any:
     """The demo's run as the report's data: both runs' steps and useful-step curves, the
     flags and node states Guard produced, and time to detect per fault."""
-    from guard.evaluation.report import ReportData, flag_rows
+    from guard.evaluation.report import ReportData, first_cordons, flag_rows, time_to_cordon
 
     assert pipe.sim is not None and pipe.flag_reader is not None
     truth = pipe.sim.truth()
@@ -411,8 +411,15 @@ def demo_report_data(pipe: Pipeline, effects: dict[str, Any], summary: dict[str,
         }
     data.flags = flag_rows(pipe.flag_reader.flags)
     data.states = [{"ts": s.ts, "node": s.node, "state": s.state} for s in pipe.state_log]
+    cordons = first_cordons(data.states)
     data.faults = [
-        {"id": f["id"], "node": f["node"], "kind": f["kind"], "ttd_s": f["time_to_detect_s"]}
+        {
+            "id": f["id"],
+            "node": f["node"],
+            "kind": f["kind"],
+            "ttd_s": f["time_to_detect_s"],
+            "ttc_s": time_to_cordon(cordons, f["node"], truth.start_ts + f["onset_s"]),
+        }
         for f in summary["faults"]
     ]
     data.notes.append(

@@ -212,3 +212,46 @@ def test_compression_check_replays_cordons_at_half_and_double() -> None:
     late = NodeState(ts=start + 900, node="node-001", state="cordoned", prev="suspect")
     none = compression_check(SimpleNamespace(**{**pipe.__dict__, "state_log": [late]}))  # type: ignore[arg-type]
     assert all(g["job-a"]["gain_pct"] == 0 for g in none.values()), none
+
+
+def test_report_figures_cordon_beside_detect_one_colour_per_run_and_state_marks() -> None:
+    """The figures' data (no browser): time to cordon beside time to detect, each run in one
+    colour in every plot, and a marker where each state begins (a 1-s span at any zoom)."""
+    from guard.evaluation import report as rp
+
+    t0 = 1000.0
+    states = [
+        {"ts": t0 + 50, "node": "n1", "state": "suspect"},
+        {"ts": t0 + 60, "node": "n1", "state": "cordoned"},
+        {"ts": t0 + 61, "node": "n1", "state": "sweeping"},
+        {"ts": t0 + 62, "node": "n1", "state": "repair"},
+    ]
+    cordons = rp.first_cordons(states)
+    data = rp.ReportData(
+        title="t", start_ts=t0, end_ts=t0 + 600,
+        steps={"a": {"with Guard": [(t0 + 2, 2.0)], "without Guard": [(t0 + 2, 2.5)]},
+               "b": {"with Guard": [(t0 + 2, 2.0)], "without Guard": [(t0 + 2, 2.0)]}},
+        useful={"a": {"with Guard": [(10.0, 5.0)], "without Guard": [(10.0, 4.0)]}},
+        goodput={"a": {"with Guard": 900.0, "without Guard": 800.0},
+                 "b": {"with Guard": 700.0, "without Guard": 750.0}},
+        states=states,
+        faults=[{"id": "f1", "node": "n1", "kind": "xid", "ttd_s": 5.0,
+                 "ttc_s": rp.time_to_cordon(cordons, "n1", t0 + 40)},
+                {"id": "f2", "node": "n2", "kind": "slow_gpu", "ttd_s": None, "ttc_s": None}],
+    )  # fmt: skip
+    ttd = rp._ttd_figure(data)
+    assert [t.name for t in ttd.data] == ["time to detect", "time to cordon"]
+    assert list(ttd.data[1].y) == [20.0, 0] and list(ttd.data[1].text) == ["20 s", "not cordoned"]
+    colours: dict[str, set[str]] = {}
+    for fig in (rp._step_figure(data), rp._goodput_figure(data)):
+        for trace in fig.data:
+            label = "without Guard" if "without Guard" in trace.name else "with Guard"
+            colour = trace.marker.color if trace.type == "bar" else trace.line.color
+            colours.setdefault(label, set()).add(colour)
+    assert colours == {k: {v} for k, v in rp.POLICY_COLORS.items()}
+    timeline = rp._timeline_figure(data)
+    marks = [t for t in timeline.data if t.type == "scatter" and t.name.endswith("(start)")]
+    assert {t.name for t in marks} == {f"{s} (start)" for s in
+                                       ("suspect", "cordoned", "sweeping", "repair")}  # fmt: skip
+    sweeping = next(t for t in marks if t.name == "sweeping (start)")
+    assert list(sweeping.x) == [61.0] and sweeping.marker.color == rp.STATE_COLORS["sweeping"]

@@ -35,7 +35,15 @@ from guard.schemas.truth import Truth
 from .goodput import goodput_per_hour, useful_curve
 from .scoring import evaluate
 
-__all__ = ["STATE_COLORS", "ReportData", "flag_rows", "from_messages", "render_html"]
+__all__ = [
+    "POLICY_COLORS",
+    "STATE_COLORS",
+    "ReportData",
+    "first_cordons",
+    "flag_rows",
+    "from_messages",
+    "render_html",
+]
 
 #: One colour per node state, the same in every plot.
 STATE_COLORS = {
@@ -47,6 +55,18 @@ STATE_COLORS = {
     "repair": "#7f7f7f",
 }
 SEVERITY_SYMBOL = {"warning": "triangle-up", "critical": "x"}
+#: One colour per run (policy), the same in every plot; jobs differ by line dash.
+POLICY_COLORS = {"with Guard": "#1f77b4", "without Guard": "#7f7f7f"}
+JOB_DASHES = ("solid", "dot", "dash", "dashdot", "longdash")
+
+
+def _policy_color(label: str) -> str:
+    return POLICY_COLORS.get(label, "#9467bd")
+
+
+def _dash(jobs: list[str], job: str) -> str:
+    return JOB_DASHES[sorted(jobs).index(job) % len(JOB_DASHES)]
+
 
 Curve = list[tuple[float, float]]
 
@@ -96,6 +116,21 @@ def flag_rows(flags: Iterable[Flag]) -> list[dict[str, Any]]:
     ]
 
 
+def first_cordons(states: Iterable[dict[str, Any]]) -> dict[str, list[float]]:
+    """Every ``cordoned`` time per node, in order (to match a fault's onset to its cordon)."""
+    out: dict[str, list[float]] = {}
+    for s in sorted(states, key=lambda s: s["ts"]):
+        if s["state"] == "cordoned":
+            out.setdefault(s["node"], []).append(s["ts"])
+    return out
+
+
+def time_to_cordon(cordons: dict[str, list[float]], node: str, onset: float) -> float | None:
+    """Seconds from ``onset`` to the node's first cordon at or after it (None: none)."""
+    after = [ts for ts in cordons.get(node, []) if ts >= onset]
+    return round(after[0] - onset, 1) if after else None
+
+
 def from_messages(
     messages: Iterable[GuardMessage],
     baseline: Iterable[GuardMessage] = (),
@@ -124,6 +159,7 @@ def from_messages(
     data.states = [{"ts": s.ts, "node": s.node, "state": s.state} for s in states]
     if truth is not None:
         ev = evaluate(truth, [f.model_dump() for f in flags])
+        cordons = first_cordons(data.states)
         data.faults = [
             {
                 "id": f.id,
@@ -132,6 +168,7 @@ def from_messages(
                 "ttd_s": None
                 if (hit := ev.first_hit.get(f.id)) is None
                 else max(0.0, hit - f.onset),
+                "ttc_s": time_to_cordon(cordons, f.node, f.onset),
             }
             for f in truth.faults
         ]
@@ -165,6 +202,7 @@ def _step_figure(data: ReportData) -> Any:
     import plotly.graph_objects as go
 
     fig = go.Figure()
+    jobs = list(data.steps)
     for job, runs in sorted(data.steps.items()):
         for label, log in runs.items():
             xs, ys = _with_gaps(log, data.start_ts)
@@ -173,7 +211,7 @@ def _step_figure(data: ReportData) -> Any:
                 y=ys,
                 mode="lines",
                 name=f"{job}, {label}",
-                line={"dash": "solid" if label == "with Guard" else "dot"},
+                line={"color": _policy_color(label), "dash": _dash(jobs, job)},
             )
     fig.update_layout(
         title="Step time with and without Guard (gaps: the job was down)",
@@ -211,8 +249,23 @@ def _timeline_figure(data: ReportData) -> Any:
                 base=[s[2] for s in mine],
                 orientation="h",
                 name=state,
+                legendgroup=state,
                 marker_color=color,
                 opacity=0.6,
+            )
+    # a marker where each state begins: a span a second long still shows at any zoom
+    for state, color in STATE_COLORS.items():
+        mine = [s for s in spans if s[1] == state]
+        if mine:
+            fig.add_scatter(
+                y=[s[0] for s in mine],
+                x=[s[2] for s in mine],
+                mode="markers",
+                name=f"{state} (start)",
+                legendgroup=state,
+                showlegend=False,
+                marker={"color": color, "symbol": "line-ns-open", "size": 14, "line_width": 2},
+                text=[f"{state} for {s[3]:.0f} s" for s in mine],
             )
     for severity, symbol in SEVERITY_SYMBOL.items():
         mine = [f for f in data.flags if f["severity"] == severity]
@@ -240,17 +293,20 @@ def _ttd_figure(data: ReportData) -> Any:
 
     labels = [f"{f['kind']} @ {f['node']}" for f in data.faults]
     fig = go.Figure()
-    fig.add_bar(
-        x=labels,
-        y=[f["ttd_s"] if f["ttd_s"] is not None else 0 for f in data.faults],
-        text=["missed" if f["ttd_s"] is None else f"{f['ttd_s']:.0f} s" for f in data.faults],
-        textposition="outside",
-        name="time to detect",
-    )
-    title = "Time to detect per fault"
+    for key, name, miss in (("ttd_s", "time to detect", "missed"),
+                            ("ttc_s", "time to cordon", "not cordoned")):  # fmt: skip
+        values = [f.get(key) for f in data.faults]
+        fig.add_bar(
+            x=labels,
+            y=[v if v is not None else 0 for v in values],
+            text=[miss if v is None else f"{v:.0f} s" for v in values],
+            textposition="outside",
+            name=name,
+        )
+    title = "Time to detect and to cordon per fault"
     if not data.faults:
         title += " (no ground truth given)"
-    fig.update_layout(title=title, yaxis_title="s from onset")
+    fig.update_layout(title=title, yaxis_title="s from onset", barmode="group")
     return fig
 
 
@@ -260,8 +316,18 @@ def _goodput_figure(data: ReportData) -> Any:
     fig = make_subplots(
         rows=1, cols=2, subplot_titles=("useful steps per hour", "cumulative useful steps")
     )
-    for job, runs in sorted(data.goodput.items()):
-        fig.add_bar(x=list(runs), y=list(runs.values()), name=f"{job} goodput", row=1, col=1)
+    labels = sorted({label for runs in data.goodput.values() for label in runs})
+    jobs = sorted(data.goodput)
+    for label in labels:  # one bar series per run, grouped by job, in the run's colour
+        fig.add_bar(
+            x=jobs,
+            y=[data.goodput[j].get(label, 0.0) for j in jobs],
+            name=f"{label} goodput",
+            marker_color=_policy_color(label),
+            row=1,
+            col=1,
+        )
+    ujobs = list(data.useful)
     for job, runs in sorted(data.useful.items()):
         for label, curve in runs.items():
             fig.add_scatter(
@@ -269,7 +335,7 @@ def _goodput_figure(data: ReportData) -> Any:
                 y=[n for _, n in curve],
                 mode="lines",
                 name=f"{job}, {label}",
-                line={"dash": "solid" if label == "with Guard" else "dot"},
+                line={"color": _policy_color(label), "dash": _dash(ujobs, job)},
                 row=1,
                 col=2,
             )

@@ -134,6 +134,8 @@ class TrainingModel:
             self._hung.pop(job.name, None)
             if self._pending_remediation and self._apply_remediation(job):
                 job.next_start += self.config.restart_s  # after a checkpoint on demand
+                # ... which saves every step done so far: a later crash rolls back to here
+                self._checkpoint_step[job.name] = job.step
                 job.seq = 0  # new communicators count from zero
                 continue
             if self._crash_if_due(job):

@@ -35,6 +35,7 @@ from guard.sweeps import DryRunScheduler, KafkaOrchestrator, SimulatedSweepExecu
 
 __all__ = [
     "DEFAULT_FAULTS",
+    "REAL_JOB_S",
     "DemoConfig",
     "FlagReader",
     "Pipeline",
@@ -42,13 +43,26 @@ __all__ = [
     "worker_env",
 ]
 
-#: The demo's scenario: four faults of different kinds in the big job, onsets spread out.
+#: The demo's scenario: four faults of different kinds on random busy nodes, onsets spread
+#: out (seed 1: the degraded NIC in job-b, the 6-node job; the other three in job-a).
 DEFAULT_FAULTS = (
     ("thermal_throttle", 0.15, 0.15, "steady"),
     ("slow_gpu", 0.25, 0.10, "steady"),
     ("degraded_nic", 0.35, 0.30, None),
     ("xid", 0.45, 0.0, None),
 )
+
+
+#: A real job's mechanics, s: PyTorch's NCCL watchdog (600 s); a checkpoint every 30 min, a
+#: 10-min restart, a re-crash 2 min after a restart on a faulty node and a person's drain of
+#: a crash-looping node after 2 h (assumed, as in benchmarks/goodput.py).
+REAL_JOB_S = {
+    "watchdog_s": 600.0,
+    "checkpoint_every_s": 1800.0,
+    "restart_s": 600.0,
+    "recrash_s": 120.0,
+    "human_drain_s": 7200.0,
+}
 
 
 @dataclass
@@ -65,9 +79,17 @@ class DemoConfig:
     home: Path | None = None
     bootstrap: str | None = None  # None: GUARD_KAFKA_BOOTSTRAP, else an embedded Tansu
     worker_rate: float = 1200.0  # messages/s one worker sustains on a small, busy machine
-    # A job restart after a cordon (checkpoint reload, spare swap-in), in simulated seconds:
-    # shorter than a real one because the demo compresses a long job into minutes.
-    restart_s: float = 20.0
+    # The demo compresses a long job's mechanics into minutes: the NCCL watchdog, the
+    # checkpoint interval, the restart, the re-crash and a person's drain are all divided by
+    # ``compression`` (REAL_JOB_S), so both runs see the same physics, only faster. Telemetry,
+    # detection, the orchestrator and checkpoint saves (20-40 s) are not compressed.
+    compression: float = 10.0
+
+    def job_timings(self) -> dict[str, float]:
+        """The job's mechanics in simulated seconds (REAL_JOB_S / compression)."""
+        if not self.compression > 0:
+            raise ValueError(f"compression must be > 0 (got {self.compression})")
+        return {k: v / self.compression for k, v in REAL_JOB_S.items()}
 
     def sim_config(self, start_ts: float) -> SimConfig:
         faults = self.faults
@@ -86,7 +108,7 @@ class DemoConfig:
             sample_interval_s=self.sample_interval_s,
             faults=list(faults),
             random_faults=self.random_faults,
-            restart_s=self.restart_s,
+            **self.job_timings(),
             fail_stop=True,  # an Xid or DBE kills the job, with Guard and without
         )
 
@@ -252,6 +274,10 @@ class Pipeline:
     sweeps: list[SweepResult] = field(default_factory=list)
     published: int = 0
     published_ts: float = 0.0
+    # per node: its first claim's event time, and the event time published and the wall
+    # clock when that claim came back from the streams (what a cordon's lag is made of)
+    first_claim: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    cordon_wall: dict[str, float] = field(default_factory=dict)  # first cordon, monotonic
 
     def __post_init__(self) -> None:
         self.broker: EmbeddedBroker | None = None
@@ -296,9 +322,22 @@ class Pipeline:
         self.sink = ClickHouseSink(s, self.client, group_id="guard-demo-sink")
         self.flag_reader = FlagReader(s, on_flag=self._on_flag)
         self.flag_reader.start()
-        self.wall_start = time.monotonic() + 1.0
         self.orchestrator = self._new_orchestrator()
         self._spawn(self._run_sink, "guard-demo-sink")
+        self._wait_for_workers()
+        self.wall_start = time.monotonic() + 1.0
+
+    def _wait_for_workers(self, timeout_s: float = 90.0) -> None:
+        """Start the replay once every worker runs its loop (its first progress report): a
+        cold start (imports, joining the group) would otherwise be a backlog, and at the
+        replay's speed-up each wall second of it delays every flag by ``speed`` simulated s."""
+        assert self.workers is not None
+        deadline = time.monotonic() + timeout_s
+        while len(self.workers.progress) < self.workers.count:
+            self.workers.check_alive()
+            if time.monotonic() > deadline:
+                raise GuardError(f"the streams workers did not start within {timeout_s:g} s")
+            time.sleep(0.1)
 
     def _new_orchestrator(self) -> KafkaOrchestrator:
         assert self.sim is not None
@@ -403,6 +442,10 @@ class Pipeline:
                 thread.join(timeout_s)
 
     def _on_flag(self, flag: Flag) -> None:
+        if flag.severity != "info" and flag.node:
+            self.first_claim.setdefault(
+                flag.node, (flag.ts, self.published_clock(), time.monotonic())
+            )
         if flag.severity != "info":
             where = flag.node + (f" gpu{flag.gpu}" if flag.gpu is not None else "")
             where += f" {flag.device}" if flag.device else ""
@@ -417,6 +460,8 @@ class Pipeline:
             self.events.append(
                 f"t+{self.sim_now():5.0f}s {message.node}: {message.prev} → {message.state}"
             )
+            if message.state == "cordoned":
+                self.cordon_wall.setdefault(message.node, time.monotonic())
             if message.state == "cordoned" and self.sim is not None:
                 self.sim.remediate(message.node)  # a spare takes over the node's ranks
         elif isinstance(message, SweepResult):

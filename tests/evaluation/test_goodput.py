@@ -166,7 +166,9 @@ def test_benchmark_day_model_grey_fault_costs_slow_steps_or_a_restart(bench: Any
     removed = bench.Fault("slow_gpu", 3600.0, 0.2, math.inf, 3620.0, 20.0)
     fixed = bench.simulate_day([removed], [], restart_s=600.0)
     assert left.restarts == 0 and left.mean_step_s > bench.STEP_S * 1.15
-    assert fixed.restarts == 1 and fixed.down_s == pytest.approx(600.0, abs=bench.TICK_S)
+    planned = 600.0 + bench.ONDEMAND_CKPT_S
+    assert fixed.restarts == 1 and fixed.down_s == pytest.approx(planned, abs=bench.TICK_S)
+    assert fixed.lost_steps == 0  # the on-demand checkpoint is recorded
     assert fixed.hourly_cv < left.hourly_cv
     assert fixed.goodput > left.goodput
     # a restart for a fault that slows nothing is a pure loss
@@ -175,3 +177,118 @@ def test_benchmark_day_model_grey_fault_costs_slow_steps_or_a_restart(bench: Any
         bench.simulate_day([harmless], [], 600.0).goodput
         < bench.simulate_day([], [], 600.0).goodput
     )
+
+
+def test_benchmark_straggler_costs_until_the_job_relaunches_without_it(bench: Any) -> None:
+    # cordoned at 3620 s: slow steps end at the relaunch (checkpoint + restart later), not
+    # at the cordon; the job ran slow for 20 s and was down for the rest
+    removed = bench.Fault("slow_gpu", 3600.0, 0.5, math.inf, 3620.0, 20.0)
+    day = bench.simulate_day([removed], [], restart_s=600.0)
+    slow_steps = 20.0 / (bench.STEP_S * 1.5)
+    ideal_before = 3600.0 / bench.STEP_S
+    rest = (bench.HORIZON_S - 3620.0 - 600.0 - bench.ONDEMAND_CKPT_S) / bench.STEP_S
+    assert day.useful_steps == pytest.approx(ideal_before + slow_steps + rest, rel=1e-9)
+
+
+def test_benchmark_spares_and_sweeps_cost_what_they_cost(bench: Any) -> None:
+    # three false cordons within a minute, two spares, a 3,000-s sweep: the relaunch waits
+    # for the first swept node to come back (a 300-s sweep is over before the relaunch)
+    falses = [3600.0, 3610.0, 3620.0]
+    long = bench.simulate_day([], falses, restart_s=600.0, spares=2, sweep_s=3000.0)
+    many = bench.simulate_day([], falses, restart_s=600.0, spares=5, sweep_s=3000.0)
+    short = bench.simulate_day([], falses, restart_s=600.0, spares=2, sweep_s=300.0)
+    assert many.spare_wait_s == 0 == short.spare_wait_s and long.spare_wait_s > 0
+    wait = 3600.0 + bench.ONDEMAND_CKPT_S + 3000.0 - (3600.0 + bench.ONDEMAND_CKPT_S + 600.0)
+    assert long.spare_wait_s == pytest.approx(wait)
+    assert long.goodput < many.goodput == short.goodput < bench.IDEAL_DAY.goodput
+    # no spares at all: the relaunch waits for the swept nodes themselves
+    none = bench.simulate_day([], falses, restart_s=600.0, spares=0, sweep_s=3000.0)
+    assert none.spare_wait_s > long.spare_wait_s and none.goodput < long.goodput
+
+
+def test_benchmark_compute_rule_fires_in_a_synchronous_job(bench: Any) -> None:
+    # step_s is equal on every rank (the collective waits for the slowest); compute_s is not
+    from guard.schemas import StepTiming
+
+    rules = bench.DcgmAlertRules()
+    alerts = []
+    for step in range(200):
+        for rank in range(8):
+            compute = 1.8 if rank == 3 else 1.2
+            msg = StepTiming(
+                ts=1000.0 + 2.0 * step,
+                node=f"n{rank}",
+                job="j",
+                rank=rank,
+                step=step,
+                step_s=2.0,
+                compute_s=compute,
+            )
+            alerts += rules.update(msg)
+    alerts += rules.flush()
+    assert {a.node for a in alerts} == {"n3"}
+    first = min(a.ts for a in alerts) - 1000.0
+    assert 0.9 * rules.compute_hold_s <= first <= rules.compute_hold_s + 10
+    # the old static rule (step_s > 1.2x median) cannot fire here
+    from guard.detectors.baselines import StaticRulesBaseline
+
+    static = StaticRulesBaseline()
+    fired = [
+        f
+        for step in range(50)
+        for rank in range(8)
+        for f in static.update(
+            StepTiming(
+                ts=2.0 * step,
+                node=f"n{rank}",
+                job="j",
+                rank=rank,
+                step=step,
+                step_s=2.0,
+                compute_s=1.8 if rank == 3 else 1.2,
+            )
+        )
+    ]
+    assert fired == []
+
+
+def test_benchmark_interval_and_break_even(bench: Any) -> None:
+    outcome = bench.SliceOutcome(
+        "slow_gpu", 0.3, {"guard": 60.0, "rules": None}, {"guard": 120.0, "rules": None}, {}
+    )
+    xid = bench.SliceOutcome(
+        "xid", 0.0, {"guard": 5.0, "rules": 5.0}, {"guard": 30.0, "rules": 5.0}, {}
+    )
+    setting = bench.Setting(
+        rate=5e-4,
+        mix={"slow_gpu": 0.5, "xid": 0.5},
+        pool={"slow_gpu": [outcome], "xid": [xid]},
+        false_rate={"guard": 0.0, "rules": 0.0},
+    )
+    m, lo, hi = bench.gain(setting, 60, "none")
+    assert lo < m < hi and lo > 0  # Guard takes the slow GPU out; no one else does
+    be = bench.break_even(setting, 60, "none")
+    assert be is not None and be > 0
+    # at the break-even rate, the gain is about zero; well above it, negative
+    above = bench.Setting(**{**setting.__dict__, "false_rate": {"guard": 4 * be / 1000}})
+    assert bench.gain(above, 60, "none")[0] < 0
+    assert bench.poisson_upper(0) == pytest.approx(2.996, abs=1e-3)
+
+
+def test_a_crash_after_a_planned_restart_loses_only_steps_since_its_checkpoint() -> None:
+    # node-001 is cordoned while the job runs (its restart saves a checkpoint on demand);
+    # node-002's DBE crashes the job 150 s later: only the steps after the relaunch are lost,
+    # not all since the start (checkpoints every 2,000 s save nothing before the crash)
+    config = _config()
+    config.checkpoint_every_s = 2000.0
+    sim = ClusterSimulator(config)
+    cordoned = False
+    for batch in sim.batches():
+        if not cordoned and batch and batch[-1].ts - config.start_ts >= ONSET - 150:
+            sim.remediate("node-001")
+            cordoned = True
+    (crash,) = sim.training.crashes[:1]
+    steps_per_s = 1 / 2.0
+    ran_s = 150 - config.restart_s + 2 * config.sample_interval_s
+    assert 0 < crash["lost_steps"] <= ran_s * steps_per_s
+    assert [r["node"] for r in sim.training.remediations][:1] == ["node-001"]

@@ -133,7 +133,7 @@ def test_demo_report_shows_goodput_with_and_without_guard(
     settings: Settings, kafka_bootstrap: str, chdb_client: object, tmp_path: Path
 ) -> None:
     """The demo's pipeline with an Xid: Guard cordons the node during the watchdog's hang and
-    the job restarts on a spare; the counterfactual is still hung at the end."""
+    the job restarts on a spare; the counterfactual crash-loops."""
     from guard.agents.simulator import FaultSpec
     from guard.demo import DemoConfig, Pipeline
     from guard.demo.report import demo_effect, demo_report_data, summarize
@@ -159,12 +159,99 @@ def test_demo_report_shows_goodput_with_and_without_guard(
     finally:
         pipe.stop()
     job = summary["step_time"]["job-a"]
-    assert job["with_guard"]["crashes"] == job["without_guard"]["crashes"] == 1
-    assert job["without_guard"]["goodput_per_h"] == 0  # hung until the end (watchdog 600 s)
-    assert job["with_guard"]["goodput_per_h"] > 0, pipe.events
+    # the job's mechanics compressed 10x: watchdog 60 s, restart 60 s, re-crash 12 s
+    assert job["with_guard"]["crashes"] == 1 <= job["without_guard"]["crashes"]
+    assert job["with_guard"]["goodput_per_h"] > job["without_guard"]["goodput_per_h"], pipe.events
+    # the gain holds with the compression halved and doubled (same cordons replayed)
+    gains = summary["compression"]["gain_pct_by_compression"]
+    assert sorted(gains, key=float) == ["5", "10", "20"]
+    assert all(g["job-a"]["with_guard"] > g["job-a"]["without_guard"] for g in gains.values())
+    # each cordon's lag after its claim: the streams' round trip plus the orchestrator's part
+    for lag in summary["cordon_lag"]:
+        assert lag["lag_s"] == pytest.approx(lag["streams_s"] + lag["orchestrator_s"], abs=0.2)
     assert job["ahead_after_s"] is not None and job["ahead_after_s"] > 60
     assert [s["state"] for s in data.states if s["state"] == "cordoned"]
     page = tmp_path / "demo.html"
     page.write_text(render_html(data))
     dom, log = render(page)
     assert_every_plot_renders(dom, log)
+
+
+def test_demo_compression_scales_the_job_mechanics_together() -> None:
+    from guard.demo import DemoConfig
+    from guard.demo.pipeline import REAL_JOB_S
+
+    for c in (5.0, 10.0, 20.0):
+        sim = DemoConfig(compression=c).sim_config(0.0)
+        got = {k: getattr(sim, k) for k in REAL_JOB_S}
+        assert got == {k: v / c for k, v in REAL_JOB_S.items()}
+    with pytest.raises(ValueError, match="compression must be > 0"):
+        DemoConfig(compression=0).sim_config(0.0)
+
+
+def test_compression_check_replays_cordons_at_half_and_double() -> None:
+    """Without Kafka: the simulator both ways at 5x, 10x, 20x, Guard's cordon of the Xid
+    node replayed 10 s after onset; the gain on job-a must hold at each."""
+    from types import SimpleNamespace
+
+    from guard.agents.simulator import FaultSpec
+    from guard.demo import DemoConfig
+    from guard.demo.report import compression_check
+    from guard.schemas import NodeState
+
+    config = DemoConfig(
+        nodes=8, duration_s=600.0, seed=5, faults=[FaultSpec("xid", node="node-001", onset_s=200)]
+    )
+    start = 1767225600.0
+    cordon = NodeState(ts=start + 210, node="node-001", state="cordoned", prev="suspect")
+    pipe = SimpleNamespace(config=config, sim=object(), start_ts=start, state_log=[cordon])
+    gains = compression_check(pipe)  # type: ignore[arg-type]
+    assert list(gains) == ["5", "10", "20"]
+    assert all(g["job-a"]["gain_pct"] > 0 for g in gains.values()), gains
+    # a cordon replayed after the run changes nothing: no gain at any compression
+    late = NodeState(ts=start + 900, node="node-001", state="cordoned", prev="suspect")
+    none = compression_check(SimpleNamespace(**{**pipe.__dict__, "state_log": [late]}))  # type: ignore[arg-type]
+    assert all(g["job-a"]["gain_pct"] == 0 for g in none.values()), none
+
+
+def test_report_figures_cordon_beside_detect_one_colour_per_run_and_state_marks() -> None:
+    """The figures' data (no browser): time to cordon beside time to detect, each run in one
+    colour in every plot, and a marker where each state begins (a 1-s span at any zoom)."""
+    from guard.evaluation import report as rp
+
+    t0 = 1000.0
+    states = [
+        {"ts": t0 + 50, "node": "n1", "state": "suspect"},
+        {"ts": t0 + 60, "node": "n1", "state": "cordoned"},
+        {"ts": t0 + 61, "node": "n1", "state": "sweeping"},
+        {"ts": t0 + 62, "node": "n1", "state": "repair"},
+    ]
+    cordons = rp.first_cordons(states)
+    data = rp.ReportData(
+        title="t", start_ts=t0, end_ts=t0 + 600,
+        steps={"a": {"with Guard": [(t0 + 2, 2.0)], "without Guard": [(t0 + 2, 2.5)]},
+               "b": {"with Guard": [(t0 + 2, 2.0)], "without Guard": [(t0 + 2, 2.0)]}},
+        useful={"a": {"with Guard": [(10.0, 5.0)], "without Guard": [(10.0, 4.0)]}},
+        goodput={"a": {"with Guard": 900.0, "without Guard": 800.0},
+                 "b": {"with Guard": 700.0, "without Guard": 750.0}},
+        states=states,
+        faults=[{"id": "f1", "node": "n1", "kind": "xid", "ttd_s": 5.0,
+                 "ttc_s": rp.time_to_cordon(cordons, "n1", t0 + 40)},
+                {"id": "f2", "node": "n2", "kind": "slow_gpu", "ttd_s": None, "ttc_s": None}],
+    )  # fmt: skip
+    ttd = rp._ttd_figure(data)
+    assert [t.name for t in ttd.data] == ["time to detect", "time to cordon"]
+    assert list(ttd.data[1].y) == [20.0, 0] and list(ttd.data[1].text) == ["20 s", "not cordoned"]
+    colours: dict[str, set[str]] = {}
+    for fig in (rp._step_figure(data), rp._goodput_figure(data)):
+        for trace in fig.data:
+            label = "without Guard" if "without Guard" in trace.name else "with Guard"
+            colour = trace.marker.color if trace.type == "bar" else trace.line.color
+            colours.setdefault(label, set()).add(colour)
+    assert colours == {k: {v} for k, v in rp.POLICY_COLORS.items()}
+    timeline = rp._timeline_figure(data)
+    marks = [t for t in timeline.data if t.type == "scatter" and t.name.endswith("(start)")]
+    assert {t.name for t in marks} == {f"{s} (start)" for s in
+                                       ("suspect", "cordoned", "sweeping", "repair")}  # fmt: skip
+    sweeping = next(t for t in marks if t.name == "sweeping (start)")
+    assert list(sweeping.x) == [61.0] and sweeping.marker.color == rp.STATE_COLORS["sweeping"]

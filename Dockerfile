@@ -24,6 +24,7 @@ COPY agents/ agents/
 COPY streams/ streams/
 COPY sweeps/ sweeps/
 COPY evaluation/ evaluation/
+COPY planning/ planning/
 # the kubernetes extra: the orchestrator's cordon + taint adapter
 RUN /opt/guard/bin/pip install --upgrade pip \
  && /opt/guard/bin/pip install '.[kubernetes]' \

@@ -461,7 +461,7 @@ def run_simulated(
         SimConfig(nodes=args.nodes, duration_s=args.duration, seed=args.seed, start_ts=start_ts)
     )
     started = time.monotonic()
-    count = 0
+    count = records = 0
     for batch in sim.batches():
         if stop.is_set():
             break
@@ -472,6 +472,7 @@ def run_simulated(
                 stop.wait(min(0.1, max(0.0, due - time.monotonic())))
         for message in batch_messages(batch) if settings.agent.batch_records else batch:
             publisher.publish(message)
+            records += 1
         count += len(batch)  # samples, however many records carried them
         publisher.poll()
     publisher.flush(30.0)
@@ -479,7 +480,8 @@ def run_simulated(
         sim.truth().save(args.truth)
     stats = getattr(publisher, "stats", {})
     print(
-        f"guard agent --simulate: {count} messages from {args.nodes} simulated nodes "
+        f"guard agent --simulate: {count} messages in {records} records from {args.nodes} "
+        "simulated nodes "
         f"({args.duration:g} s at {speed:g}x) in {time.monotonic() - started:.1f} s; {stats}",
         file=sys.stderr,
     )

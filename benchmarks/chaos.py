@@ -71,7 +71,7 @@ from guard.agents.simulator import ClusterSimulator, FaultSpec, SimConfig
 from guard.broker import free_port
 from guard.config import Settings, load_settings
 from guard.demo import worker_env
-from guard.detectors.engine import DetectionEngine
+from guard.detectors.core import MessageFeed
 from guard.kafka import (
     TELEMETRY_TOPICS,
     create_topics,
@@ -130,7 +130,7 @@ def scenario_messages(nodes: int, duration: float) -> list[GuardMessage]:
 
 
 def backtest_claims(messages: list[GuardMessage]) -> Claims:
-    engine = DetectionEngine()
+    engine = MessageFeed()
     flags = [f for m in messages for f in engine.update(m)] + engine.flush()
     return {(f.node, f.category) for f in flags if f.severity != "info" and f.node}
 

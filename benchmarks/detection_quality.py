@@ -10,7 +10,7 @@ Prints one table. Simulated scenario families (``guard.agents.simulator``; sever
 * ``mixed`` — the fault mix calibrated from the InfiniteHBD production trace;
 * ``confounders`` — no fault at all: every warning/critical flag is false.
 
-Each scenario's messages go, in one pass, to Guard's :class:`DetectionEngine`, to the static
+Each scenario's messages go, in one pass, to Guard's :class:`MessageFeed`, to the static
 alert rules a dcgm-exporter user writes (temperature > 85 C, any Xid, DBE increase,
 ``link_downed`` increase, step time > 1.2x the job median) and to an NVRx-style relative
 score < 0.75; each set of flags is scored by :func:`guard.evaluation.scoring.evaluate` (node-level
@@ -162,7 +162,7 @@ def run_scenario(spec: tuple[str, int, float, int, float]) -> dict[str, Tally]:
     """Simulate one scenario and score the three detectors (Guard only in a soak) on it."""
     from guard.agents.simulator import ClusterSimulator, SimConfig
     from guard.detectors.baselines import NvrxBaseline, StaticRulesBaseline
-    from guard.detectors.engine import DetectionEngine
+    from guard.detectors.core import MessageFeed
     from guard.evaluation.scoring import FLAG_FIELDS, evaluate
 
     family, nodes, duration, seed, severity = spec
@@ -177,7 +177,7 @@ def run_scenario(spec: tuple[str, int, float, int, float]) -> dict[str, Tally]:
             **options,
         )
     )
-    detectors: dict[str, Any] = {"guard": DetectionEngine()}
+    detectors: dict[str, Any] = {"guard": MessageFeed()}
     if family != "soak":
         detectors.update(static=StaticRulesBaseline(), nvrx=NvrxBaseline())
     flags: dict[str, list[Any]] = {name: [] for name in detectors}
@@ -238,7 +238,7 @@ def _f(value: float | None, digits: int = 2) -> str:
 
 def pai_rows() -> list[tuple[str, str, str]]:
     from guard.detectors.baselines import NvrxBaseline, StaticRulesBaseline
-    from guard.detectors.engine import DetectionEngine
+    from guard.detectors.core import MessageFeed
     from guard.evaluation.public_data import PAI_EPOCH, pai_step_timings
 
     # job -> (worker -> (slow from, slow to) or None: never slow; workers absent: not scored)
@@ -250,7 +250,7 @@ def pai_rows() -> list[tuple[str, str, str]]:
     for job, workers in truth.items():
         messages = pai_step_timings(DATA / "alibaba-pai" / f"job_{job}_norm.csv", f"pai-{job}")
         for name, det in (
-            ("guard", DetectionEngine()),
+            ("guard", MessageFeed()),
             ("static", StaticRulesBaseline()),
             ("nvrx", NvrxBaseline()),
         ):

@@ -51,13 +51,14 @@ _CHILD = """
 import gc, json, sys
 from pathlib import Path
 from guard.schemas import parse_message
-from guard.detectors.engine import DetectionEngine, EngineConfig
+from guard.detectors.core import MessageFeed
+from guard.detectors.engine import EngineConfig
 path, run, config = sys.argv[1], sys.argv[2] == "run", sys.argv[3]
 lines = [line for line in Path(path).read_bytes().splitlines() if line]
 messages = [parse_message(line) for line in lines]
 gc.freeze()  # the parsed input is the benchmark's memory, not the engine's: never walk it
 if run:
-    engine = DetectionEngine(EngineConfig(**json.loads(config)))
+    engine = MessageFeed(EngineConfig(**json.loads(config)))
     update = engine.update
     for message in messages:
         update(message)

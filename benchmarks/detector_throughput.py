@@ -2,7 +2,7 @@
 
 Prints:
 
-* **detectors only** — messages per second of CPU time through :class:`DetectionEngine`
+* **detectors only** — messages per second of CPU time through :class:`MessageFeed`
   (models already in memory; one core), median of ``--runs`` runs (CPU time, not wall
   time, because the machine is shared);
 * **backtest end to end** — ``guard backtest`` on a JSONL file (read, validate every line
@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 
 from guard.agents.simulator import ClusterSimulator, SimConfig
-from guard.detectors.engine import DetectionEngine
+from guard.detectors.core import MessageFeed
 from guard.evaluation.backtest import BacktestStats, make_detector, read_messages, run_backtest
 from guard.schemas import encode, parse_message
 
@@ -56,7 +56,7 @@ from guard.schemas import encode, parse_message
 def detectors_only(messages: list, runs: int) -> list[float]:
     rates = []
     for _ in range(runs):
-        engine = DetectionEngine()
+        engine = MessageFeed()
         process = engine.update
         started = time.process_time()  # CPU time of this process: the machine is shared
         for m in messages:
@@ -134,7 +134,7 @@ def against(other: str, messages: list, runs: int) -> None:
 
 def state_per_gpu(nodes: int, duration: float, seed: int) -> dict[str, float]:
     sim = ClusterSimulator(SimConfig(nodes=nodes, duration_s=duration, seed=seed))
-    engine = DetectionEngine()
+    engine = MessageFeed()
     for m in sim.messages():
         engine.update(m)
     truth = sim.truth()

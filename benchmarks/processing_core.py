@@ -1,20 +1,20 @@
 """Where a streams worker's time goes: the shared processing core over records in memory.
 
-Both engines (native and faust) hand batches of Kafka records to the same core,
-:class:`~guard.streams.processing.TelemetryProcessor` (decode each record through
+Both engines (native and faust) and ``guard backtest`` hand batches of records to the same
+core, :meth:`~guard.detectors.core.DetectionCore.step` (decode each record through
 ``guard.schemas``, expand a batch into its samples, run the keyed detectors, tick their
 clocks). This times that core over the simulator's records held in memory — no broker, so
 the figures are the ceiling of one worker on one core — and, on the same records in the
 same run, its parts:
 
-* **core** — ``TelemetryProcessor.process`` for the node and the job stream, in batches of
+* **core** — ``DetectionCore.step`` for the node and the job stream, in batches of
   ``--batch`` records (a worker's ``batch_max``);
 * **decode** — each record to its samples as the core decodes it
   (:func:`~guard.schemas.sample_decoder.decode_samples`, msgspec against the models'
   constraints) alone;
 * **pydantic** — the same through ``guard.schemas.decode`` and a batch's ``samples()``:
   what the core paid before, and what a record the fast path refuses still pays;
-* **detectors** — :class:`~guard.detectors.engine.DetectionEngine` over the decoded samples;
+* **detectors** — :class:`~guard.detectors.engine.MessageFeed` over the decoded samples;
 * **orjson** — ``orjson.loads`` of each record: what a bare consume + decode loop pays.
 
 Rates are samples per CPU-second of this process (the machine is shared), medians of
@@ -37,16 +37,15 @@ from collections.abc import Callable
 import orjson
 
 from guard.agents.simulator import ClusterSimulator, SimConfig
-from guard.detectors.engine import DetectionEngine, EngineConfig
+from guard.detectors.core import DetectionCore, MessageFeed
 from guard.schemas import GuardMessage, decode, encode
 from guard.schemas.batches import batch_messages, expand
 from guard.schemas.sample_decoder import decode_samples
-from guard.streams.processing import StreamsCounters, TelemetryProcessor
 
 #: the stream (and its Kafka key) of each telemetry kind
 LEVEL = {"gpu": "node", "nic": "node", "step": "job", "collective": "job"}
 
-Records = dict[str, list[tuple[str, int, bytes]]]  # level -> (topic, partition, value)
+Records = dict[str, list[tuple[int, str, bytes]]]  # level -> (partition, kind, value)
 
 
 def records_of(messages: list[GuardMessage], batched: bool) -> Records:
@@ -54,36 +53,33 @@ def records_of(messages: list[GuardMessage], batched: bool) -> Records:
     out: Records = {"node": [], "job": []}
     for m in batch_messages(messages) if batched else messages:
         kind = m.kind.removesuffix("_batch")
-        out[LEVEL[kind]].append((kind, 0, encode(m)))
+        out[LEVEL[kind]].append((0, kind, encode(m)))
     return out
 
 
 def core(records: Records, batch: int) -> tuple[float, int]:
     """CPU seconds of the processing core over ``records``, and the samples it counted."""
-    counters = StreamsCounters()
-    kinds = {kind: kind for kind in LEVEL}
-    procs = {lvl: TelemetryProcessor(lvl, kinds, EngineConfig(), 1e9, counters) for lvl in records}
+    detection = DetectionCore()
     started = time.process_time()
-    for level, recs in records.items():
-        process = procs[level].process
+    for recs in records.values():
         for i in range(0, len(recs), batch):
-            process(recs[i : i + batch])
-    return time.process_time() - started, counters.samples
+            detection.step(recs[i : i + batch], (), 0.0)
+    return time.process_time() - started, detection.counters.samples
 
 
 def decode_only(records: Records) -> float:
     started = time.process_time()
     for recs in records.values():
-        for topic, _, value in recs:
-            decode_samples(value, topic)
+        for _, kind, value in recs:
+            decode_samples(value, kind)
     return time.process_time() - started
 
 
 def pydantic_only(records: Records) -> float:
     started = time.process_time()
     for recs in records.values():
-        for topic, _, value in recs:
-            expand(decode(value, topic))
+        for _, kind, value in recs:
+            expand(decode(value, kind))
     return time.process_time() - started
 
 
@@ -97,7 +93,7 @@ def orjson_only(records: Records) -> float:
 
 
 def detectors_only(samples: list[GuardMessage]) -> float:
-    engine = DetectionEngine()
+    engine = MessageFeed()
     update = engine.update
     started = time.process_time()
     for m in samples:

@@ -125,7 +125,8 @@ def _corroborated(truth: Any, claims: list[Any], river: list[Any], grace_s: floa
 def run_scenario(spec: Spec) -> Ablation:
     """Simulate one scenario; score the engine with and without the river models."""
     from guard.agents.simulator import ClusterSimulator, SimConfig
-    from guard.detectors.engine import DetectionEngine, EngineConfig
+    from guard.detectors.core import MessageFeed
+    from guard.detectors.engine import EngineConfig
     from guard.evaluation.scoring import FLAG_FIELDS, evaluate
 
     family, nodes, duration, seed, severity = spec
@@ -143,7 +144,7 @@ def run_scenario(spec: Spec) -> Ablation:
     truth = sim.truth()
     result = Ablation()
     for switch in (False, True):
-        engine = DetectionEngine(EngineConfig(peer_anomaly=switch))
+        engine = MessageFeed(EngineConfig(peer_anomaly=switch))
         flags, rate = _timed(engine, messages)
         dumps = [f.model_dump(include=set(FLAG_FIELDS)) for f in flags]
         ev = evaluate(truth, dumps)

@@ -168,16 +168,13 @@ class CollectiveHomogeneityDetector:
             oldest = self.oldest.get(comm)
             if oldest is None or seq < oldest:
                 self.oldest[comm] = seq
-        # runs for every rank of every op: comparisons where min() and max() would be calls
         arrive, end = message.arrive_ts, message.end_ts
         op.arrive[rank] = arrive
-        if arrive < op.first_arrive:  # noqa: PLR1730 (min() costs a call)
-            op.first_arrive = arrive
+        op.first_arrive = min(op.first_arrive, arrive)
         if end is not None and op.end.get(rank) is None:
             op.ended += 1
         op.end[rank] = end
-        if message.ts > op.ts:  # noqa: PLR1730
-            op.ts = message.ts
+        op.ts = max(op.ts, message.ts)
         if message.peers and end is not None:
             self._add_connections(op, rank, message)
         found: list[Finding] = []

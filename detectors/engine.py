@@ -1,4 +1,4 @@
-"""The detection engine: routes a time-ordered message stream to the detectors, returns flags.
+"""The detectors of one key: what the core (:mod:`~guard.detectors.core`) keeps per node and job.
 
 State is partitioned the way Kafka partitions the telemetry (docs/architecture.md):
 
@@ -11,59 +11,43 @@ State is partitioned the way Kafka partitions the telemetry (docs/architecture.m
   river model per stage (:class:`~guard.detectors.peer_anomaly.RankPeerAnomaly`);
 * the **fabric** (:class:`~guard.detectors.fabric.FabricHotSpotDetector`, ``fabric`` on):
   ``nic`` samples of many nodes, compared with their rail's and leaf's peers; hot spots are
-  ``info`` observations (never a claim). A streams worker keeps one per input partition
-  (key :func:`fabric_key`), so it compares the nodes of that partition;
-* :class:`~guard.detectors.fusion.NodeFusion` — one per **node**: turns findings into flags;
-  :class:`~guard.detectors.fusion.JobFusion` one per job for job-level findings.
+  ``info`` observations (never a claim). The core keeps one per input partition (key
+  :func:`fabric_key`), so it compares the nodes of that partition.
 
-Each partition is a small, picklable object with the detectors' three verbs
+Each is a small, picklable object with the detectors' three verbs
 (:class:`~guard.detectors.findings.Detector`): ``update(message)``, ``tick(now)`` and
-``flush()`` return findings. :class:`DetectionEngine` holds them in dicts, has the same
-verbs (returning flags) and is what ``guard backtest`` runs. A streams worker that owns some
-keys keeps the same objects in its tables: for a message, ``part = engine.node(key)`` or
-``engine.job(key)``, ``findings = part.update(message)``, then ``engine.fuse(findings)``
-gives the flags; call ``tick(now)`` every few seconds of event time (hang and lost-GPU
-checks). Each partition (a node's or a job's detectors, a fusion state) is a plain object
-that a worker checkpoints on its own.
-
-Parameters
-----------
-tick_s
-    Event-time period of the hang and lost-GPU checks when messages drive the clock.
+``flush()`` return findings. :class:`~guard.detectors.core.DetectionCore` routes messages to
+them, keeps their clocks and fuses their findings; every runner goes through it.
 
 Example
 -------
 >>> from guard.schemas import GpuSample
->>> from guard.detectors.engine import DetectionEngine
->>> engine = DetectionEngine()
->>> flags = []
+>>> from guard.detectors.engine import NodeDetectors
+>>> node = NodeDetectors("n1")
+>>> found = []
 >>> for t in range(6):
 ...     for g in range(8):
-...         flags += engine.update(GpuSample(ts=100.0 + 10 * t + 0.01 * g, node="n1", gpu=g,
-...                                          temp_c=60.0, xid=48 if (g == 3 and t == 2) else None))
->>> [(f.node, f.gpu, f.category, f.severity) for f in flags]
+...         found += node.update(GpuSample(ts=100.0 + 10 * t + 0.01 * g, node="n1", gpu=g,
+...                                        temp_c=60.0, xid=48 if (g == 3 and t == 2) else None))
+>>> [(f.node, f.gpu, f.category, f.severity) for f in found]
 [('n1', 3, 'gpu_error', 'critical')]
->>> sorted(engine.nodes), sorted(engine.jobs)
-(['n1'], [])
 
 """
 
 from __future__ import annotations
 
 import inspect
-import pickle
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from guard.schemas import CollectiveTiming, Flag, GpuSample, GuardMessage, NicSample, StepTiming
+from guard.schemas import CollectiveTiming, GpuSample, GuardMessage, NicSample, StepTiming
 from guard.schemas.topology import Topology
 
 from .clocks import ClockDetector
 from .collective import CollectiveHomogeneityDetector
 from .fabric import FabricHotSpotDetector
 from .findings import Detector, Finding
-from .fusion import JobFusion, NodeFusion
 from .gpu_errors import GpuErrorDetector
 from .gpu_round import GpuRound
 from .nic import NicDetector
@@ -75,7 +59,6 @@ from .thermal import ThermalDetector
 
 __all__ = [
     "FABRIC_KEY",
-    "DetectionEngine",
     "EngineConfig",
     "JobDetectors",
     "NodeDetectors",
@@ -329,122 +312,3 @@ class JobDetectors(_DetectorSet):
     def _detectors(self) -> list[Detector[Any]]:
         dets = (self.stragglers, self.collectives, self.regression, self.anomaly)
         return [det for det in dets if det is not None]
-
-
-class DetectionEngine:
-    """All partitions of a backtest (or of one streams worker) and their fusion."""
-
-    def __init__(self, config: EngineConfig | None = None) -> None:
-        self.config = config or EngineConfig()
-        self.nodes: dict[str, NodeDetectors] = {}
-        self.jobs: dict[str, JobDetectors] = {}
-        self.node_fusion: dict[str, NodeFusion] = {}
-        self.job_fusion: dict[str, JobFusion] = {}
-        self.fabric = (
-            fabric_detector(self.config)
-            if self.config.fabric and self.config.node_telemetry
-            else None
-        )
-        self.watermark = 0.0
-        self.last_tick = 0.0
-        # read for every message: the config's switches as the engine's own attributes
-        self.node_telemetry = self.config.node_telemetry
-        self.tick_s = self.config.tick_s
-
-    def node(self, node: str) -> NodeDetectors:
-        part = self.nodes.get(node)
-        if part is None:
-            part = self.nodes[node] = NodeDetectors(node, self.config)
-        return part
-
-    def job(self, job: str) -> JobDetectors:
-        part = self.jobs.get(job)
-        if part is None:
-            part = self.jobs[job] = JobDetectors(job, self.config)
-        return part
-
-    def update(self, msg: GuardMessage) -> list[Flag]:
-        """Feed one message (in event-time order, give or take a little); return new flags."""
-        kind = msg.kind
-        if kind in ("gpu", "nic"):
-            node = self.nodes.get(msg.node)
-            if node is None:
-                node = self.node(msg.node)
-            found = node.update(msg) if self.node_telemetry else []
-            if kind == "nic" and self.fabric is not None:
-                if TYPE_CHECKING:
-                    assert isinstance(msg, NicSample)
-                hot = self.fabric.add(msg, node.nic.increase(msg))
-                if hot:
-                    found = found + hot
-        elif kind in ("step", "collective") and msg.job is not None:
-            job = self.jobs.get(msg.job)
-            if job is None:
-                job = self.job(msg.job)
-            found = job.update(msg)
-        else:
-            found = []
-        flags = self.fuse(found) if found else []
-        ts = msg.ts
-        if ts > self.watermark:
-            self.watermark = ts
-            if ts - self.last_tick >= self.tick_s:
-                flags += self.tick(ts)
-        return flags
-
-    def tick(self, now: float) -> list[Flag]:
-        """Time-driven checks (hangs, lost GPUs) at event time ``now``."""
-        self.last_tick = now
-        found: list[Finding] = []
-        for job in self.jobs.values():
-            found += job.tick(now)
-        if self.config.node_telemetry:
-            for node in self.nodes.values():
-                found += node.tick(now)
-        if self.fabric is not None:
-            found += self.fabric.tick(now)
-        return self.fuse(found) if found else []
-
-    def flush(self) -> list[Flag]:
-        """End of input: evaluate what is still pending."""
-        found: list[Finding] = []
-        for node in self.nodes.values():
-            found += node.flush()
-        for job in self.jobs.values():
-            found += job.flush()
-        if self.fabric is not None:
-            found += self.fabric.flush()
-        return self.fuse(found)
-
-    def fuse(self, findings: list[Finding]) -> list[Flag]:
-        """Flags from findings, through the node's (or job's) fusion state."""
-        flags: list[Flag] = []
-        for f in findings:
-            if f.node is not None:
-                fusion = self.node_fusion.get(f.node)
-                if fusion is None:
-                    fusion = self.node_fusion[f.node] = NodeFusion(f.node)
-                flag = fusion.update(f)
-            else:
-                key = f.job or ""
-                job_fusion = self.job_fusion.get(key)
-                if job_fusion is None:
-                    job_fusion = self.job_fusion[key] = JobFusion(key)
-                flag = job_fusion.update(f)
-            if flag is not None:
-                flags.append(flag)
-        return flags
-
-    def state_bytes(self) -> dict[str, int]:
-        """Pickled size of each partition family, for the state budget (bytes)."""
-
-        def size(obj: object) -> int:
-            return len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
-
-        return {
-            "nodes": sum(size(p) for p in self.nodes.values()),
-            "jobs": sum(size(p) for p in self.jobs.values()),
-            "fusion": sum(size(p) for p in self.node_fusion.values())
-            + sum(size(p) for p in self.job_fusion.values()),
-            "fabric": size(self.fabric) if self.fabric is not None else 0,
-        }

@@ -47,9 +47,6 @@ Example
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
-from collections.abc import Callable
-from operator import itemgetter, sub
 from typing import Any
 
 from guard.schemas import NicSample
@@ -79,66 +76,6 @@ _GROUP = (
 )
 
 
-class _Watch:
-    """Reads the watched counters present in one port's samples.
-
-    Agents report the counters their NIC has (many leave some of the watched ones out), and
-    a port keeps them from sample to sample: reading the present ones in one C-level call
-    (``errors``, the error counters, and ``rest``, apart, so that nothing is sliced) beats a
-    lookup per watched name. A reader made from a sample fits a later one that has the same
-    watched counters: a read raises KeyError when one of them is gone, and one
-    of the ``absent`` ones in it means it does not fit (:meth:`NicDetector._increases`
-    checks both, inline: it runs for every sample).
-    """
-
-    __slots__ = ("absent", "errors", "names", "rest", "slices", "tail")
-
-    def __init__(self, counters: dict[str, int]) -> None:
-        present = [(name, group) for name, group in _GROUP if name in counters]
-        self.names = tuple(name for name, _ in present)
-        self.absent = tuple(name for name, _ in _GROUP if name not in counters)
-        groups = [group for _, group in present]  # in group order, as _GROUP is
-        self.slices = tuple(
-            slice(bisect_left(groups, g), bisect_right(groups, g)) for g in range(5)
-        )
-        # error counters (groups 0, 1) come first and seldom move: read apart from the rest
-        head = self.slices[1].stop
-        self.errors = _reader(self.names[:head])
-        self.rest = _reader(self.names[head:])
-        self.tail = tuple(slice(s.start - head, s.stop - head) for s in self.slices[2:])
-
-    def increases(
-        self,
-        errors_now: tuple[int, ...],
-        rest_now: tuple[int, ...],
-        errors_before: tuple[int, ...],
-        rest_before: tuple[int, ...],
-    ) -> list[int]:
-        """:func:`_increases` of two samples' counters as this reader read them."""
-        if errors_now == errors_before:  # the common case: no error counter moved
-            g0 = g1 = 0
-        else:
-            errors = [a - b if a > b else 0 for a, b in zip(errors_now, errors_before, strict=True)]
-            g0, g1 = sum(errors[self.slices[0]]), sum(errors[self.slices[1]])
-        rest = list(map(sub, rest_now, rest_before))
-        if rest and min(rest) < 0:
-            rest = [d if d > 0 else 0 for d in rest]
-        t2, t3, t4 = self.tail
-        return [g0, g1, sum(rest[t2]), sum(rest[t3]), sum(rest[t4])]
-
-
-def _reader(names: tuple[str, ...]) -> Callable[[dict[str, int]], tuple[int, ...]]:
-    """Reads ``names`` of a sample's counters as a tuple in one call (itemgetter of two or
-    more names returns a tuple; of one, the value itself); raises KeyError for a missing one."""
-    if len(names) > 1:
-        return itemgetter(*names)
-
-    def read(counters: dict[str, int]) -> tuple[int, ...]:
-        return tuple(counters[name] for name in names)
-
-    return read
-
-
 def _increases(now: dict[str, int], before: dict[str, int]) -> list[int]:
     """Increases of the watched counters, summed per group (resets add 0)."""
     sums = [0, 0, 0, 0, 0]
@@ -152,19 +89,7 @@ def _increases(now: dict[str, int], before: dict[str, int]) -> list[int]:
 
 
 class _PortState:
-    __slots__ = (
-        "congested",
-        "counters",
-        "degraded",
-        "down",
-        "errors",
-        "inc",
-        "rest",
-        "sample",
-        "speed",
-        "ts",
-        "watch",
-    )
+    __slots__ = ("congested", "counters", "degraded", "down", "inc", "sample", "speed", "ts")
 
     def __init__(self, hold_args: tuple[int, int, int]) -> None:
         self.counters: dict[str, int] = {}
@@ -173,10 +98,6 @@ class _PortState:
         self.down = Hold(*hold_args)
         self.congested = False
         self.speed: float | None = None
-        self.watch: _Watch | None = None  # reader of ``counters``' watched ones (not pickled)
-        #: what ``watch`` read of ``counters``: the error counters and the rest
-        self.errors: tuple[int, ...] = ()
-        self.rest: tuple[int, ...] = ()
         #: the latest sample's (ts, xmit wait, congestion marks) increases; None when that
         #: sample gave no interval (first, duplicate, out of order) — the fabric reads it
         self.inc: tuple[float, int, int] | None = None
@@ -188,11 +109,10 @@ class _PortState:
     def __setstate__(self, state: dict[str, Any]) -> None:
         for name, value in state.items():
             setattr(self, name, value)
-        self.watch = self.inc = self.sample = None
-        self.errors = self.rest = ()
+        self.inc = self.sample = None
 
 
-_UNSAVED = ("watch", "inc", "sample", "errors", "rest")
+_UNSAVED = ("inc", "sample")
 
 
 class NicDetector:
@@ -233,8 +153,7 @@ class NicDetector:
         speed = s.speed_gbps
         if speed is not None:
             st.speed = speed
-            if speed > self.nominal_gbps:  # noqa: PLR1730 (per sample: max() costs a call)
-                self.nominal_gbps = speed
+            self.nominal_gbps = max(self.nominal_gbps, speed)
         prev, prev_ts = st.counters, st.ts
         st.inc = None
         ts = s.ts
@@ -246,7 +165,7 @@ class NicDetector:
         if prev_ts is None:
             return []
         dt = ts - prev_ts
-        phys_n, retrans_n, marks, flaps, wait = self._increases(st, counters, prev)
+        phys_n, retrans_n, marks, flaps, wait = _increases(counters, prev)
         st.inc = (ts, wait, marks)
         down = st.down  # the common case, a port up without flaps or history, costs no call
         if flaps or s.link_up is False or down.bits or down.active:
@@ -281,26 +200,6 @@ class NicDetector:
             st = self.ports.get((message.device, message.port))
         inc = None if st is None else st.inc
         return None if inc is None or inc[0] != message.ts else (inc[1], inc[2])
-
-    @staticmethod
-    def _increases(st: _PortState, now: dict[str, int], before: dict[str, int]) -> list[int]:
-        """:func:`_increases`, through the port's reader while its counters stay the same
-        (``st.errors`` and ``st.rest`` are what it read of ``before``, the previous sample)."""
-        watch = st.watch
-        if watch is not None and (
-            not watch.absent or not any(map(now.__contains__, watch.absent))
-        ):  # it fits
-            try:
-                errors, rest = watch.errors(now), watch.rest(now)
-            except KeyError:
-                pass  # a watched counter is gone
-            else:
-                errors_before, rest_before = st.errors, st.rest
-                st.errors, st.rest = errors, rest
-                return watch.increases(errors, rest, errors_before, rest_before)
-        st.watch = watch = _Watch(now)  # fits ``now``, the next sample's ``before``
-        st.errors, st.rest = watch.errors(now), watch.rest(now)
-        return _increases(now, before)
 
     def _link(self, s: NicSample, st: _PortState, flaps: int, dt: float) -> list[Finding]:
         """A flap (``link_downed`` rose) at once; a port held down through its hold."""

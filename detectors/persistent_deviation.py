@@ -178,20 +178,16 @@ class DeviationTracker:
         round_ts: float,
     ) -> str | None:
         """Add one round; return ``"raise"``, ``"clear"`` or ``None``."""
-        # Runs for every member of every round: locals, and ``b if b > a else a`` for
-        # ``max(a, b)`` (the same result, NaN included, without a builtin call).
         self.rounds = rounds = self.rounds + 1
         ready = rounds > rule.baseline_rounds
         baseline = self.baseline
         if not ready:
             self.baseline = baseline = baseline + (residual - baseline) / rounds
         a, b = rule.abs_residual, rule.z * sigma_abs
-        score = residual / (b if b > a else a)
+        score = residual / max(a, b)
         if ready:
             a, b = rule.min_residual, rule.z * sigma_rel
-            rel = (residual - baseline) / (b if b > a else a)
-            if rel > score:  # noqa: PLR1730
-                score = rel
+            score = max(score, (residual - baseline) / max(a, b))
         slow_round = score >= 1.0
         if ready and not slow_round and not self.active and score < 0.5:
             self.baseline = baseline + rule.baseline_alpha * (residual - baseline)

@@ -1,6 +1,7 @@
 """``guard backtest``: recorded telemetry (JSONL) through the detectors, flags out (JSONL).
 
-The same :class:`~guard.detectors.engine.DetectionEngine` the streams app runs, without Kafka:
+The same :class:`~guard.detectors.core.DetectionCore` the streams workers run (through
+:class:`~guard.detectors.core.MessageFeed`), without Kafka:
 each input line is parsed through :mod:`guard.schemas` (a bad line is counted, reported once
 per kind of error, and skipped; a batch record is read as its samples), several inputs are
 merged in event-time order, and every flag is written as one JSON line. The baselines of
@@ -12,13 +13,14 @@ from __future__ import annotations
 import heapq
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 from guard.detectors.baselines import NvrxBaseline, StaticRulesBaseline
-from guard.detectors.engine import DetectionEngine, EngineConfig
+from guard.detectors.core import MessageFeed
+from guard.detectors.engine import EngineConfig
 from guard.schemas import Flag, GuardMessage, SchemaError, encode
 from guard.schemas.sample_decoder import parse_samples
 
@@ -37,7 +39,7 @@ def make_detector(name: str, config: EngineConfig | None = None) -> FlagSource:
     """``guard`` (the engine, with ``config``: the ``[detectors]`` settings), ``static``
     (dcgm-style alert rules) or ``nvrx`` (relative score)."""
     if name == "guard":
-        return DetectionEngine(config)
+        return MessageFeed(config)
     if name == "static":
         return StaticRulesBaseline()
     if name == "nvrx":
@@ -53,10 +55,22 @@ class BacktestStats:
     claims: int = 0
     seconds: float = 0.0
     errors: dict[str, int] = field(default_factory=dict)
+    bytes_read: int = 0  # of the input files, for progress against their size
 
     @property
     def rate(self) -> float:
         return self.messages / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "messages": self.messages,
+            "bad_lines": self.bad_lines,
+            "flags": self.flags,
+            "claims": self.claims,
+            "seconds": round(self.seconds, 3),
+            "rate": round(self.rate, 1),
+            "errors": dict(self.errors),
+        }
 
 
 def _read_file(
@@ -68,6 +82,7 @@ def _read_file(
     parse = parse_samples
     with path.open("rb") as fh:
         for number, text in enumerate(fh, 1):
+            stats.bytes_read += len(text)
             try:
                 samples = parse(text)
             except SchemaError as exc:
@@ -111,10 +126,11 @@ def run_backtest(
     out: IO[bytes],
     detector: FlagSource,
     stats: BacktestStats | None = None,
-    progress: IO[str] | None = None,
-    progress_every_s: float = 2.0,
+    progress: Callable[[BacktestStats], None] | None = None,
+    progress_every_s: float = 0.5,
 ) -> BacktestStats:
-    """Feed ``messages`` to ``detector``; write each flag as a JSON line to ``out``."""
+    """Feed ``messages`` to ``detector``; write each flag as a JSON line to ``out``;
+    ``progress(stats)`` every ``progress_every_s`` (``stats.messages`` counts so far)."""
     stats = stats or BacktestStats()
     started = time.perf_counter()
     next_report = started + progress_every_s
@@ -132,20 +148,15 @@ def run_backtest(
         flags = process(msg)
         if flags:
             write(flags)
-        if progress is not None and not count & 0x3FFF:
+        if progress is not None and not count & 0xFFF:
             now = time.perf_counter()
             if now >= next_report:
                 next_report = now + progress_every_s
-                print(
-                    f"\rbacktest: {count:,} messages, {count / (now - started):,.0f}/s, "
-                    f"{stats.flags} flags",
-                    end="",
-                    file=progress,
-                    flush=True,
-                )
+                stats.messages, stats.seconds = count, now - started
+                progress(stats)
     write(detector.flush())
     stats.messages = count
     stats.seconds = time.perf_counter() - started
-    if progress is not None and stats.seconds >= progress_every_s:
-        print(file=progress)
+    if progress is not None:
+        progress(stats)
     return stats

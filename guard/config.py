@@ -113,9 +113,9 @@ class AgentSettings(Section):
     )
     client_queue_max: int = Field(100_000, ge=1, description="training-client messages held")
     batch_records: bool = Field(
-        False,
+        True,
         description="send a cycle's GPU and NIC samples as one gpu_batch / nic_batch record "
-        "(wire contract 1.1); needs streams and sink of 1.1 or later",
+        "(wire contract 1.1; false: one record per sample, for streams and sinks before 1.1)",
     )
 
 
@@ -361,6 +361,11 @@ class FabricSettings(Section):
     )
     job_idle_s: float = Field(
         600.0, gt=0, description="guard advise: a job silent this long has ended, s"
+    )
+    steering: bool = Field(
+        False,
+        description="guard advise: advise route_flow (apply the plan by per-QP source-port "
+        "steering); only with a collective library that can steer QPs (stock NCCL cannot)",
     )
 
     def load(self) -> Topology | None:

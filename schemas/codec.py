@@ -16,6 +16,7 @@ from .batches import BATCH_OF, CollectiveBatch, GpuBatch, NicBatch, StepBatch
 from .messages import (
     Advice,
     CollectiveTiming,
+    Finding,
     Flag,
     GpuSample,
     GuardMessage,
@@ -47,6 +48,7 @@ MODELS: dict[str, type[GuardMessage]] = {
     "step": StepTiming,
     "collective": CollectiveTiming,
     "flag": Flag,
+    "finding": Finding,
     "sweep": SweepResult,
     "node_state": NodeState,
     "advice": Advice,
@@ -63,6 +65,7 @@ Message = Annotated[
         StepTiming,
         CollectiveTiming,
         Flag,
+        Finding,
         SweepResult,
         NodeState,
         Advice,

@@ -98,7 +98,10 @@ def render_markdown() -> str:
 
 def _kind_section(kind: str, model: type[BaseModel]) -> str:
     key = getattr(model, "key_field", "node")
-    key_text = f"`{key}`" + (" (a job-level flag: its `job`)" if kind == "flag" else "")
+    key_text = f"`{key}`" + {
+        "flag": " (a job-level flag: its `job`)",
+        "finding": " (a job-level finding: `job:<job>`)",
+    }.get(kind, "")
     return (
         f"## `{kind}` — {model.__name__}\n\n{_doc(model)}\n\n"
         f"Topic `{TOPIC_BY_KIND[kind]}`; Kafka key {key_text}.\n\n{_field_table(model)}"

@@ -25,6 +25,7 @@ __all__ = [
     "AdviceAction",
     "CollectiveTiming",
     "ConnectionStat",
+    "Finding",
     "Flag",
     "GpuSample",
     "GuardMessage",
@@ -60,7 +61,9 @@ Category = Literal[
 ]
 Severity = Literal["info", "warning", "critical"]
 NodeStateName = Literal["healthy", "suspect", "cordoned", "sweeping", "failed", "repair"]
-AdviceActionName = Literal["nccl_env", "drain_uplink", "drain_rail", "route_flow"]
+AdviceActionName = Literal[
+    "nccl_env", "drain_uplink", "drain_rail", "route_flow", "place_ranks", "inspect_leaf"
+]
 
 # The same vocabularies as tuples, for code that iterates them.
 CATEGORIES: tuple[str, ...] = get_args(Category)
@@ -212,6 +215,34 @@ class Flag(GuardMessage):
     def is_claim(self) -> bool:
         """Warning and critical flags claim a node (or link) is at fault; info flags observe."""
         return self.severity != "info"
+
+
+class Finding(GuardMessage):
+    """A detector's raw finding on its way to fusion (internal topic ``guard.findings``).
+
+    Job-level detectors find stragglers on nodes that another partition's fusion owns, so
+    findings cross partitions: keyed by the node they are about (``job:<id>`` when ``node``
+    is null). ``since`` is when the evidence began (part of the flag's stable id); ``clear``
+    withdraws an earlier finding on the same component. Anyone who can produce to the topic
+    can write to it: it is validated like any other kind.
+    """
+
+    kind: Literal["finding"] = "finding"
+    node: Name | None = None  # type: ignore[assignment]
+    detector: Annotated[str, Field(min_length=1, max_length=128)]
+    category: Category
+    severity: Severity
+    since: EpochSeconds = Field(description="event time at which the evidence began")
+    score: float = Field(description="detector-specific strength")
+    gpu: Index | None = None
+    device: Name | None = None
+    rank: Index | None = None
+    window_s: Seconds | None = Field(None, description="length of the evidence window, s")
+    evidence: dict[str, JsonValue] = Field(default_factory=dict, max_length=256)
+    clear: bool = Field(False, description="withdraws an earlier finding on the component")
+
+    def kafka_key(self) -> bytes | None:
+        return (self.node if self.node is not None else f"job:{self.job or ''}").encode()
 
 
 class SweepCheck(BaseModel):

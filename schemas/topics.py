@@ -30,15 +30,19 @@ TOPIC_BY_KIND: dict[str, str] = {
     "sweep": "sweeps",
     "node_state": "node-state",
     "advice": "advice",
+    "finding": "findings",  # streams-internal
     # Batches (guard.schemas.batches) travel with their single kinds.
     "gpu_batch": "gpu",
     "nic_batch": "nic",
     "step_batch": "steps",
     "collective_batch": "collectives",
 }
-#: Topic suffix -> the single kind it carries (its batch kind travels there too).
+#: Topic suffix -> the single kind it carries (its batch kind travels there too); the
+#: streams-internal topics are not stored.
 KIND_BY_TOPIC: dict[str, str] = {
-    topic: kind for kind, topic in TOPIC_BY_KIND.items() if not kind.endswith("_batch")
+    topic: kind
+    for kind, topic in TOPIC_BY_KIND.items()
+    if not kind.endswith("_batch") and topic != "findings"
 }
 #: Telemetry keyed by node (per-node detectors) and by job (peer comparison within a job).
 NODE_KINDS = ("gpu", "nic")

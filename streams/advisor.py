@@ -1,14 +1,22 @@
 """The live C4P advice producer behind ``guard advise``: collectives in, ``advice`` out.
 
 It reads the step and collective topics (job membership, the rings' per-connection
-``peers`` and their durations, the all-reduce sizes: :class:`~guard.detectors.path_advice.
+``peers`` and their durations, the all-reduce sizes: :class:`~guard.planning.advice.
 JobPatterns`), and every ``[fabric] advise_every_s`` of event time, when a job's pattern or
 its slow connections changed since the last plan, plans the concurrent jobs together on the
 topology (``[fabric] topology``, else inferred over the nodes the jobs run on) with
-:func:`~guard.detectors.path_advice.advise`. A job's advice is published on ``guard.advice``
+:func:`~guard.planning.advice.advise`. A job's advice is published on ``guard.advice``
 only when it differs from the one last sent for that job (plan, hot links, actions), so a
 steady cluster sends each job's advice once. A job silent for ``[fabric] job_idle_s`` of
 event time has ended and is forgotten.
+
+It also reads ``guard.nic`` and runs the fabric hot-spot detector
+(:class:`~guard.detectors.fabric.FabricHotSpotDetector`, the detection engine's own code, on
+the same topology) over it: the leaves it reports hot, until it withdraws them, go to
+:func:`~guard.planning.advice.advise` as ``hot_leaves`` (a degraded uplink of a hot leaf is
+advised drained; a hot leaf with none known is to be inspected), and a change in that set
+re-plans, so advice is re-issued when the hot set changes. ``[fabric] steering`` adds
+``route_flow`` (a QP-steering collective library only).
 
 Observed slow connections (an inter-node connection whose averaged all-reduce transfer time
 is 1.5x the job's median) are appended to the advice's ``hot_links`` as ``observed
@@ -25,9 +33,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from guard.config import FabricSettings, Settings
-from guard.detectors.path_advice import JobPatterns, advise
+from guard.detectors.fabric import FabricHotSpotDetector
+from guard.detectors.findings import Finding
 from guard.kafka import dead_letter, make_consumer, make_producer, produce
-from guard.schemas import Advice, GuardMessage, SchemaError
+from guard.planning.advice import JobPatterns, advise
+from guard.schemas import Advice, GuardMessage, NicSample, SchemaError
 from guard.schemas.sample_decoder import decode_samples
 from guard.schemas.topics import TOPIC_BY_KIND
 from guard.schemas.topology import Topology, TopologyError
@@ -67,10 +77,31 @@ class Advisor:
         self._inputs: tuple[Any, ...] | None = None
         self._sent: dict[str, tuple[Any, ...]] = {}
         self._unplaced: set[str] = set()
+        #: the hot-spot detector's own code, fed the NIC samples: its hot leaves (raised,
+        #: then withdrawn when they cool) drive drain_uplink / inspect_leaf and re-planning
+        self.hot_spots = FabricHotSpotDetector(
+            topology=topology, nodes_per_leaf=None if topology else fabric.nodes_per_leaf
+        )
+        self.hot_leaves: set[str] = set()
 
     def update(self, message: GuardMessage) -> None:
-        self.patterns.update(message)
+        if isinstance(message, NicSample):
+            for finding in self.hot_spots.update(message):
+                self._hot_spot(finding)
+        else:
+            self.patterns.update(message)
         self.watermark = max(self.watermark, message.ts)
+
+    def _hot_spot(self, finding: Finding) -> None:
+        evidence = finding.evidence
+        if evidence.get("observation") != "hot_spot" or evidence.get("level") != "leaf":
+            return
+        if finding.device is None:
+            return
+        if finding.clear:
+            self.hot_leaves.discard(finding.device)
+        else:
+            self.hot_leaves.add(finding.device)
 
     def due(self, wall: float | None = None) -> list[Advice]:
         """The changed advice, when ``advise_every_s`` passed since the last plan — of event
@@ -89,7 +120,11 @@ class Advisor:
                 self._sent.pop(job, None)
         jobs = [p for p in self.patterns.patterns() if len(p.nodes) > 1]
         slow = {p.job: self.patterns.slow_connections(p.job) for p in jobs}
-        inputs = (tuple(jobs), tuple(sorted((j, tuple(s.items())) for j, s in slow.items())))
+        inputs = (
+            tuple(jobs),
+            tuple(sorted((j, tuple(s.items())) for j, s in slow.items())),
+            tuple(sorted(self.hot_leaves)),
+        )
         if inputs == self._inputs or not jobs:
             return []
         self._inputs = inputs
@@ -97,7 +132,10 @@ class Advisor:
         placed = [p for p in jobs if self._placed(topology, p.job, p.nodes)]
         self.plans += 1
         out = []
-        for planned in advise(topology, placed, ts=now):
+        plans = advise(
+            topology, placed, ts=now, hot_leaves=self.hot_leaves, steering=self.fabric.steering
+        )
+        for planned in plans:
             observed = [
                 f"observed {a}->{b} x{ratio:g}"
                 for (a, b), ratio in list(slow[planned.job].items())[:MAX_OBSERVED]
@@ -137,7 +175,7 @@ class AdviceProducer:
     def __init__(self, settings: Settings, group_id: str = "guard-advise") -> None:
         self.settings = settings
         self.advisor = Advisor(settings.fabric, settings.fabric.load())
-        self.kinds = {settings.topic(TOPIC_BY_KIND[k]): k for k in ("step", "collective")}
+        self.kinds = {settings.topic(TOPIC_BY_KIND[k]): k for k in ("step", "collective", "nic")}
         self.consumer = make_consumer(settings, group_id, self.kinds)
         self.producer = make_producer(settings)
         self.stats = AdvisorStats()

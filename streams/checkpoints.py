@@ -56,6 +56,9 @@ STATE_MODULES = (
     "river.drift.",
     "river.proba.",
     "river.stats.",
+    # river's statistics keep their state in its Rust extension (EWMean's RsEWMean, EWVar's
+    # RsEWVar): built from bytes by the extension's own constructor, no code of the record's
+    "river._river_rust.",
     "river.tree.",  # HalfSpaceTrees' nodes
     "river.utils.",
 )

@@ -1,16 +1,17 @@
-"""The faust transport of ``guard streams``: Guard's detectors as faust agents.
+"""The faust transport of ``guard streams``: Guard's detection core in faust agents.
 
-Three agents, each a thin loop over a stream that hands batches to
-:mod:`guard.streams.processing`:
+The app runs one :class:`~guard.detectors.core.DetectionCore`, as the native worker does,
+and two thin agents hand it faust-native batches (``stream.take_events(max, within)``):
 
-* ``gpu_telemetry`` — ``guard.gpu`` + ``guard.nic`` (key = node): per-node detectors.
-* ``steps_telemetry`` — ``guard.steps`` + ``guard.collectives`` (key = job): per-job peer
-  comparisons.
-* ``fusion`` — the internal ``guard.findings`` topic, repartitioned by the node a finding
-  is about (a straggler found by a job's detectors meets that node's own thermal or NIC
-  findings): one suspicion per node → :class:`~guard.schemas.Flag` on ``guard.remediation``.
+* ``telemetry`` — ``guard.gpu``, ``guard.nic`` (key = node), ``guard.steps`` and
+  ``guard.collectives`` (key = job): ``core.step(telemetry, (), wall)``, the findings to
+  the internal ``guard.findings`` topic;
+* ``fusion`` — ``guard.findings``, repartitioned by the node a finding is about (a
+  straggler found by a job's detectors meets that node's own thermal or NIC findings):
+  ``core.step((), findings, wall)``, one suspicion per node → :class:`~guard.schemas.Flag`
+  on ``guard.remediation``.
 
-Detector state lives in memory and is checkpointed per key every ``checkpoint_s`` seconds
+The core's tables live in memory and are checkpointed per key every ``checkpoint_s`` seconds
 into faust tables backed by changelog topics: a restarted or rebalanced worker resumes from
 the last checkpoint instead of a cold start. A malformed record goes to ``guard.dlq`` with
 the reason; the worker carries on.
@@ -19,29 +20,59 @@ the reason; the worker carries on.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from typing import Any
 
 import faust
+from faust.sensors import Monitor
 
 from guard.config import Settings, streams_state_key
+from guard.detectors.core import TABLES, DetectionCore, encode_finding, finding_key
 from guard.detectors.engine import EngineConfig
 from guard.detectors.findings import Finding
 from guard.kafka import DLQ_ERROR_HEADER, DLQ_SOURCE_HEADER, faust_broker_settings
+from guard.metrics import dead_letter_reason
 from guard.schemas import SchemaError, encode
 
-from .faust_transport import LeanTransport, QuietMonitor
-from .processing import (
-    FusionProcessor,
-    KeyedState,
-    StreamsCounters,
-    TelemetryProcessor,
-    encode_finding,
-    engine_config_of,
-    finding_key,
-    topic_kinds,
-)
+from .processing import KeyedState, StreamsCounters, engine_config_of, topic_kinds
 
 __all__ = ["create_app"]
+
+
+class QuietMonitor(Monitor):
+    """faust's Monitor without its bookkeeping per record and per event (counters by topic
+    and stream, timings of each event): the web views that show them are off in Guard's
+    workers, whose own counters and ``/metrics`` report what they do. Commits, offsets,
+    rebalances and producer errors are still recorded."""
+
+    def on_message_in(self, tp: Any, offset: int, message: Any) -> None:
+        pass
+
+    def on_stream_event_in(self, tp: Any, offset: int, stream: Any, event: Any) -> None:
+        return None
+
+    def on_stream_event_out(
+        self, tp: Any, offset: int, stream: Any, event: Any, state: Any = None
+    ) -> None:
+        pass
+
+    def on_message_out(self, tp: Any, offset: int, message: Any) -> None:
+        pass
+
+    def on_send_initiated(
+        self, producer: Any, topic: str, message: Any, keysize: int, valsize: int
+    ) -> None:
+        return None
+
+    def on_send_completed(self, producer: Any, state: Any, metadata: Any) -> None:
+        pass
+
+    def on_table_get(self, table: Any, key: Any) -> None:
+        pass
+
+    def on_table_set(self, table: Any, key: Any, value: Any) -> None:
+        pass
 
 
 def _backed_by(state: KeyedState, table: Any, secret: bytes) -> None:
@@ -81,19 +112,11 @@ def _use_uvloop() -> bool:
     return True
 
 
-class _App(faust.App):
-    """faust's app over :class:`~guard.streams.faust_transport.LeanTransport` (faust's
-    aiokafka transport with a leaner record hand-off)."""
-
-    def _new_transport(self) -> Any:
-        return LeanTransport(self.conf.broker_consumer, self)
-
-
 def _faust_app(settings: Settings) -> faust.App:
     k = settings.kafka
     datadir = settings.home / "faust" / settings.streams.app_id
     datadir.parent.mkdir(parents=True, exist_ok=True)
-    return _App(
+    return faust.App(
         settings.streams.app_id,
         **faust_broker_settings(settings),  # brokers and SASL/TLS, as every other client
         store="memory://",
@@ -119,9 +142,9 @@ def _faust_app(settings: Settings) -> faust.App:
 
 
 class _Wiring:
-    """The app's topics, tables and processors, and the agents that join them."""
+    """The app's topics, tables and core, and the agents that feed it."""
 
-    def __init__(self, app: faust.App, settings: Settings) -> None:
+    def __init__(self, app: faust.App, settings: Settings, cfg: EngineConfig) -> None:
         partitions = settings.kafka.telemetry_partitions
         self.app = app
         self.settings = settings
@@ -138,8 +161,13 @@ class _Wiring:
             "partitions": partitions,
         }
         self.counters = StreamsCounters()
-        self.processors: list[TelemetryProcessor] = []
-        self.fusion = FusionProcessor(settings.streams.checkpoint_s, self.counters)
+        self.states: dict[str, KeyedState] = {}
+        self.core = DetectionCore(cfg, stores=self._table, counters=self.counters)
+
+    def _table(self, table: str, make: Callable[[str], Any]) -> KeyedState:
+        state = self.states[table] = KeyedState(make, self.settings.streams.checkpoint_s)
+        _backed_by(state, self.app.Table(table, **self.table_args), self.state_key)
+        return state
 
     async def send_findings(self, findings: list[Finding]) -> None:
         for f in findings:
@@ -148,6 +176,7 @@ class _Wiring:
             )
 
     async def dead_letter(self, event: Any, error: SchemaError) -> None:
+        self.counters.dead_reasons[dead_letter_reason(error)] += 1
         msg = event.message
         await self.dlq.send(
             key=event.key,
@@ -158,37 +187,38 @@ class _Wiring:
             ],
         )
 
-    def telemetry_agent(
-        self, level: str, topics: dict[str, str], table: str, cfg: EngineConfig
-    ) -> None:
+    def telemetry_agent(self) -> None:
         st = self.settings.streams
-        processor = TelemetryProcessor(level, topics, cfg, st.checkpoint_s, self.counters)
-        _backed_by(processor.state, self.app.Table(table, **self.table_args), self.state_key)
-        self.processors.append(processor)
+        kinds = topic_kinds(self.settings.topic)
+        core = self.core
 
-        async def agent(stream: Any) -> None:
+        async def telemetry(stream: Any) -> None:
             async for events in stream.take_events(st.batch_max, st.batch_within_s):
-                found, bad = processor.process(
-                    (e.message.topic, e.message.partition, e.value) for e in events
+                out = core.step(
+                    [(e.message.partition, kinds[e.message.topic], e.value) for e in events],
+                    (),
+                    time.monotonic(),
                 )
-                for index, error in bad:
+                for index, error in out.bad:
                     await self.dead_letter(events[index], error)
-                await self.send_findings(found)
+                await self.send_findings(out.findings)
 
-        self.app.agent(self.app.topic(*topics, **RAW), name=f"{level}_telemetry")(agent)
+        self.app.agent(self.app.topic(*kinds, **RAW), name="telemetry")(telemetry)
 
     def fusion_agent(self) -> None:
         st = self.settings.streams
-        _backed_by(self.fusion.state, self.app.Table("fusion", **self.table_args), self.state_key)
+        core = self.core
 
         async def fusion(stream: Any) -> None:
             async for events in stream.take_events(st.batch_max, st.batch_within_s):
-                flags, bad = self.fusion.process(
-                    (e.key or b"", e.message.partition, e.value or b"") for e in events
+                out = core.step(
+                    (),
+                    [(e.message.partition, e.key or b"", e.value or b"") for e in events],
+                    time.monotonic(),
                 )
-                for index, error in bad:
+                for index, error in out.bad_findings:
                     await self.dead_letter(events[index], error)
-                for flag in flags:
+                for flag in out.flags:
                     await self.remediation.send(
                         key=flag.kafka_key(), value=encode(flag), timestamp=flag.ts
                     )
@@ -196,28 +226,22 @@ class _Wiring:
         self.app.agent(self.findings, name="fusion")(fusion)
 
     def housekeeping(self) -> None:
-        """The idle clock (findings of quiet streams) and forgetting revoked partitions."""
+        """The idle clock (findings of quiet keys) and forgetting revoked partitions."""
 
         @self.app.timer(interval=1.0)
         async def idle_clock() -> None:
-            for processor in self.processors:
-                await self.send_findings(processor.clock.idle())
+            await self.send_findings(self.core.idle(time.monotonic()))
 
         @self.app.timer(interval=10.0)
         async def expire_idle_keys() -> None:
-            for processor in self.processors:
-                processor.expire(self.settings.streams.key_idle_s)
-            self.fusion.state.expire(self.settings.streams.key_idle_s)
+            self.core.expire(self.settings.streams.key_idle_s)
 
         @self.app.on_partitions_revoked.connect
         async def on_revoked(app: Any, revoked: set[Any], **kwargs: Any) -> None:
-            parts = {tp.partition for tp in revoked}
-            for processor in self.processors:
-                processor.forget(parts)
-            self.fusion.state.forget(parts)
+            self.core.forget({tp.partition for tp in revoked})
 
     def checkpoint_totals(self) -> dict[str, int]:
-        return KeyedState.totals([*(p.state for p in self.processors), self.fusion.state])
+        return KeyedState.totals(self.states.values())
 
 
 def create_app(settings: Settings, engine_config: EngineConfig | None = None) -> faust.App:
@@ -225,9 +249,9 @@ def create_app(settings: Settings, engine_config: EngineConfig | None = None) ->
     cfg = engine_config or engine_config_of(settings)
     _use_uvloop()
     app = _faust_app(settings)
-    wiring = _Wiring(app, settings)
-    wiring.telemetry_agent("node", topic_kinds(settings.topic, "node"), "node-detectors", cfg)
-    wiring.telemetry_agent("job", topic_kinds(settings.topic, "job"), "job-detectors", cfg)
+    wiring = _Wiring(app, settings, cfg)
+    assert set(wiring.states) == set(TABLES)
+    wiring.telemetry_agent()
     wiring.fusion_agent()
     wiring.housekeeping()
     app.guard_counters = wiring.counters  # type: ignore[attr-defined]

@@ -1,7 +1,8 @@
 """The native transport of ``guard streams``: librdkafka batches, no per-record framework cost.
 
-The same work as the faust app (:mod:`guard.streams.faust_app`), through
-:mod:`guard.streams.processing`, on confluent-kafka: one consumer in the group
+The same work as the faust app (:mod:`guard.streams.faust_app`): one
+:class:`~guard.detectors.core.DetectionCore`, each consumed batch handed to its ``step``, on
+confluent-kafka: one consumer in the group
 ``streams.app_id`` subscribes to the telemetry topics and the internal findings topic with
 the range assignor, so partition *p* of every topic (same partition count, same murmur2
 keys) goes to the same worker — node state, job state and fusion state stay co-located
@@ -26,27 +27,17 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from guard.config import Settings, streams_state_key
+from guard.detectors.core import TABLES, DetectionCore, encode_finding, finding_key
 from guard.detectors.engine import EngineConfig
 from guard.kafka import dead_letter, make_consumer, make_producer, produce_raw, wait_for_broker
-from guard.metrics import Metrics
+from guard.metrics import Metrics, dead_letter_reason
 from guard.schemas import encode
 
-from .processing import (
-    FusionProcessor,
-    KeyedState,
-    StreamsCounters,
-    TelemetryProcessor,
-    encode_finding,
-    engine_config_of,
-    finding_key,
-    topic_kinds,
-)
+from .processing import KeyedState, StreamsCounters, engine_config_of, topic_kinds
 
 __all__ = ["NativeWorker"]
 
 log = logging.getLogger("guard.streams")
-
-TABLES = ("node-detectors", "job-detectors", "fusion")
 
 
 class NativeWorker:
@@ -63,24 +54,16 @@ class NativeWorker:
         s = self.settings = settings
         st = settings.streams
         self.counters = StreamsCounters()
-        self.node_topics = topic_kinds(s.topic, "node")
-        self.job_topics = topic_kinds(s.topic, "job")
+        self.telemetry_topics = topic_kinds(s.topic)
         self.findings_topic = s.topic("findings")
-        self.node = TelemetryProcessor(
-            "node", self.node_topics, cfg, st.checkpoint_s, self.counters
-        )
-        self.job = TelemetryProcessor("job", self.job_topics, cfg, st.checkpoint_s, self.counters)
-        self.fusion = FusionProcessor(st.checkpoint_s, self.counters)
         self.changelogs = {table: s.topic(f"{st.app_id}-{table}-changelog") for table in TABLES}
         self.restored: dict[str, dict[str, bytes]] = {table: {} for table in TABLES}
+        self.states: dict[str, KeyedState] = {}
         self.state_key = streams_state_key(s)  # before any connection: a missing key fails fast
         self.producer = make_producer(s, **{"linger.ms": 5})
-        for table, state in zip(
-            TABLES, (self.node.state, self.job.state, self.fusion.state), strict=True
-        ):
-            self._back(state, table)
+        self.core = DetectionCore(cfg, stores=self._table, counters=self.counters)
         self._create_internal_topics()
-        topics = [*self.node_topics, *self.job_topics, self.findings_topic]
+        topics = [*self.telemetry_topics, self.findings_topic]
         self.consumer: Consumer = make_consumer(
             s,
             st.app_id,
@@ -105,11 +88,13 @@ class NativeWorker:
 
     def checkpoint_totals(self) -> dict[str, int]:
         """Keys resumed from checkpoints so far, and checkpoints refused, over the tables."""
-        return KeyedState.totals((self.node.state, self.job.state, self.fusion.state))
+        return KeyedState.totals(self.states.values())
 
     # -- set-up ----------------------------------------------------------------------------
 
-    def _back(self, state: KeyedState, table: str) -> None:
+    def _table(self, table: str, make: Callable[[str], Any]) -> KeyedState:
+        """One of the core's tables, checkpointed to its changelog topic."""
+        state = self.states[table] = KeyedState(make, self.settings.streams.checkpoint_s)
         topic = self.changelogs[table]
         store = self.restored[table]
         state.load = store.get
@@ -125,6 +110,7 @@ class NativeWorker:
 
         state.save = save
         state.delete = delete
+        return state
 
     def _create_internal_topics(self) -> None:
         k = self.settings.kafka
@@ -165,7 +151,7 @@ class NativeWorker:
                 now = time.monotonic()
                 if now - last_idle >= 1.0:
                     last_idle = now
-                    self._send_findings(self.node.clock.idle() + self.job.clock.idle())
+                    self._send_findings(self.core.idle(now))
                     if now - last_expire >= 10.0:
                         last_expire = now
                         self._expire()
@@ -185,15 +171,12 @@ class NativeWorker:
         return self.counters
 
     def _expire(self) -> None:
-        idle_s = self.settings.streams.key_idle_s
-        self.node.expire(idle_s)
-        self.job.expire(idle_s)
-        self.fusion.state.expire(idle_s)
+        self.core.expire(self.settings.streams.key_idle_s)
 
     def _handle(self, records: list[Message]) -> None:
-        node_batch: list[Message] = []
-        job_batch: list[Message] = []
+        telemetry: list[Message] = []
         findings: list[Message] = []
+        kinds = self.telemetry_topics
         for record in records:
             error = record.error()
             if error is not None:
@@ -201,33 +184,29 @@ class NativeWorker:
                     log.warning("consumer error: %s", error)
                 continue
             topic = record.topic()
-            if topic in self.node_topics:
-                node_batch.append(record)
-            elif topic in self.job_topics:
-                job_batch.append(record)
+            if topic in kinds:
+                telemetry.append(record)
             elif topic == self.findings_topic:
                 findings.append(record)
-        for processor, batch in ((self.node, node_batch), (self.job, job_batch)):
-            if not batch:
-                continue
-            found, bad = processor.process((r.topic(), r.partition(), r.value()) for r in batch)
-            self._dead_letters(batch, bad)
-            self._send_findings(found)
-        if findings:
-            flags, bad = self.fusion.process(
-                (r.key() or b"", r.partition(), r.value() or b"") for r in findings
+        out = self.core.step(
+            [(r.partition(), kinds[r.topic()], r.value()) for r in telemetry],
+            [(r.partition(), r.key() or b"", r.value() or b"") for r in findings],
+            time.monotonic(),
+        )
+        self._dead_letters(telemetry, out.bad)
+        self._dead_letters(findings, out.bad_findings)
+        self._send_findings(out.findings)
+        for flag in out.flags:
+            self._produce(
+                self.settings.topic("remediation"),
+                encode(flag),
+                flag.kafka_key(),
+                timestamp=int(flag.ts * 1000),
             )
-            self._dead_letters(findings, bad)
-            for flag in flags:
-                self._produce(
-                    self.settings.topic("remediation"),
-                    encode(flag),
-                    flag.kafka_key(),
-                    timestamp=int(flag.ts * 1000),
-                )
 
     def _dead_letters(self, batch: list[Message], bad: Iterable[tuple[int, Exception]]) -> None:
         for index, error in bad:
+            self.counters.dead_reasons[dead_letter_reason(error)] += 1
             r = batch[index]
             source = f"{r.topic()}/{r.partition()}/{r.offset()}"
             dead_letter(self.producer, self.settings, r.value(), error, source, r.key())
@@ -296,7 +275,5 @@ class NativeWorker:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         numbers = {tp.partition for tp in partitions}
         log.info("partitions revoked: %s", ",".join(map(str, sorted(numbers))) or "none")
-        self.node.forget(numbers)  # each checkpoints what it drops
-        self.job.forget(numbers)
-        self.fusion.state.forget(numbers)
+        self.core.forget(numbers)  # each table checkpoints what it drops
         self._commit()

@@ -7,9 +7,9 @@ the next node of its stage) are flows on a topology (a file, else
 each queue pair by ECMP: a hash of its 5-tuple (RoCE v2 source port from the QP) seeded per
 leaf, as switches are — the simulator's own, not the one Guard's planner assumes. A flow
 listed in ``routes`` (``(src, dst, rail, qp) -> spine``, e.g. a plan of
-:func:`guard.detectors.paths.steering_plan` over :meth:`FabricModel.connections`, applied
+:func:`guard.planning.paths.steering_plan` over :meth:`FabricModel.connections`, applied
 by source-port steering) takes that spine instead. The simulator
-itself plans nothing: agents do not import the detectors.
+itself plans nothing: agents do not import the planner.
 
 Contention, per link: the job's own flows all the time (its rings run at once), each other
 job's flows weighted by how much of the time that job is in its all-reduce

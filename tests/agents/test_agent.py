@@ -16,7 +16,7 @@ from guard.agents.nvml import NvmlCollector
 from guard.agents.publisher import Publisher
 from guard.cli import main
 from guard.config import Settings
-from guard.schemas import parse_message
+from guard.schemas import expand, parse_message
 
 from .fake_sysfs import make_fake_sysfs
 from .nvml_standin import NvmlStandIn
@@ -101,10 +101,15 @@ def test_guard_agent_simulate_publishes_to_the_broker(
     assert code == 0
     summary = capsys.readouterr().err
     published = int(summary.split("guard agent --simulate: ", 1)[1].split(" messages")[0])
-    got = consume_topics(kafka_settings, ["gpu", "nic", "steps", "collectives"], published)
-    assert len(got) == published > 3 * 8 * 2 * 10
-    assert {m.node for m in got if m.kind == "gpu"} == {"node-000", "node-001", "node-002"}
-    assert Counter(m.kind for m in got).keys() == {"gpu", "nic", "step", "collective"}
+    sent = int(summary.split(" messages in ", 1)[1].split(" records")[0])
+    records = consume_topics(kafka_settings, ["gpu", "nic", "steps", "collectives"], sent)
+    assert len(records) == sent
+    samples = [s for m in records for s in expand(m)]
+    # batch records by default (agent.batch_records): one a node and kind per cycle
+    assert {"gpu_batch", "nic_batch"} <= {m.kind for m in records}
+    assert len(samples) == published > 3 * 8 * 2 * 10
+    assert {m.node for m in samples if m.kind == "gpu"} == {"node-000", "node-001", "node-002"}
+    assert Counter(m.kind for m in samples).keys() == {"gpu", "nic", "step", "collective"}
     assert json.loads(truth.read_text())["nodes"] == ["node-000", "node-001", "node-002"]
 
 
@@ -133,7 +138,9 @@ def test_guard_agent_once_dry_run_samples_dcgm_and_sysfs(
     )
     assert code == 0
     lines = [line for line in capfdbinary.readouterr().out.splitlines() if line.startswith(b"{")]
-    messages = [parse_message(line) for line in lines]
+    records = [parse_message(line) for line in lines]
+    messages = [s for m in records for s in expand(m)]
     kinds = Counter(m.kind for m in messages)
+    assert Counter(m.kind for m in records) == {"gpu_batch": 1, "nic_batch": 1}  # the default
     assert kinds == {"gpu": 2, "nic": 9}
     assert {m.job for m in messages} == {"llm-2"} and {m.node for m in messages} == {"h100-07"}

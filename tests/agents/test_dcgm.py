@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from guard.agents.dcgm import DCGM_FIELDS, DcgmCollector, fetch_dcgm, parse_dcgm_metrics
-from guard.detectors.engine import DetectionEngine
+from guard.detectors.core import MessageFeed
 from guard.schemas import GpuSample, encode, parse_message
 
 FIXTURE = Path(__file__).resolve().parent.parent / "data" / "dcgm" / "h100_node.prom"
@@ -99,7 +99,7 @@ def test_what_the_collector_publishes_makes_no_start_up_claim() -> None:
     new Xid 48 becomes exactly one critical flag."""
     text = FIXTURE.read_text()
     dcgm = DcgmCollector("http://unused", "fallback")
-    engine = DetectionEngine()
+    engine = MessageFeed()
     flags = []
     for i, body in enumerate([text, text, _refreshed(text, 59, 48), _refreshed(text, 60, 48)]):
         for sample in dcgm.events(parse_dcgm_metrics(body, "fallback", TS + 30 * i)[0]):

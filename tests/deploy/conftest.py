@@ -19,8 +19,8 @@ import pytest
 
 from guard.agents.simulator import ClusterSimulator, FaultSpec, SimConfig
 from guard.config import Settings, load_settings
-from guard.detectors.path_advice import JobPatterns, advise
 from guard.evaluation.backtest import make_detector
+from guard.planning.advice import JobPatterns, advise
 from guard.schemas import Advice, Flag, GuardMessage
 from guard.schemas.topology import infer_topology
 from guard.store import insert_messages, migrate

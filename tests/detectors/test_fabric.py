@@ -6,7 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from guard.detectors.engine import DetectionEngine, EngineConfig
+from guard.detectors.core import MessageFeed
+from guard.detectors.engine import EngineConfig
 from guard.detectors.fabric import FabricHotSpotDetector
 from guard.detectors.findings import Finding
 from guard.schemas import NicSample
@@ -90,7 +91,7 @@ def test_a_hot_spot_that_cools_down_is_withdrawn() -> None:
 def test_the_engine_flags_hot_spots_as_info_only(topology: object) -> None:
     """Through the engine and fusion: the hot leaf and its two NICs, as info flags; with no
     topology file the leaves are inferred (nodes by name, two to a pod) and named alike."""
-    engine = DetectionEngine(EngineConfig(topology=topology, nodes_per_leaf=2))  # type: ignore[arg-type]
+    engine = MessageFeed(EngineConfig(topology=topology, nodes_per_leaf=2))  # type: ignore[arg-type]
     flags = []
     for sample in nic_samples({"node-2", "node-3"}, 300):
         flags += engine.update(sample)
@@ -104,7 +105,7 @@ def test_the_engine_flags_hot_spots_as_info_only(topology: object) -> None:
 
 
 def test_the_engine_can_leave_the_fabric_out() -> None:
-    engine = DetectionEngine(EngineConfig.from_mapping({"fabric": False}))
+    engine = MessageFeed(EngineConfig.from_mapping({"fabric": False}))
     flags = [f for s in nic_samples({"node-2", "node-3"}, 300) for f in engine.update(s)]
     assert engine.fabric is None and flags + engine.flush() == []
     with pytest.raises(ValueError, match=r"detectors\.args\.fabric: no setting 'topology'"):

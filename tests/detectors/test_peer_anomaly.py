@@ -7,10 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import pytest
 
 from guard.agents.simulator import ClusterSimulator, SimConfig
-from guard.detectors.engine import DetectionEngine, EngineConfig, JobDetectors, NodeDetectors
+from guard.detectors.core import MessageFeed
+from guard.detectors.engine import EngineConfig, JobDetectors, NodeDetectors
 from guard.detectors.findings import Finding
 from guard.schemas import GpuSample, GuardMessage, StepTiming
 
@@ -158,7 +158,7 @@ def test_state_stays_within_the_per_gpu_budget_and_the_switch_turns_it_off() -> 
     messages = _simulated(8, 240)
 
     def per_gpu(config: EngineConfig) -> tuple[float, dict[str, Any]]:
-        engine = DetectionEngine(config)
+        engine = MessageFeed(config)
         for m in messages:
             engine.update(m)
         engine.flush()
@@ -170,81 +170,3 @@ def test_state_stays_within_the_per_gpu_budget_and_the_switch_turns_it_off() -> 
     assert all(p.anomaly is not None for p in nodes_on.values())
     assert all(p.anomaly is None for p in nodes_off.values())
     assert off < on < 10_000  # the design's budget: under 10 KB of detector state per GPU
-
-
-def test_a_groups_model_from_the_prototype_is_a_fresh_model_bit_for_bit() -> None:
-    """Later groups start from a pickled copy of the first one's untrained trees: learning
-    and scoring the same vectors must give the same scores and masses as a model built
-    fresh (trees on its first ``learn_one``)."""
-    import random
-
-    from river import anomaly
-
-    from guard.detectors.peer_anomaly import GPU_FEATURES, _new_model
-
-    rng = random.Random(5)
-    limits = {name: (0.0, 4.0) for name in GPU_FEATURES}
-    fresh = anomaly.HalfSpaceTrees(n_trees=8, height=5, window_size=16, limits=limits, seed=17)
-    _new_model(GPU_FEATURES, 8, 5, 16)  # the prototype exists: the next one is a copy
-    copied = _new_model(GPU_FEATURES, 8, 5, 16)
-    for _ in range(100):
-        x = {name: rng.uniform(0.0, 4.0) for name in GPU_FEATURES}
-        assert copied.score_one(x) == fresh.score_one(x)
-        copied.learn_one(x)
-        fresh.learn_one(x)
-    masses = [[(n.l_mass, n.r_mass) for n in nodes] for nodes in fresh._tree_nodes]
-    assert [[(n.l_mass, n.r_mass) for n in nodes] for nodes in copied._tree_nodes] == masses
-    assert any(r for tree in masses for _, r in tree)  # windows pivoted: scores were real
-
-
-def test_a_copied_model_pickles_to_the_bytes_of_a_fresh_one() -> None:
-    """The copy of the prototype's trees is what a checkpoint of a group saves: it must pickle
-    to the same bytes as a fresh model brought to the same untrained state (trees built,
-    masses taken back), for both feeds."""
-    import pickle
-
-    from river import anomaly
-
-    from guard.detectors.peer_anomaly import GPU_FEATURES, RANK_FEATURES, _new_model
-
-    for features in (GPU_FEATURES, RANK_FEATURES):
-        limits = {name: (0.0, float(4)) for name in features}  # one tuple each, as _new_model
-        fresh = anomaly.HalfSpaceTrees(n_trees=8, height=5, window_size=16, limits=limits, seed=17)
-        fresh.learn_one(dict.fromkeys(features, 0.0))
-        for nodes in fresh._tree_nodes:
-            for node in nodes:
-                node.l_mass = node.r_mass = 0
-        fresh.counter = 0
-        fresh._first_window = True
-        expected = pickle.dumps(fresh, protocol=pickle.HIGHEST_PROTOCOL)
-        _new_model(features, 8, 5, 16)
-        copied = _new_model(features, 8, 5, 16)
-        assert copied.trees == [nodes[0] for nodes in copied._tree_nodes]
-        assert pickle.dumps(copied, protocol=pickle.HIGHEST_PROTOCOL) == expected
-
-
-def test_a_river_whose_trees_are_not_known_copies_the_model_by_pickle(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The node-by-node copy knows river's tree internals of today; a river that changes
-    them (here: no ``PaddedBranch``; or other node attributes) must still give each group
-    the fresh model, copied whole by pickle — never a model built wrong."""
-    import pickle
-
-    from guard.detectors import peer_anomaly
-
-    reference = peer_anomaly._new_model(peer_anomaly.GPU_FEATURES, 8, 5, 16)
-    assert peer_anomaly._copyable(reference)
-    del reference._tree_nodes[0][-1].l_mass  # a leaf without a mass is no tree it knows
-    assert not peer_anomaly._copyable(reference)
-    expected = pickle.dumps(
-        peer_anomaly._new_model(peer_anomaly.GPU_FEATURES, 8, 5, 16),
-        protocol=pickle.HIGHEST_PROTOCOL,
-    )
-    monkeypatch.setattr(peer_anomaly, "PaddedBranch", None)
-    monkeypatch.setattr(peer_anomaly, "_PROTOTYPES", {})
-    first = peer_anomaly._new_model(peer_anomaly.GPU_FEATURES, 8, 5, 16)
-    assert next(iter(peer_anomaly._PROTOTYPES.values()))[1] is None  # copied by pickle
-    copied = peer_anomaly._new_model(peer_anomaly.GPU_FEATURES, 8, 5, 16)
-    assert copied is not first and copied.trees[0] is not first.trees[0]
-    assert pickle.dumps(copied, protocol=pickle.HIGHEST_PROTOCOL) == expected

@@ -13,7 +13,7 @@ import pytest
 
 from guard.agents.simulator import ClusterSimulator, FaultSpec, SimConfig
 from guard.cli import main
-from guard.detectors.engine import DetectionEngine
+from guard.detectors.core import MessageFeed
 from guard.detectors.findings import Finding
 from guard.detectors.fusion import NodeFusion
 from guard.evaluation.scoring import evaluate
@@ -44,7 +44,7 @@ def test_engine_finds_the_three_faults_and_nothing_else(
     simulated: tuple[Path, Path, list[bytes]],
 ) -> None:
     _, truth_path, lines = simulated
-    engine = DetectionEngine()
+    engine = MessageFeed()
     flags = [f for line in lines for f in engine.update(parse_message(line))] + engine.flush()
     ev = evaluate(json.loads(truth_path.read_text()), [f.model_dump() for f in flags])
     assert ev.rows["all"].recall == 1.0
@@ -115,9 +115,9 @@ def test_snapshot_and_restore_midway_gives_the_same_flags(
 ) -> None:
     _, _, lines = simulated
     messages = [parse_message(line) for line in lines]
-    whole = DetectionEngine()
+    whole = MessageFeed()
     expected = [f for m in messages for f in whole.update(m)] + whole.flush()
-    first = DetectionEngine()
+    first = MessageFeed()
     cut = len(messages) * 2 // 3
     got = [f for m in messages[:cut] for f in first.update(m)]
     resumed = pickle.loads(pickle.dumps(first))  # a checkpoint of the whole engine
@@ -127,7 +127,7 @@ def test_snapshot_and_restore_midway_gives_the_same_flags(
 
 def test_state_per_gpu_is_under_10_kb(simulated: tuple[Path, Path, list[bytes]]) -> None:
     _, truth, lines = simulated
-    engine = DetectionEngine()
+    engine = MessageFeed()
     for line in lines:
         engine.update(parse_message(line))
     sizes = engine.state_bytes()
@@ -187,3 +187,66 @@ def test_a_backtest_runs_with_the_data_paths_collector_settings(
     assert main(["backtest", str(telemetry), "--out", str(plain), "--quiet"]) == 0
     assert gc.get_threshold() == before
     assert out.read_bytes() == plain.read_bytes() and out.read_bytes()
+
+
+def test_backtest_says_what_it_did_in_json_and_fails_on_nothing_valid(
+    simulated: tuple[Path, Path, list[bytes]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    telemetry, _, lines = simulated
+    out = tmp_path / "flags.jsonl"
+    assert main(["backtest", str(telemetry), "--out", str(out), "--quiet", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["messages"] == len(lines) and summary["bad_lines"] == 0
+    assert summary["flags"] == len(out.read_text().splitlines()) > 0
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_bytes(b'{"kind":"gpu","ts":"x"}\nnot json\n')
+    assert main(["backtest", str(garbage), "--out", str(out), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "no valid telemetry" in err and "2 bad lines" in err and "Traceback" not in err
+    missing = tmp_path / "no-such-folder" / "flags.jsonl"
+    assert main(["backtest", str(telemetry), "--out", str(missing), "--quiet"]) == 2
+    assert "does not exist" in capsys.readouterr().err and not missing.parent.exists()
+    assert main(["backtest", str(tmp_path / "absent.jsonl"), "--out", str(out)]) == 1
+
+
+@pytest.mark.slow
+def test_backtest_of_clickhouse_gives_the_flags_of_the_file_it_stored(tmp_path: Path) -> None:
+    """Telemetry stored in ClickHouse (a chDB path of its own, in other processes: one process
+    holds one chDB path) backtests to the flags of the JSONL it came from: the same nodes,
+    categories and severities."""
+    import time
+
+    start = float(int(time.time()) - 3600)  # within the raw tables' TTL
+    sim = ClusterSimulator(
+        SimConfig(nodes=10, duration_s=240, seed=21, faults=FAULTS[2:], start_ts=start)
+    )
+    telemetry = tmp_path / "t.jsonl"
+    telemetry.write_bytes(b"".join(encode(m) + b"\n" for m in sim.messages()))
+    dsn = f"chdb://{tmp_path / 'store'}"
+    env = {**__import__("os").environ, "GUARD_CLICKHOUSE_DSN": dsn}
+    store = (
+        "import sys; from guard.config import load_settings; from guard.schemas import "
+        "parse_message; from guard.store import connect, insert_messages, migrate; "
+        "s = load_settings(); c = connect(s); migrate(c, s); "
+        "insert_messages(c, s, [parse_message(l) for l in open(sys.argv[1], 'rb')]); c.close()"
+    )
+    subprocess.run([sys.executable, "-c", store, str(telemetry)], env=env, check=True)
+    guard = [sys.executable, "-m", "guard.cli", "backtest"]
+    flags = {}
+    for source in (str(telemetry), dsn):
+        out = tmp_path / f"{len(flags)}.jsonl"
+        done = subprocess.run(
+            [*guard, source, "--out", str(out), "--quiet", "--json"],
+            check=False,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["messages"] > 0
+        flags[source] = {
+            (f.get("node"), f["category"], f["severity"]) for f in map(json.loads, out.open())
+        }
+    # (ids differ: ClickHouse keeps event times to the millisecond, and an id has the time
+    # its evidence began)
+    assert flags[dsn] == flags[str(telemetry)] != set()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from guard.detectors.engine import DetectionEngine
+from guard.detectors.core import MessageFeed
 from guard.detectors.signal_anomaly import SignalAnomalyDetector
 from guard.evaluation.public_data import (
     PAI_EPOCH,
@@ -18,7 +18,7 @@ DATA = Path(__file__).resolve().parent.parent / "data"
 
 
 def pai_claims(job: int) -> list[tuple[str, float]]:
-    engine = DetectionEngine()
+    engine = MessageFeed()
     flags = []
     for msg in pai_step_timings(DATA / "alibaba-pai" / f"job_{job}_norm.csv", f"pai-{job}"):
         flags += engine.update(msg)

@@ -9,7 +9,7 @@ import pytest
 
 from guard.cli import main
 from guard.config import load_settings
-from guard.detectors.engine import DetectionEngine
+from guard.detectors.core import MessageFeed
 from guard.schemas import GpuSample, encode
 from guard.streams.processing import engine_config_of
 
@@ -24,7 +24,7 @@ min_peers = 6
 """
 
 
-def _xid_flags(engine: DetectionEngine, xids: dict[int, int]) -> list[tuple[int, str]]:
+def _xid_flags(engine: MessageFeed, xids: dict[int, int]) -> list[tuple[int, str]]:
     flags = []
     for t in range(4):
         for g in range(8):
@@ -40,7 +40,7 @@ def test_the_section_reaches_the_engine(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("GUARD_DETECTORS_TICK_S", "2.5")
     cfg = engine_config_of(load_settings(config))
     assert (cfg.tick_s, cfg.peer_anomaly) == (2.5, False)
-    engine = DetectionEngine(cfg)
+    engine = MessageFeed(cfg)
     node, job = engine.node("n1"), engine.job("j1")
     assert node.thermal.peer_delta_c == 12 and node.anomaly is None and job.anomaly is None
     assert job.stragglers is not None and job.stragglers.min_peers == 6
@@ -50,7 +50,7 @@ def test_the_section_reaches_the_engine(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_application_xids_can_be_made_claims_again(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GUARD_DETECTORS_INFO_XIDS", "[]")
-    engine = DetectionEngine(engine_config_of(load_settings()))
+    engine = MessageFeed(engine_config_of(load_settings()))
     assert _xid_flags(engine, {2: 13}) == [(13, "critical")]
     assert engine.node("n1").anomaly is not None  # the river models are on by default
 

@@ -9,7 +9,7 @@ import pytest
 
 from guard.cli import main
 from guard.config import ConfigError, Settings, load_settings
-from guard.detectors.engine import DetectionEngine
+from guard.detectors.core import MessageFeed
 from guard.streams.processing import engine_config_of
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "topology" / "example.yaml"
@@ -22,10 +22,10 @@ def test_a_topology_file_reaches_the_engine_and_the_default_infers_one(
     config.write_text(f'[fabric]\ntopology = "{EXAMPLE}"\nnodes_per_leaf = 4\n')
     cfg = engine_config_of(load_settings(config))
     assert cfg.topology is not None and cfg.topology.name == "example-2pod"
-    engine = DetectionEngine(cfg)
+    engine = MessageFeed(cfg)
     assert engine.fabric is not None and engine.fabric.topology is cfg.topology
     assert engine.fabric.nodes_per_leaf is None  # a file: nothing inferred
-    inferred = DetectionEngine(engine_config_of(settings)).fabric
+    inferred = MessageFeed(engine_config_of(settings)).fabric
     assert inferred is not None and inferred.topology is None and inferred.nodes_per_leaf == 32
     fabric = settings.fabric.fabric(["n2", "n1", "n3"])
     assert fabric.name == "inferred" and [n.name for n in fabric.nodes] == ["n1", "n2", "n3"]

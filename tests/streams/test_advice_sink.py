@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from guard.config import Settings
-from guard.detectors.path_advice import JobPattern, advise
 from guard.kafka import make_producer, produce
+from guard.planning.advice import JobPattern, advise
 from guard.schemas import Advice, CollectiveTiming, ConnectionStat, StepTiming
 from guard.schemas.topology import infer_topology
 from guard.streams.advisor import AdviceProducer
@@ -85,7 +85,7 @@ def test_advice_flows_from_the_topic_to_clickhouse_and_the_panel(
     best = max(advice, key=lambda a: a.expected_gain_pct)
     assert best.expected_gain_pct > 0
     assert by_job[best.job][cols.index("gain_pct")] == round(best.expected_gain_pct, 1)
-    assert "route_flow" in by_job[best.job][cols.index("apply")]
+    assert "nccl_env" in by_job[best.job][cols.index("apply")]  # settable on stock NCCL
 
 
 def _ring_step(job: str, ring: list[str], t: float, slow: tuple[str, str] | None) -> list[Any]:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from guard.config import FabricSettings
+from guard.planning.advice import JobPatterns
+from guard.schemas import Advice, NicSample
+from guard.schemas.topology import infer_topology
 from guard.streams.advisor import Advisor
 
 from .test_advice_sink import _ring_step
@@ -46,3 +49,51 @@ def test_a_silent_job_is_forgotten_and_its_advice_sent_again_if_it_returns() -> 
             advisor.update(m)
         sent += [a.job for a in advisor.due()]
     assert "job-a" in sent
+
+
+def _nic_samples(t: float, waits: dict[str, int]) -> list[NicSample]:
+    """Rail 0 of every node; ``waits``: the node's port_xmit_wait counter at ``t``."""
+    return [
+        NicSample(ts=t, node=node, job="job-a" if i % 2 == 0 else "job-b", device="mlx5_0",
+                  port=1, counters={"port_xmit_wait": waits[node]})
+        for i, node in enumerate(NODES)
+    ]  # fmt: skip
+
+
+def test_the_hot_spot_detector_feeds_the_plan_and_advice_follows_the_hot_set() -> None:
+    # four pods of four nodes; one uplink of pod0's rail-0 leaf runs at a quarter
+    topology = infer_topology(NODES, rails=8, nodes_per_leaf=4, spines=4).with_capacity(
+        {"pod0-rail0->spine0": 0.25}
+    )
+    fabric = FabricSettings(nodes_per_leaf=4, spines=4, advise_every_s=30, job_idle_s=10_000)
+    advisor = Advisor(fabric, topology)
+    advisor.patterns = JobPatterns(default_bytes=1e9)
+    counters = dict.fromkeys(NODES, 0)
+    sent: list[Advice] = []
+
+    def run(t0: int, t1: int, hot: bool) -> None:
+        for t in range(t0, t1, 10):
+            for node in NODES:  # pod0's NICs wait 20x the others while the leaf is hot
+                counters[node] += 10 * (200_000 if hot and node in NODES[:4] else 10_000)
+            for m in _ring_step("job-a", NODES[0::2], T0 + t, None):
+                advisor.update(m)
+            for m in _ring_step("job-b", NODES[1::2], T0 + t, None):
+                advisor.update(m)
+            for m in _nic_samples(T0 + t, counters):
+                advisor.update(m)
+            sent.extend(advisor.due())
+
+    def drains(advice: list[Advice]) -> set[str]:
+        return {a.target for adv in advice for a in adv.actions if a.action == "drain_uplink"}
+
+    run(0, 200, hot=False)
+    assert sent and not advisor.hot_leaves and not drains(sent)  # the file alone drains nothing
+    quiet = len(sent)
+    run(200, 500, hot=True)  # three 60 s windows hot in a row: the detector reports the leaf
+    assert advisor.hot_leaves == {"pod0-rail0"}
+    assert drains(sent[quiet:]) == {"pod0-rail0->spine0"}
+    assert all("detected hot pod0-rail0" in a.hot_links for a in sent[quiet:])
+    hot = len(sent)
+    run(500, 800, hot=False)  # it cools, the detector withdraws it: advice without the drain
+    assert not advisor.hot_leaves
+    assert sent[hot:] and not drains(sent[hot:])

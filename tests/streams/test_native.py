@@ -17,10 +17,10 @@ import pytest
 
 from guard.agents.simulator import ClusterSimulator, FaultSpec, SimConfig
 from guard.config import Settings
-from guard.detectors.engine import DetectionEngine
+from guard.detectors.core import MessageFeed
 from guard.detectors.fusion import PRIORITY
 from guard.kafka import create_topics, make_producer, produce
-from guard.schemas import GuardMessage
+from guard.schemas import Flag, GuardMessage
 
 from .test_faust_app import processed, read_flags, restored, streams_worker, wait_for
 
@@ -44,7 +44,7 @@ def scenario() -> list[GuardMessage]:
 
 
 def backtest_claims(messages: list[GuardMessage]) -> set[tuple[str, str]]:
-    engine = DetectionEngine()
+    engine = MessageFeed()
     flags = [f for m in messages for f in engine.update(m)]
     return {(f.node, f.category) for f in flags if f.severity != "info" and f.node}
 
@@ -132,3 +132,65 @@ def test_native_workers_match_backtest_one_or_two_and_resume(
     with streams_worker(kafka_settings, tmp_path / "again.log", "native", "one"):
         publish(kafka_settings, more)
         wait_for(lambda: restored(tmp_path / "again.log") > 0, tmp_path / "again.log", 60)
+
+
+def hung_job(start: float, ops: int, hang_at: int) -> list[GuardMessage]:
+    """A job of 8 ranks on 8 nodes, one all-reduce every 2 s; at op ``hang_at`` rank 5
+    never arrives, the other ranks enter the op and stay inside it, and the job sends
+    nothing more (they are stuck)."""
+    from guard.schemas import CollectiveTiming
+
+    out: list[GuardMessage] = []
+    for seq in range(ops):
+        t0 = start + 2.0 * seq
+        for rank in range(8):
+            if seq == hang_at and rank == 5:
+                continue
+            ended = seq < hang_at
+            out.append(
+                CollectiveTiming(
+                    ts=t0 + (0.6 if ended else 0.01 * rank),
+                    node=f"node-{rank:03d}",
+                    job="job-hang",
+                    rank=rank,
+                    comm="dp",
+                    op="allreduce",
+                    seq=seq,
+                    bytes=1 << 24,
+                    arrive_ts=t0 + 0.001 * rank,
+                    end_ts=t0 + 0.5 if ended else None,
+                )
+            )
+        if seq == hang_at:
+            break
+    return out
+
+
+@pytest.mark.slow
+def test_a_hang_is_found_alike_by_the_backtest_and_a_live_worker(
+    kafka_settings: Settings, tmp_path: Path
+) -> None:
+    """Hang checks run on each key's clock: in a backtest the input's event time tells the
+    silence of a hung job, in a live worker its own clock does. Both must find the same hang
+    (the same flag id: the same evidence, the same event time it began)."""
+    start = float(int(time.time()) - 300)
+    sim = ClusterSimulator(
+        SimConfig(nodes=8, duration_s=120, seed=9, start_ts=start, faults=[], random_faults=0)
+    )
+    messages = sorted([*sim.messages(), *hung_job(start + 10.0, 40, 20)], key=lambda m: m.ts)
+    feed = MessageFeed()
+    backtest = [f for m in messages for f in feed.update(m)] + feed.flush()
+    hangs = {f.id: (f.node, f.evidence.get("ranks_never_arrived")) for f in backtest}
+    hangs = {i: v for i, v in hangs.items() if v[1] is not None}
+    assert list(hangs.values()) == [("node-005", [5])], backtest
+
+    publish(kafka_settings, messages)
+    log = tmp_path / "hang.log"
+    with streams_worker(kafka_settings, log, "native", "hang") as worker:
+        wait_for(lambda: processed(log) >= len(messages) // 2, log, 120)
+        deadline = time.monotonic() + 90
+        live: list[Flag] = []
+        while time.monotonic() < deadline and not any(f.id in hangs for f in live):
+            live = read_flags(kafka_settings, want=10_000, timeout_s=3, worker=worker)
+    assert set(hangs) <= {f.id for f in live}, [f.id for f in live]
+    assert [f.category for f in live if f.id in hangs] == ["comm_hang"]

@@ -9,16 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from guard.detectors.findings import Finding
-from guard.streams.checkpoints import seal
-from guard.streams.processing import (
-    CHECKPOINT_FORMAT,
-    CHUNK_BYTES,
-    KeyedState,
+from guard.detectors.core import (
+    DetectionCore,
+    MemoryStore,
     decode_finding,
     encode_finding,
+    encode_findings,
     finding_key,
 )
+from guard.detectors.findings import Finding
+from guard.schemas import StepTiming, encode
+from guard.streams.checkpoints import seal
+from guard.streams.processing import CHECKPOINT_FORMAT, CHUNK_BYTES, KeyedState
 
 from .planted import RunsCommand
 
@@ -95,45 +97,50 @@ def test_findings_travel_as_json_and_are_keyed_by_their_node() -> None:
 
 
 class _Recorder:
-    """A detector partition that records the event times it is ticked at."""
+    """A job's detectors that record the event times they are ticked at."""
 
     def __init__(self) -> None:
         self.ticks: list[float] = []
+
+    def update(self, message: object) -> list[Finding]:
+        return []
 
     def tick(self, now: float) -> list[Finding]:
         self.ticks.append(now)
         return []
 
 
-def test_each_key_is_ticked_on_its_own_event_time() -> None:
-    from guard.streams.processing import EventClock
+def _recording_core() -> DetectionCore:
+    def stores(table: str, make: object) -> MemoryStore:
+        return MemoryStore(table, (lambda key: _Recorder()) if table == "job-detectors" else make)  # type: ignore[arg-type]
 
-    state = KeyedState(make=lambda key: _Recorder(), every_s=3600)
-    slow, fast = state.get("job-slow", 0), state.get("job-fast", 1)
-    clock = EventClock(state, tick_s=5.0)
-    clock.advance({"job-slow": 100.0, "job-fast": 100.0})
+    return DetectionCore(stores=stores)
+
+
+def _step(job: str, ts: float, partition: int = 0) -> tuple[int, str, bytes]:
+    message = StepTiming(ts=ts, node="n1", job=job, rank=0, step=int(ts), step_s=1.0)
+    return (partition, "step", encode(message))
+
+
+def test_each_key_is_ticked_on_its_own_event_time() -> None:
+    core = _recording_core()
+    core.step([_step("job-slow", 100.0), _step("job-fast", 100.0, 1)], wall=0.0)
     # job-fast's partition runs 60 s of event time ahead: job-slow must not be judged by it
-    clock.advance({"job-fast": 160.0})
-    clock.advance({"job-slow": 103.0})
+    core.step([_step("job-fast", 160.0, 1)], wall=0.1)
+    core.step([_step("job-slow", 103.0)], wall=0.2)
+    slow, fast = (core.parts("jobs")[k] for k in ("job-slow", "job-fast"))
     assert slow.ticks == [100.0]
     assert fast.ticks == [100.0, 160.0]
-    clock.advance({"job-slow": 106.0})
+    core.step([_step("job-slow", 106.0)], wall=0.3)
     assert slow.ticks == [100.0, 106.0]
 
 
-def test_a_silent_key_follows_the_wall_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    from guard.streams import processing
-    from guard.streams.processing import EventClock
-
-    state = KeyedState(make=lambda key: _Recorder(), every_s=3600)
-    hung = state.get("job-hung", 0)
-    clock = EventClock(state, tick_s=5.0)
-    now = [1000.0]
-    monkeypatch.setattr(processing.time, "monotonic", lambda: now[0])
-    clock.advance({"job-hung": 50.0})
-    assert clock.idle() == [] and hung.ticks == [50.0]  # not idle yet
-    now[0] += 30.0  # 30 s of wall time without a message from this job
-    clock.idle()
+def test_a_silent_key_follows_the_runner_s_clock() -> None:
+    core = _recording_core()
+    core.step([_step("job-hung", 50.0)], wall=1000.0)
+    hung = core.parts("jobs")["job-hung"]
+    assert core.idle(1001.0) == [] and hung.ticks == [50.0]  # not idle yet
+    core.idle(1030.0)  # 30 s on the runner's clock without a message from this job
     assert hung.ticks == [50.0, 80.0]
 
 
@@ -182,12 +189,8 @@ def test_real_detector_state_round_trips_through_the_restricted_unpickler() -> N
     like the original (a simulated cluster with faults, so the rarer detectors hold state)."""
     from guard.agents.simulator.cluster import ClusterSimulator
     from guard.agents.simulator.config import FaultSpec, SimConfig
-    from guard.detectors.engine import EngineConfig
     from guard.detectors.signal_anomaly import SignalAnomalyDetector
-    from guard.schemas import encode
-    from guard.schemas.topics import TOPIC_BY_KIND
     from guard.streams.checkpoints import unseal
-    from guard.streams.processing import FusionProcessor, StreamsCounters, TelemetryProcessor
 
     config = SimConfig(
         nodes=4,
@@ -196,36 +199,43 @@ def test_real_detector_state_round_trips_through_the_restricted_unpickler() -> N
         random_faults=3,
         faults=[FaultSpec(kind="slow_gpu", node="node-001", gpu=2, onset_s=60)],
     )
-    kinds = {TOPIC_BY_KIND[k]: k for k in ("gpu", "nic", "step", "collective")}
 
-    def pipeline() -> tuple[TelemetryProcessor, TelemetryProcessor, FusionProcessor]:
-        counters = StreamsCounters()
-        return (
-            TelemetryProcessor("node", kinds, EngineConfig(), 1e9, counters),
-            TelemetryProcessor("job", kinds, EngineConfig(), 1e9, counters),
-            FusionProcessor(1e9, counters),
-        )
-
-    def run(procs: tuple[TelemetryProcessor, ...], messages: list[object]) -> list[object]:
-        node, job, fusion = procs
-        records = [(TOPIC_BY_KIND[m.kind], 0, encode(m)) for m in messages]  # type: ignore[attr-defined]
-        found = node.process([r for r in records if r[0] in ("gpu", "nic")])[0]
-        found += job.process([r for r in records if r[0] not in ("gpu", "nic")])[0]
-        flags = fusion.process([(finding_key(f).encode(), 0, encode_finding(f)) for f in found])  # type: ignore[attr-defined]
+    def run(core: DetectionCore, messages: list[object]) -> list[object]:
+        records = [(0, m.kind, encode(m)) for m in messages]  # type: ignore[attr-defined]
+        found = core.step(records, wall=0.0).findings
+        flags = core.step((), encode_findings(found), wall=0.0).flags
         return [*found, *flags]
 
     messages = list(ClusterSimulator(config).messages())
     cut = len(messages) * 2 // 3
-    original = pipeline()
+    original = DetectionCore()
     run(original, messages[:cut])
-    restored = pipeline()
+    restored = DetectionCore()
     tables = 0
-    for was, now in zip((p.state for p in original), (p.state for p in restored), strict=True):
+    for was, now in (
+        (original.nodes, restored.nodes),
+        (original.jobs, restored.jobs),
+        (original.fusion, restored.fusion),
+    ):
         for key, (obj, partition) in was.live.items():
             now.live[key] = (unseal(SECRET, key, seal(SECRET, key, obj)), partition)
             tables += 1
     assert tables >= 4 + 1 + 1  # the nodes, the job, fusion of the nodes with findings
     assert run(restored, messages[cut:]) == run(original, messages[cut:]) != []
+
+    # river's EW statistics (the peer-anomaly baselines) keep their state in its Rust
+    # extension: a job's checkpoint holding them was refused after a restart before
+    from guard.detectors.peer_anomaly import _Baseline
+
+    baseline = _Baseline(0.1)
+    for score in (0.2, 0.3, 0.25):
+        baseline.learn(score)
+    back_baseline = unseal(SECRET, "job-a", seal(SECRET, "job-a", baseline))
+    assert (back_baseline.mean.get(), back_baseline.var.get(), back_baseline.seen) == (
+        baseline.mean.get(),
+        baseline.var.get(),
+        3,
+    )
 
     anomaly = SignalAnomalyDetector(window=50, grace=20, hold=2)
     for i in range(100):
@@ -238,20 +248,19 @@ def test_real_detector_state_round_trips_through_the_restricted_unpickler() -> N
 
 
 def test_records_on_the_findings_topic_that_are_not_findings_are_dead_letters() -> None:
-    from guard.streams.processing import FusionProcessor, StreamsCounters
-
     good = Finding("xid", "gpu_error", "critical", "n1", 10.0, 10.0, 1.0, gpu=3)
     records = [
-        (b"n1", 0, b"\xff not json"),
-        (b"n1", 0, b'{"detector": "x"}'),  # fields missing
-        (b"n1", 0, encode_finding(good).replace(b'"gpu_error"', b'"rootkit"')),
-        (b"n1", 0, encode_finding(good).replace(b'"ts":10.0', b'"ts":"soon"')),
-        (b"n1", 0, b"[" * 100_000),  # deep nesting
-        (b"\xff\xfe", 0, encode_finding(good)),  # a key that is not UTF-8
-        (b"n1", 0, encode_finding(good)),
+        (0, b"n1", b"\xff not json"),
+        (0, b"n1", b'{"detector": "x"}'),  # fields missing
+        (0, b"n1", encode_finding(good).replace(b'"gpu_error"', b'"rootkit"')),
+        (0, b"n1", encode_finding(good).replace(b'"ts":10.0', b'"ts":"soon"')),
+        (0, b"n1", b"[" * 100_000),  # deep nesting
+        (0, b"\xff\xfe", encode_finding(good)),  # a key that is not UTF-8
+        (0, b"n1", encode_finding(good)),
     ]
-    counters = StreamsCounters()
-    flags, bad = FusionProcessor(3600, counters).process(records)
+    core = DetectionCore()
+    out = core.step((), records, wall=0.0)
+    flags, bad, counters = out.flags, out.bad_findings, core.counters
     assert [i for i, _ in bad] == [0, 1, 2, 3, 4, 5]
     assert all(str(error) for _, error in bad)
     assert "category" in str(bad[2][1]) and "ts" in str(bad[3][1])
@@ -295,10 +304,8 @@ def test_batched_records_give_the_same_findings_and_flags_as_their_singles() -> 
     per interval, per node per step), through the node, job and fusion processors."""
     from guard.agents.simulator.cluster import ClusterSimulator
     from guard.agents.simulator.config import FaultSpec, SimConfig
-    from guard.detectors.engine import EngineConfig
-    from guard.schemas import batch_messages, encode
-    from guard.schemas.topics import TOPIC_BY_KIND
-    from guard.streams.processing import FusionProcessor, StreamsCounters, TelemetryProcessor
+    from guard.detectors.core import CoreCounters
+    from guard.schemas import batch_messages
 
     config = SimConfig(
         nodes=4,
@@ -307,23 +314,20 @@ def test_batched_records_give_the_same_findings_and_flags_as_their_singles() -> 
         random_faults=3,
         faults=[FaultSpec(kind="slow_gpu", node="node-001", gpu=2, onset_s=60)],
     )
-    kinds = {TOPIC_BY_KIND[k]: k for k in ("gpu", "nic", "step", "collective")}
+    single_of = {"gpu_batch": "gpu", "nic_batch": "nic", "step_batch": "step"}
+    single_of["collective_batch"] = "collective"
 
-    def run(ticks: list[list[object]]) -> tuple[list[bytes], list[bytes], StreamsCounters]:
-        counters = StreamsCounters()
-        node = TelemetryProcessor("node", kinds, EngineConfig(), 1e9, counters)
-        job = TelemetryProcessor("job", kinds, EngineConfig(), 1e9, counters)
-        fusion = FusionProcessor(1e9, counters)
+    def run(ticks: list[list[object]]) -> tuple[list[bytes], list[bytes], CoreCounters]:
+        core = DetectionCore()
         found, flags = [], []
-        for tick in ticks:  # one batch of records per sampling tick, as a worker sees them
-            records = [(TOPIC_BY_KIND[m.kind], 0, encode(m)) for m in tick]  # type: ignore[attr-defined]
-            new = node.process([r for r in records if r[0] in ("gpu", "nic")])[0]
-            new += job.process([r for r in records if r[0] not in ("gpu", "nic")])[0]
-            found += new
-            flags += fusion.process([(finding_key(f).encode(), 0, encode_finding(f)) for f in new])[
-                0
-            ]
-        return sorted(map(encode_finding, found)), sorted(map(encode, flags)), counters
+        for n, tick in enumerate(ticks):  # a batch of records per sampling tick, as in a worker
+            records = [(0, single_of.get(m.kind, m.kind), encode(m)) for m in tick]  # type: ignore[attr-defined]
+            out = core.step(records, encode_findings(found[-1] if found else []), wall=float(n))
+            found.append(out.findings)
+            flags += out.flags
+        flags += core.step((), encode_findings(found[-1]), wall=float(len(ticks))).flags
+        every = [f for batch in found for f in batch]
+        return sorted(map(encode_finding, every)), sorted(map(encode, flags)), core.counters
 
     ticks = list(ClusterSimulator(config).batches())
     singles = run(ticks)  # type: ignore[arg-type]

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import json
 import random
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from guard.detectors.path_advice import JobPattern, advise
-from guard.detectors.paths import (
+from guard.planning.advice import (
+    JobPattern,
+    advise,
+    cross_leaf_connections,
+    leaf_ring_order,
+)
+from guard.planning.paths import (
     Fabric,
     ecmp_routes,
     evaluate_routes,
@@ -163,7 +172,13 @@ def test_advice_has_the_plan_the_gain_and_operator_actions() -> None:
     assert max(gains) > 0 and min(gains) >= -1e-9
     improved = next(a for a in advice if a.expected_gain_pct > 3)
     assert improved.planned_allreduce_s < improved.ecmp_allreduce_s
-    assert any(a.action == "route_flow" for a in improved.actions)
+    # stock NCCL cannot steer queue pairs: the plan is applied only where steering exists
+    assert not any(a.action == "route_flow" for a in improved.actions)
+    steered = advise(topo, jobs, ts=1_700_000_000.0, steering=True)
+    route = next(a for a in steered if a.job == improved.job).actions[0]
+    assert route.action == "route_flow" and "modified collective library" in route.why
+    # nothing drains an uplink from the topology file alone: the detector must have seen it
+    assert not any(a.action == "drain_uplink" for adv in advice for a in adv.actions)
     # the plan lists the flows it moves off their ECMP spine
     assert improved.moved_flows == len(improved.plan) > 0
     assert all(p.spine and p.spine != p.ecmp_spine for p in improved.plan)
@@ -180,7 +195,7 @@ def test_advice_has_the_plan_the_gain_and_operator_actions() -> None:
 
 def test_job_patterns_from_simulated_telemetry_feed_the_advice() -> None:
     from guard.agents.simulator import ClusterSimulator, SimConfig
-    from guard.detectors.path_advice import JobPatterns
+    from guard.planning.advice import JobPatterns
     from guard.schemas import CollectiveTiming, StepTiming
 
     sim = ClusterSimulator(SimConfig(nodes=8, duration_s=60.0, seed=3, start_ts=1_700_000_000.0))
@@ -223,3 +238,83 @@ def test_a_full_plan_fits_in_one_message() -> None:
         plan=plan,
     )
     assert len(encode(advice)) < MAX_MESSAGE_BYTES
+
+
+def test_stock_actions_say_what_applies_them_when_and_where() -> None:
+    topo = _cluster()
+    free = [n.name for n in topo.nodes]
+    random.Random(0).shuffle(free)
+    # ranks in the scheduler's order, ignoring the pods: most ring hops cross the spines
+    jobs = [JobPattern(f"job-{j}", tuple(free[j * 8 : (j + 1) * 8]), 1e9) for j in range(8)]
+    advice = advise(topo, jobs, ts=1.0)
+    kinds = {a.action for adv in advice for a in adv.actions}
+    assert {"nccl_env", "place_ranks"} <= kinds
+    env = next(a for adv in advice for a in adv.actions if a.action == "nccl_env")
+    assert env.value in {
+        f"NCCL_IB_QPS_PER_CONNECTION={q} NCCL_IB_SPLIT_DATA_ON_QPS=1" for q in (2, 4)
+    }
+    assert "next restart" in env.why and "ECMP" in env.why
+    for adv, job in zip(advice, jobs, strict=True):
+        place = next((a for a in adv.actions if a.action == "place_ranks"), None)
+        if place is None:
+            continue
+        order = place.value.split(",")
+        assert sorted(order) == sorted(job.nodes)  # the same hosts, re-ordered
+        assert cross_leaf_connections(topo, order) < cross_leaf_connections(topo, job.nodes)
+        assert "SLURM_HOSTFILE" in place.why and "next restart" in place.why
+    # a job already in leaf order is not told to move
+    tidy = [JobPattern(j.job, leaf_ring_order(topo, j.nodes), 1e9) for j in jobs]
+    assert not any(
+        a.action == "place_ranks" for adv in advise(topo, tidy, 1.0) for a in adv.actions
+    )
+
+
+def test_a_hot_leaf_seen_by_the_detector_drains_its_degraded_uplink_or_asks_to_inspect() -> None:
+    topo = infer_topology(["a", "b"], rails=1, nodes_per_leaf=1, spines=2, uplink_gbps=400)
+    # ECMP keeps half of 8 QPs on the quarter-speed uplink
+    slow = topo.with_capacity({"pod0-rail0->spine0": 0.25})
+    job = [JobPattern("j", ("a", "b"), 1e9, qps_per_connection=8)]
+    quiet = advise(slow, job, ts=1.0)[0]
+    assert not any(a.action in ("drain_uplink", "inspect_leaf") for a in quiet.actions)
+    seen = advise(slow, job, ts=1.0, hot_leaves={"pod0-rail0"})[0]
+    drain = next(a for a in seen.actions if a.action == "drain_uplink")
+    assert drain.target == "pod0-rail0->spine0" and "detector saw pod0-rail0 hot" in drain.why
+    assert "apply: now" in drain.why
+    assert "detected hot pod0-rail0" in seen.hot_links
+    # hot, but no uplink of it known to be slow: look at its ports, drain nothing
+    healthy = advise(topo, job, ts=1.0, hot_leaves={"pod0-rail0", "elsewhere"})[0]
+    assert [(a.action, a.target) for a in healthy.actions] == [("inspect_leaf", "pod0-rail0")]
+
+
+@pytest.fixture(scope="module")
+def bench() -> Any:
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "paths.py"
+    spec = importlib.util.spec_from_file_location("paths_benchmark", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_balls_into_bins_expectation_is_exact(bench: Any) -> None:
+    assert bench.expected_max_load(2, 2) == pytest.approx(1.5)
+    # 3 into 3: all apart 6/27 (max 1), all together 3/27 (max 3), else max 2
+    assert bench.expected_max_load(3, 3) == pytest.approx((6 + 2 * 18 + 3 * 3) / 27)
+    assert bench.expected_max_load(16, 16) == pytest.approx(3.08, abs=0.01)
+
+
+def test_benchmark_judges_every_routing_on_the_independent_model(bench: Any) -> None:
+    args = argparse.Namespace(
+        message_mb=64.0, job_nodes=8, comm_share=0.3, seeds=2, steps=3, ring_order="random",
+        phase="random", channels=1,
+    )  # fmt: skip
+    topo = bench.cluster(256, 8, 8)
+    healthy = bench.run_level(args, topo, 4)
+    assert set(healthy) == {v[0] for v in bench.VARIANTS}
+    assert all(r["ar"] >= 1 - 1e-9 and r["step"] >= 1 - 1e-9 for r in healthy.values())
+    assert healthy["ecmp q1"]["gain"] == 0
+    assert healthy["adaptive"]["ar"] == pytest.approx(1.0)  # non-blocking, spread by capacity
+    assert healthy["ecmp q1"]["ar"] > healthy["placement q1"]["ar"]  # random rank order
+    degraded = bench.run_level(args, topo.with_capacity({"pod0-rail0->spine0": 0.5}), 4)
+    assert {"drain q1", "drain q4"} <= set(degraded)

@@ -176,7 +176,13 @@ class Fabric:
 
 
 def roce_source_port(flow: Flow) -> int:
-    """The UDP source port of the flow's queue pair (RoCE v2 derives it from the QP number)."""
+    """A stand-in for the UDP source port of the flow's queue pair.
+
+    The real one comes from the two QP numbers (the Linux RDMA core's
+    ``rdma_get_udp_sport``), which the planner does not see: this deterministic draw only
+    makes its ECMP prediction (and so ``ecmp_spine`` in a plan, and the gains the advice
+    quotes) a plausible sample of random hashing, not the spine a switch will pick.
+    """
     key = f"{flow.job}\x1f{flow.src}\x1f{flow.dst}\x1f{flow.rail}\x1f{flow.qp}".encode()
     qpn = int.from_bytes(hashlib.blake2b(key, digest_size=3).digest(), "big")
     return 0xC000 | ((qpn ^ (qpn >> 14)) & 0x3FFF)

@@ -1,0 +1,552 @@
+"""The detection core: what ``guard backtest``, the native worker and the faust app all run.
+
+One :class:`DetectionCore` owns the detection state of the partitions its runner holds: the
+router (node telemetry to the node's detectors, rank telemetry to the job's, NIC samples
+also to the partition's fabric detector), one event clock per key, the detectors, and the
+fusion of findings into flags. Every runner calls it the same way, with one verb:
+
+``out = core.step(telemetry, findings, wall)``
+
+* ``telemetry``: ``(partition, kind, value)`` records — the raw bytes of telemetry records
+  (single or batch kinds); ``kind`` is the kind the topic carries, or ``None`` (a line of a
+  file: any kind);
+* ``findings``: ``(partition, key, value)`` records of the internal findings topic;
+* ``wall``: the runner's clock, in seconds. A worker passes ``time.monotonic()``; a backtest
+  passes its input's event-time watermark, which is what a live run at real-time pace would
+  read on its clock. That clock is the only thing that tells silence (a hung job, a GPU
+  that stopped reporting) from a job that is merely between messages.
+
+``out.findings`` go to fusion by their key (:func:`finding_key`): a worker produces them to
+the findings topic, whose partition of a node's key is that node's telemetry partition (its
+fusion state lives with it); a backtest hands them to the next ``step`` itself — the same
+records, through the same encoder (:func:`encode_findings`). ``out.flags`` are the flags of
+the findings it fused, ``out.bad`` and ``out.bad_findings`` the batch positions of records
+that were not valid (for the dead-letter topic).
+
+**Clocks.** Each key (a node, a job, a partition's fabric) is judged on its own event time:
+partitions and topics are consumed at their own paces, so one job's messages can run seconds
+ahead of another's, and ticking a job with another's time would make its in-flight collectives
+look hung. A key's time-driven checks (hangs, lost GPUs) run every ``tick_s`` of its own time;
+a key without input for ``idle_after_s`` on the runner's clock has its time follow that clock
+(:meth:`DetectionCore.idle`), so a job that stopped sending is still noticed.
+
+**State.** Keys live in three tables (node detectors, job detectors, fusion), each a
+:class:`PartStore` the runner gives: :class:`MemoryStore` for a backtest; a worker's store
+checkpoints each key to a changelog and forgets what a rebalance moves away.
+
+Example
+-------
+>>> from guard.schemas import GpuSample, encode
+>>> from guard.detectors.core import DetectionCore
+>>> core = DetectionCore()
+>>> flags = []
+>>> for t in range(6):
+...     records = [(0, "gpu", encode(GpuSample(ts=100.0 + 10 * t, node="n1", gpu=g, temp_c=60.0,
+...                 xid=48 if (g == 3 and t == 2) else None))) for g in range(8)]
+...     out = core.step(records, pending if t else [], wall=100.0 + 10 * t)
+...     pending = encode_findings(out.findings)
+...     flags += out.flags
+>>> flags += core.step([], pending, wall=160.0).flags
+>>> [(f.node, f.gpu, f.category, f.severity) for f in flags]
+[('n1', 3, 'gpu_error', 'critical')]
+
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, fields
+from functools import partial
+from typing import Any, Protocol
+
+from guard.schemas import Finding as FindingRecord
+from guard.schemas import (
+    Flag,
+    GuardMessage,
+    NicSample,
+    SchemaError,
+    decode,
+    encode,
+)
+from guard.schemas.sample_decoder import decode_samples, parse_samples
+
+from .engine import FABRIC_KEY, EngineConfig, JobDetectors, NodeDetectors, fabric_detector
+from .findings import Finding
+from .fusion import JobFusion, NodeFusion
+
+__all__ = [
+    "TABLES",
+    "CoreCounters",
+    "CoreOutput",
+    "DetectionCore",
+    "MemoryStore",
+    "MessageFeed",
+    "PartStore",
+    "decode_finding",
+    "encode_finding",
+    "encode_findings",
+    "finding_key",
+]
+
+#: The core's tables, by the changelog name a worker keeps them under.
+TABLES = ("node-detectors", "job-detectors", "fusion")
+
+#: (partition, kind or None, value) of one telemetry record; the value is its bytes, or the
+#: samples of a record its runner decoded already
+TelemetryRecord = tuple[int, str | None, Any]
+#: (partition, key, value) of one record of the findings topic
+FindingRecordIn = tuple[int, bytes, bytes]
+
+_NODE_KINDS = frozenset({"gpu", "nic"})
+_JOB_KINDS = frozenset({"step", "collective"})
+
+
+@dataclass
+class CoreCounters:
+    """What a core did, for progress lines, benchmarks and ``/metrics``."""
+
+    telemetry: int = 0  # records (a batch is one)
+    samples: int = 0  # single samples, a batch counted by its entries
+    findings: int = 0
+    flags: int = 0
+    dead_letters: int = 0
+    kinds: Counter[str] = field(default_factory=Counter)  # valid records by kind
+    flag_classes: Counter[tuple[str, str]] = field(default_factory=Counter)  # category, severity
+    dead_reasons: Counter[str] = field(default_factory=Counter)  # the runner fills it
+
+    def totals(self) -> dict[str, int]:
+        """The running totals of a progress line."""
+        return {
+            "telemetry": self.telemetry,
+            "samples": self.samples,
+            "findings": self.findings,
+            "flags": self.flags,
+            "dead_letters": self.dead_letters,
+        }
+
+
+class PartStore(Protocol):
+    """Live state objects per key, each with the partition it came from."""
+
+    live: dict[str, tuple[Any, int]]
+
+    def get(self, key: str, partition: int) -> Any: ...
+
+    def checkpoint_due(self, keys: Iterable[str], force: bool = False) -> int: ...
+
+    def forget(self, partitions: set[int]) -> list[str]: ...
+
+    def expire(self, idle_s: float) -> list[str]: ...
+
+
+#: (table name, factory of a key's cold state) -> the store of that table
+StoreFactory = Callable[[str, Callable[[str], Any]], PartStore]
+
+
+class MemoryStore:
+    """A table in memory, never checkpointed (a backtest's)."""
+
+    def __init__(self, table: str, make: Callable[[str], Any]) -> None:
+        self.table = table
+        self.make = make
+        self.live: dict[str, tuple[Any, int]] = {}
+
+    def get(self, key: str, partition: int) -> Any:
+        entry = self.live.get(key)
+        if entry is None or entry[1] != partition:
+            entry = self.live[key] = (self.make(key), partition)
+        return entry[0]
+
+    def checkpoint_due(self, keys: Iterable[str], force: bool = False) -> int:
+        return 0
+
+    def forget(self, partitions: set[int]) -> list[str]:
+        gone = [k for k, (_, p) in self.live.items() if p in partitions]
+        for key in gone:
+            del self.live[key]
+        return gone
+
+    def expire(self, idle_s: float) -> list[str]:
+        return []
+
+
+@dataclass
+class CoreOutput:
+    """What one :meth:`DetectionCore.step` made."""
+
+    findings: list[Finding] = field(default_factory=list)
+    flags: list[Flag] = field(default_factory=list)
+    bad: list[tuple[int, SchemaError]] = field(default_factory=list)
+    bad_findings: list[tuple[int, SchemaError]] = field(default_factory=list)
+
+
+class _KeyClock:
+    """Event time of each key of one table: newest seen, when (runner's clock), last tick."""
+
+    __slots__ = ("last_tick", "newest", "seen_at")
+
+    def __init__(self) -> None:
+        self.newest: dict[str, float] = {}
+        self.seen_at: dict[str, float] = {}
+        self.last_tick: dict[str, float] = {}
+
+    def forget(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self.newest.pop(key, None)
+            self.seen_at.pop(key, None)
+            self.last_tick.pop(key, None)
+
+
+class DetectionCore:
+    """The detection state of a runner's partitions, and the one verb that moves it."""
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        stores: StoreFactory | None = None,
+        counters: CoreCounters | None = None,
+        idle_after_s: float = 2.0,
+    ) -> None:
+        self.config = cfg = config or EngineConfig()
+        make = stores or MemoryStore
+        self.nodes = make("node-detectors", self._make_node)
+        self.jobs = make("job-detectors", partial(_make_job, cfg))
+        self.fusion = make("fusion", _make_fusion)
+        self.counters = counters or CoreCounters()
+        self.idle_after_s = idle_after_s
+        self.tick_s = cfg.tick_s
+        self.fabric = cfg.fabric and cfg.node_telemetry
+        self.clocks = {"node": _KeyClock(), "job": _KeyClock()}
+
+    def _make_node(self, key: str) -> Any:
+        if key.startswith(FABRIC_KEY):
+            return fabric_detector(self.config)
+        return NodeDetectors(key, self.config)
+
+    # -- the verb --------------------------------------------------------------------------
+
+    def step(
+        self,
+        telemetry: Iterable[TelemetryRecord] = (),
+        findings: Iterable[FindingRecordIn] = (),
+        wall: float = 0.0,
+    ) -> CoreOutput:
+        """One batch: telemetry to the detectors, findings to fusion (see the module doc)."""
+        out = CoreOutput()
+        out.flags, out.bad_findings = self._fuse(findings)
+        out.findings, out.bad = self._detect(telemetry, wall)
+        return out
+
+    def idle(self, wall: float) -> list[Finding]:
+        """Time-driven checks of keys without input for ``idle_after_s`` on the runner's
+        clock, at their event time plus that silence."""
+        found: list[Finding] = []
+        for level, store in (("node", self.nodes), ("job", self.jobs)):
+            clock = self.clocks[level]
+            for key, seen in list(clock.seen_at.items()):
+                silent = wall - seen
+                if silent >= self.idle_after_s and key in store.live:
+                    found += self._tick(store, clock, key, clock.newest[key] + silent)
+        self.counters.findings += len(found)
+        return found
+
+    def flush(self) -> list[Finding]:
+        """End of input: what every key still has pending."""
+        found: list[Finding] = []
+        for store in (self.nodes, self.jobs):
+            for obj, _ in store.live.values():
+                found += obj.flush()
+        self.counters.findings += len(found)
+        return found
+
+    def forget(self, partitions: set[int]) -> None:
+        """Checkpoint, then drop, the keys of ``partitions`` (they moved to another worker)."""
+        for level, store in (("node", self.nodes), ("job", self.jobs)):
+            self.clocks[level].forget(store.forget(partitions))
+        self.fusion.forget(partitions)
+
+    def expire(self, idle_s: float) -> int:
+        """Drop keys idle for ``idle_s`` (the store says which); returns how many."""
+        gone = 0
+        for level, store in (("node", self.nodes), ("job", self.jobs)):
+            keys = store.expire(idle_s)
+            self.clocks[level].forget(keys)
+            gone += len(keys)
+        return gone + len(self.fusion.expire(idle_s))
+
+    def parts(self, table: str) -> dict[str, Any]:
+        """The live state objects of ``"nodes"``, ``"jobs"``, ``"fabric"`` or ``"fusion"``."""
+        store = {"nodes": self.nodes, "fabric": self.nodes, "jobs": self.jobs}.get(table)
+        if store is None:
+            return {k: obj for k, (obj, _) in self.fusion.live.items()}
+        fabric = table == "fabric"
+        return {k: o for k, (o, _) in store.live.items() if k.startswith(FABRIC_KEY) == fabric}
+
+    def state_bytes(self) -> dict[str, int]:
+        """Pickled size of each table's state (and the fabric's apart), for the state budget."""
+
+        def size(objs: dict[str, Any]) -> int:
+            return sum(len(pickle.dumps(o, pickle.HIGHEST_PROTOCOL)) for o in objs.values())
+
+        return {table: size(self.parts(table)) for table in ("nodes", "jobs", "fusion", "fabric")}
+
+    # -- detection -------------------------------------------------------------------------
+
+    def _detect(
+        self, records: Iterable[TelemetryRecord], wall: float
+    ) -> tuple[list[Finding], list[tuple[int, SchemaError]]]:
+        found: list[Finding] = []
+        bad: list[tuple[int, SchemaError]] = []
+        latest: dict[str, dict[str, float]] = {"node": {}, "job": {}}
+        n = -1
+        for n, (partition, kind, value) in enumerate(records):
+            try:
+                record_kind, singles = _decode(value, kind)
+            except SchemaError as exc:
+                bad.append((n, exc))
+                continue
+            self.counters.kinds[record_kind] += 1
+            found += self._route(singles, partition, latest)
+        counters = self.counters
+        counters.telemetry += n + 1
+        counters.dead_letters += len(bad)
+        for level, store in (("node", self.nodes), ("job", self.jobs)):
+            newest = latest[level]
+            if newest:
+                store.checkpoint_due(newest)
+                found += self._advance(store, self.clocks[level], newest, wall)
+        counters.findings += len(found)
+        return found, bad
+
+    def _route(
+        self, singles: Sequence[GuardMessage], partition: int, latest: dict[str, dict[str, float]]
+    ) -> list[Finding]:
+        """One record's samples (a batch's share its node and job) to their key's detectors."""
+        first = singles[0]
+        kind = first.kind
+        self.counters.samples += len(singles)
+        if kind in _NODE_KINDS:
+            level, key = "node", first.node
+            if not self.config.node_telemetry:
+                return []
+            store = self.nodes
+        elif kind in _JOB_KINDS and first.job is not None:
+            level, key = "job", first.job
+            store = self.jobs
+        else:
+            return []
+        detectors = store.get(key, partition)
+        found: list[Finding] = []
+        newest = latest[level].get(key, 0.0)
+        for single in singles:
+            found += detectors.update(single)
+            newest = max(newest, single.ts)
+        latest[level][key] = newest
+        if kind == "nic" and self.fabric:
+            found += self._fabric(singles, partition, detectors, latest["node"])
+        return found
+
+    def _fabric(
+        self,
+        samples: Sequence[GuardMessage],
+        partition: int,
+        node: NodeDetectors,
+        latest: dict[str, float],
+    ) -> list[Finding]:
+        """NIC samples to the partition's fabric detector, with the increases their node's
+        NIC detector read from them."""
+        key = f"{FABRIC_KEY}{partition}"
+        detector = self.nodes.get(key, partition)
+        if detector.topology is None:  # not pickled with it: a restored one gets it back
+            detector.topology = self.config.topology
+        found: list[Finding] = []
+        for sample in samples:
+            assert isinstance(sample, NicSample)
+            found += detector.add(sample, node.nic.increase(sample))
+            latest[key] = max(latest.get(key, 0.0), sample.ts)
+        return found
+
+    def _advance(
+        self, store: PartStore, clock: _KeyClock, latest: dict[str, float], wall: float
+    ) -> list[Finding]:
+        """Move each key's event time to the newest it saw; tick those due."""
+        found: list[Finding] = []
+        for key, ts in latest.items():
+            if ts <= clock.newest.get(key, 0.0):
+                continue
+            clock.newest[key] = ts
+            clock.seen_at[key] = wall
+            if ts - clock.last_tick.get(key, 0.0) >= self.tick_s:
+                found += self._tick(store, clock, key, ts)
+        return found
+
+    @staticmethod
+    def _tick(store: PartStore, clock: _KeyClock, key: str, now: float) -> list[Finding]:
+        clock.last_tick[key] = now
+        entry = store.live.get(key)
+        return entry[0].tick(now) if entry is not None else []
+
+    # -- fusion ----------------------------------------------------------------------------
+
+    def _fuse(
+        self, records: Iterable[FindingRecordIn]
+    ) -> tuple[list[Flag], list[tuple[int, SchemaError]]]:
+        """Findings off the findings topic, in event-time order, through their key's fusion."""
+        decoded: list[tuple[Finding, str, int]] = []
+        bad: list[tuple[int, SchemaError]] = []
+        for n, (partition, raw_key, value) in enumerate(records):
+            try:
+                decoded.append((decode_finding(value), raw_key.decode(), partition))
+            except (SchemaError, UnicodeDecodeError) as exc:
+                bad.append((n, exc if isinstance(exc, SchemaError) else SchemaError(str(exc))))
+        decoded.sort(key=lambda item: item[0].ts)
+        flags: list[Flag] = []
+        for finding, key, partition in decoded:
+            flag = self.fusion.get(key, partition).update(finding)
+            if flag is not None:
+                flags.append(flag)
+        if decoded:
+            self.fusion.checkpoint_due({key for _, key, _ in decoded})
+        counters = self.counters
+        counters.flags += len(flags)
+        counters.flag_classes.update((f.category, f.severity) for f in flags)
+        counters.dead_letters += len(bad)
+        return flags, bad
+
+
+def _decode(value: Any, kind: str | None) -> tuple[str, Sequence[GuardMessage]]:
+    """A telemetry record's kind and samples; ``kind`` None: any kind (a line of a file).
+    A record its runner decoded already (a backtest that merged files) is its samples."""
+    if isinstance(value, list):
+        return (value[0].kind if len(value) == 1 else f"{value[0].kind}_batch"), value
+    if kind is None:
+        singles = parse_samples(value or b"")
+        if not singles:
+            raise SchemaError("not a telemetry record", kind=None)
+        return (singles[0].kind if len(singles) == 1 else f"{singles[0].kind}_batch"), singles
+    found: tuple[str, Sequence[GuardMessage]] = decode_samples(value or b"", kind)
+    return found
+
+
+def _make_job(config: EngineConfig, key: str) -> JobDetectors:
+    return JobDetectors(key, config)
+
+
+def _make_fusion(key: str) -> NodeFusion | JobFusion:
+    return JobFusion(key[4:]) if key.startswith("job:") else NodeFusion(key)
+
+
+def finding_key(finding: Finding) -> str:
+    """Findings are repartitioned by the node they are about (``job:<id>`` for job-level)."""
+    return finding.node if finding.node is not None else f"job:{finding.job or ''}"
+
+
+#: the fields a finding and its record share (all of the finding's)
+_FINDING_FIELDS = tuple(f.name for f in fields(Finding))
+
+
+def encode_finding(finding: Finding) -> bytes:
+    """The record of ``finding`` on the findings topic (the ``finding`` kind of the schema)."""
+    record = FindingRecord(**{name: getattr(finding, name) for name in _FINDING_FIELDS})
+    raw: bytes = encode(record)
+    return raw
+
+
+def encode_findings(findings: Iterable[Finding], partition: int = 0) -> list[FindingRecordIn]:
+    """``findings`` as records of the findings topic (what a backtest hands to fusion)."""
+    return [(partition, finding_key(f).encode(), encode_finding(f)) for f in findings]
+
+
+def decode_finding(raw: bytes) -> Finding:
+    """A finding off the findings topic, which anyone who can produce can write to: anything
+    but a valid ``finding`` record is a :class:`~guard.schemas.SchemaError`."""
+    record = decode(raw, "finding")
+    return Finding(**{name: getattr(record, name) for name in _FINDING_FIELDS})
+
+
+class MessageFeed:
+    """Decoded messages through a :class:`DetectionCore`, a second of event time a step.
+
+    What tests, benchmarks and ``guard backtest`` use to run the core over messages in
+    event-time order: ``update(message)`` returns the flags of the steps it completed,
+    ``flush()`` those of the rest. The runner's clock is the messages' event-time watermark
+    (a live run at real-time pace); each step's findings are fused at once, as a worker's
+    come back from the findings topic.
+
+    >>> from guard.schemas import GpuSample
+    >>> feed = MessageFeed()
+    >>> flags = [f for t in range(6) for g in range(8) for f in feed.update(GpuSample(
+    ...     ts=100.0 + 10 * t, node="n1", gpu=g, xid=48 if (g == 3 and t == 2) else None))]
+    >>> [(f.gpu, f.category) for f in flags + feed.flush()]
+    [(3, 'gpu_error')]
+    """
+
+    def __init__(
+        self, config: EngineConfig | None = None, step_s: float = 1.0, max_records: int = 4096
+    ) -> None:
+        self.core = DetectionCore(config)
+        self.step_s = step_s
+        self.max_records = max_records
+        self.batch: list[TelemetryRecord] = []
+        self.batch_start = 0.0
+        self.watermark = 0.0
+        self.last_idle = 0.0
+
+    @property
+    def nodes(self) -> dict[str, NodeDetectors]:
+        return self.core.parts("nodes")
+
+    @property
+    def jobs(self) -> dict[str, JobDetectors]:
+        return self.core.parts("jobs")
+
+    @property
+    def fabric(self) -> Any:
+        """The fabric detector (None: off, or no NIC sample yet and fabric off)."""
+        found = self.core.parts("fabric")
+        if found:
+            return next(iter(found.values()))
+        return fabric_detector(self.core.config) if self.core.fabric else None
+
+    def node(self, key: str) -> NodeDetectors:
+        return self.core.nodes.get(key, 0)  # type: ignore[no-any-return]
+
+    def job(self, key: str) -> JobDetectors:
+        return self.core.jobs.get(key, 0)  # type: ignore[no-any-return]
+
+    def state_bytes(self) -> dict[str, int]:
+        return self.core.state_bytes()
+
+    def update(self, message: GuardMessage) -> list[Flag]:
+        """Add one message (a single sample); the flags of the step it closed, if any."""
+        return self.add([message])
+
+    def add(self, samples: list[GuardMessage]) -> list[Flag]:
+        """Add one record's samples (a batch's share their node and job)."""
+        ts = samples[0].ts
+        flags: list[Flag] = []
+        full = len(self.batch) >= self.max_records
+        if self.batch and (full or ts >= self.batch_start + self.step_s):
+            flags = self._step()
+        if not self.batch:
+            self.batch_start = ts
+        self.batch.append((0, None, samples))
+        for s in samples:
+            self.watermark = max(self.watermark, s.ts)
+        return flags
+
+    def flush(self) -> list[Flag]:
+        """End of input: the last step, then what every key still has pending."""
+        flags = self._step() if self.batch else []
+        return flags + self.core.step((), encode_findings(self.core.flush()), self.watermark).flags
+
+    def _step(self) -> list[Flag]:
+        core, wall = self.core, self.watermark
+        found = core.step(self.batch, (), wall).findings
+        self.batch = []
+        if wall - self.last_idle >= 1.0:
+            self.last_idle = wall
+            found += core.idle(wall)
+        return core.step((), encode_findings(found), wall).flags if found else []

@@ -26,7 +26,8 @@ What is simulated how (a hybrid, so that a run takes minutes on two shared cores
 1. **Detection, per fault, with the real code.** For each fault kind, ``--slices`` runs of the
    real simulator (``guard.agents.simulator``, one 16-node / 128-GPU data-parallel job, all
    confounders on) with that fault injected at t+120 s, 15 simulated minutes each. Every
-   message goes through :func:`detect_flags` (Guard's detection engine and the alert rules);
+   message goes through :func:`detect_flags` (Guard's detection core through its
+   ``MessageFeed``, and the alert rules);
    Guard's flags go, in event time, through the real orchestrator core
    (:class:`~guard.sweeps.orchestrator.Orchestrator`: policy, state machine, cordon cap,
    simulated sweeps; dry-run scheduler; no Kafka). A slice gives each side's time to detect
@@ -277,8 +278,8 @@ class DcgmAlertRules:
 
 def detect_flags(messages: Any) -> dict[str, list[Any]]:
     """The one place this benchmark calls detectors: every message through Guard's detection
-    core (:class:`~guard.detectors.core.MessageFeed`) and through the DCGM alert rules;
-    returns each one's flags (objects with ``ts``, ``node`` and ``severity``)."""
+    core and through the DCGM alert rules; returns each one's flags (objects with ``ts``,
+    ``node`` and ``severity``). Repoint Guard's side here when the engine changes."""
     from guard.detectors.core import MessageFeed
 
     dets: dict[str, Any] = {"guard": MessageFeed(), "rules": DcgmAlertRules()}

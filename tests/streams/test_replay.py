@@ -110,7 +110,7 @@ def test_replayed_recording_through_a_live_worker_gives_the_backtests_flags(
             == (want.node, want.category, want.severity, want.detector)  # type: ignore[attr-defined]
             and abs(f.ts - shift - want.ts) < 0.01
             for f in got
-        ), (want, sorted((f.node, f.category, f.ts - shift) for f in got))
+        ), (want, sorted((str(f.node), f.category, f.ts - shift) for f in got))
 
 
 def _small_recording(path: Path, t0: float = T0) -> list[Any]:

@@ -70,6 +70,10 @@ the same seed, differ only by the remediation; ``truth.remediations`` lists what
 done. Explicit faults instead of (or besides) sampled ones: ``SimConfig(faults=[FaultSpec(
 "thermal_throttle", node="node-003", gpu=2, onset_s=120, slowdown=0.15)], random_faults=0)``.
 
+Host clock offsets (``SimConfig(clock_offset_s=0.5)``, off by default): each host's clock
+off by a constant drawn in ±0.5 s, on every timestamp it writes (durations stay right);
+``truth.clock_offsets`` has each host's.
+
 A multi-path fabric (``SimConfig(fabric=FabricSpec(...))``, off by default): the jobs'
 ring connections routed over a leaf-spine topology by ECMP or by the path planner, slowed
 where flows collide or an uplink is degraded, with the sending NICs' congestion counters

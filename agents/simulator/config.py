@@ -117,6 +117,10 @@ class SimConfig:
     onset_window: tuple[float, float] = (0.1, 0.6)  # fraction of the run where faults start
     confounders: bool = True
     clock_skew_max_s: float = 0.015
+    # Host clock offsets: every host's clock is off by a constant drawn uniformly in
+    # +-clock_offset_s (its own seeded stream), on every timestamp it writes; durations
+    # measured on the host's own clock (compute_s, step_s) stay right. 0: off, as before.
+    clock_offset_s: float = 0.0
     checkpoint_every_s: float = 900.0
     restart_s: float = 60.0
     # Fail-stop faults (training.py): whether an xid / ecc_dbe fault crashes its job (off: the

@@ -90,6 +90,9 @@ class Scenario:
         self.faults = self._plan_faults(plan)
         self._plan_confounders(plan)
         self.skew_list: list[float] = self.skew.tolist()
+        #: per-host clock offset (SimConfig.clock_offset_s) on top of ``skew``: it shifts
+        #: the timestamps a host writes but not when its messages arrive
+        self.offset_list: list[float] = [0.0] * config.nodes
         self.fabric: FabricModel | None = None
         if config.fabric is not None:
             self.fabric = FabricModel(
@@ -101,6 +104,20 @@ class Scenario:
             )
             for c in self.fabric.confounders(self.end_ts):
                 self.add_confounder(**c)
+
+    def set_clock_offsets(self, offsets: np.ndarray) -> None:
+        """Every host's clock offset, seconds (``SimConfig.clock_offset_s``)."""
+        self.offset_list = [float(x) for x in offsets]
+
+    def clock_offsets(self) -> dict[str, float]:
+        """Each host's whole clock error as its timestamps carry it: the drawn offset plus
+        the baseline skew (and a ``clock_skew`` confounder's, where one is)."""
+        return {
+            name: round(skew + offset, 6)
+            for name, skew, offset in zip(
+                self.node_names, self.skew_list, self.offset_list, strict=True
+            )
+        }
 
     def layout_changed(self) -> None:
         """A job's ranks moved: the busy mask is computed again when next asked for."""
@@ -529,5 +546,6 @@ class Scenario:
                 "faults": faults,
                 "confounders": sorted(self.confounders, key=lambda c: (c["start"], c["id"])),
                 "remediations": list(remediations),
+                "clock_offsets": self.clock_offsets() if cfg.clock_offset_s > 0 else None,
             }
         )

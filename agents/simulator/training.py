@@ -375,6 +375,7 @@ class TrainingModel:
             if start <= end < stop
         }
         skews = self.scenario.skew_list
+        offsets = self.scenario.offset_list
         step, seq = job.step, job.seq
         step_templates, coll_templates = self._rank_templates(job)
         rows = zip(
@@ -391,14 +392,15 @@ class TrainingModel:
             if not active or node in gaps:
                 continue
             skew = skews[node]
+            offset = offsets[node]  # the host's clock: in its timestamps, not in arrival
             delay = ooo.get(node, 0.0)
             rank_end = end + skew + 0.0005 * (r % 7)
             coll_end = stage_end_l[stage] + skew
             c = coll_templates[r].copy()
-            c["ts"] = coll_end
+            c["ts"] = coll_end + offset
             c["seq"] = seq
-            c["arrive_ts"] = arrive_r + skew
-            c["end_ts"] = coll_end
+            c["arrive_ts"] = arrive_r + skew + offset
+            c["end_ts"] = coll_end + offset
             c["peers"] = (
                 [
                     _conn_model({"rank": nxt, "bytes": peer_bytes, "duration_s": conn_l[r]}),
@@ -409,7 +411,7 @@ class TrainingModel:
             )
             out.append((coll_end + delay, _coll_model(c)))
             d = step_templates[r].copy()
-            d["ts"] = rank_end
+            d["ts"] = rank_end + offset
             d["step"] = step
             d["step_s"] = step_s
             d["compute_s"] = compute_r
@@ -425,6 +427,7 @@ class TrainingModel:
             if everything and start <= end < stop
         }
         skews = self.scenario.skew_list
+        offsets = self.scenario.offset_list
         comm = f"{job.name}/world" + (f".g{job.layout_version}" if job.layout_version else "")
         seq = job.seq
         names = self.scenario.node_names
@@ -433,11 +436,12 @@ class TrainingModel:
             if not active or node in gaps:
                 continue
             skew = skews[node]
+            offset = offsets[node]
             message = _coll_model(
                 {
                     "kind": "collective",
                     "v": 1,
-                    "ts": end + skew,
+                    "ts": end + skew + offset,
                     "node": names[node],
                     "job": job.name,
                     "rank": r,
@@ -445,8 +449,8 @@ class TrainingModel:
                     "op": "allreduce",
                     "seq": seq,
                     "bytes": 4,
-                    "arrive_ts": arrive_r + skew,
-                    "end_ts": end + skew,
+                    "arrive_ts": arrive_r + skew + offset,
+                    "end_ts": end + skew + offset,
                     "peers": None,
                 }
             )

@@ -457,3 +457,54 @@ def test_a_share_of_random_faults_lands_in_the_heaviest_stage() -> None:
     share = sum(n in heavy for n in nodes) / len(nodes)
     # 35 % of faults are drawn into a stage that holds ~12 % of the nodes
     assert len(nodes) >= 20 and 0.2 <= share <= 0.6
+
+
+def _ts_fields(message: Any) -> tuple[float, ...]:
+    if message.kind == "collective":
+        return (message.ts, message.arrive_ts, message.end_ts)
+    return (message.ts,)
+
+
+def _untimed(message: Any) -> dict[str, Any]:
+    fields = json.loads(encode(message))
+    for key in ("ts", "arrive_ts", "end_ts"):
+        fields.pop(key, None)
+    return fields
+
+
+def test_host_clock_offsets_shift_every_timestamp_a_host_writes_and_are_in_the_truth() -> None:
+    base = {"nodes": 16, "duration_s": 120.0, "seed": 5, "random_faults": 1}
+    plain_sim = ClusterSimulator(SimConfig(**base))
+    plain = list(plain_sim.messages())
+    assert "clock_offsets" not in plain_sim.truth().model_dump()  # off: the file as before
+    sim = ClusterSimulator(SimConfig(**base, clock_offset_s=0.5))
+    shifted = list(sim.messages())
+    truth = sim.truth()
+    assert truth.clock_offsets is not None and set(truth.clock_offsets) == set(truth.nodes)
+    # Messages arrive when they did (the order is the same); only the host's clock is off.
+    assert len(shifted) == len(plain)
+    shift: dict[str, set[float]] = defaultdict(set)
+    for a, b in zip(plain, shifted, strict=True):
+        assert _untimed(a) == _untimed(b)  # compute_s, step_s, peers' durations: unchanged
+        for ta, tb in zip(_ts_fields(a), _ts_fields(b), strict=True):
+            shift[a.node].add(round(tb - ta, 6))
+    kinds = {m.kind for m in shifted}
+    assert kinds == {"gpu", "nic", "step", "collective"}
+    offsets = {}
+    for node, values in shift.items():
+        assert len(values) == 1, f"{node}: one constant offset on every timestamp, not {values}"
+        offsets[node] = values.pop()
+        assert abs(offsets[node]) <= 0.5
+        # the truth's offset is the host's whole clock error: this plus the ms-scale skew
+        assert abs(truth.clock_offsets[node] - offsets[node]) <= 0.0151
+    assert max(offsets.values()) - min(offsets.values()) > 0.3  # drawn per host, spread
+    # The wait inside a collective on the host's own clock is unchanged.
+    for a, b in zip(plain, shifted, strict=True):
+        if a.kind == "collective":
+            assert b.end_ts - b.arrive_ts == pytest.approx(a.end_ts - a.arrive_ts, abs=1e-9)
+    # Seeded: the same config draws the same offsets; the truth survives its own file.
+    again = ClusterSimulator(SimConfig(**base, clock_offset_s=0.5))
+    assert again.truth().clock_offsets == truth.clock_offsets
+    assert type(truth).model_validate_json(truth.model_dump_json()) == truth
+    with pytest.raises(ValueError, match="clock_offset_s"):
+        ClusterSimulator(SimConfig(**base, clock_offset_s=-1.0))

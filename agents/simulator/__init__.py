@@ -19,7 +19,8 @@ Faults (``truth.faults``; kinds and categories as in ``docs/simulator-truth.md``
 (silent: no telemetry signature; steady or ``degrading`` over tens of minutes),
 ``degraded_nic`` (symbol / receive errors, retransmits, slower connections),
 ``nic_reduced_speed`` (400 → 200 Gb/s), ``link_flap`` (``link_downed`` increments, the link
-is down for a sample or two and the whole job hangs a few seconds), ``xid`` and ``ecc_dbe``.
+is down for a sample or two and the whole job hangs a few seconds), ``xid`` and ``ecc_dbe``; and,
+explicit only, ``host_slow`` (a whole node's ranks slower, its GPUs' telemetry normal).
 The mix is calibrated from the InfiniteHBD production fault trace (see
 :mod:`guard.agents.calibration`); the rate is accelerated (``faults_per_node_hour``).
 

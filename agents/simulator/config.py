@@ -30,6 +30,10 @@ CATEGORY_BY_KIND = {
     "link_flap": "link",
     "xid": "gpu_error",
     "ecc_dbe": "gpu_error",
+    # A whole node slow on the host side (CPU frequency, PCIe root complex, memory): every
+    # rank of the node computes slower, its GPUs' telemetry stays normal. Explicit only
+    # (not in the calibrated mix), so random runs are what they were.
+    "host_slow": "straggler",
 }
 CONFOUNDER_KINDS = (
     "checkpoint",

@@ -180,6 +180,11 @@ class HardwareModel:
         elif k == "degraded_nic":
             link_slow[i, j] = max(link_slow[i, j], f.slowdown)
             s["err_rate"][i, j] = f.detail["symbol_errors_per_s"]
+        elif k == "host_slow":
+            # The host feeds its GPUs late: every busy GPU of the node does its step's work
+            # slower, at full clocks, no reason bits, normal power (silent on the GPU side).
+            node_busy = s["busy"][i, :]
+            slow[i, node_busy] = np.maximum(slow[i, node_busy], f.slowdown)
         elif k == "nic_reduced_speed":
             s["speed"][i, j] = f.detail["speed_gbps"]
             link_slow[i, j] = max(link_slow[i, j], f.slowdown)

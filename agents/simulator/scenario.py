@@ -21,6 +21,8 @@ from .fabric import FabricModel
 __all__ = ["InjectedFault", "RunningJob", "Scenario"]
 
 NIC_FAULT_KINDS = ("degraded_nic", "nic_reduced_speed", "link_flap")
+#: Faults of a whole node, not of one GPU or NIC (``gpu`` and ``device`` None in the truth).
+NODE_FAULT_KINDS = ("host_slow",)
 #: Share of random faults placed in a pipeline-parallel job's heaviest stage.
 HEAVY_STAGE_SHARE = 0.35
 
@@ -313,6 +315,9 @@ class Scenario:
             slowdown, pattern = 0.0, "intermittent"
             events = self._event_times(plan, onset, end, 180, 900)
             detail = {"flaps": len(events), "hang_s": round(float(plan.uniform(5, 15)), 1)}
+        elif kind == "host_slow":
+            slowdown = draw(0.03, 0.08)
+            detail = {"cause": str(plan.choice(["cpu_frequency", "pcie_root_complex", "memory"]))}
         elif kind in ("xid", "ecc_dbe"):
             slowdown, pattern = 0.0, "intermittent"
             events = self._event_times(plan, onset, end, 60, 600)
@@ -510,7 +515,7 @@ class Scenario:
             {
                 "id": f.id,
                 "node": self.node_names[f.node],
-                "gpu": None if f.kind in NIC_FAULT_KINDS else f.gpu,
+                "gpu": None if f.kind in NIC_FAULT_KINDS or f.kind in NODE_FAULT_KINDS else f.gpu,
                 "device": f"mlx5_{f.gpu}" if f.kind in NIC_FAULT_KINDS else None,
                 "kind": f.kind,
                 "category": CATEGORY_BY_KIND[f.kind],

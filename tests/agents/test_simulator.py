@@ -31,8 +31,9 @@ KINDS = list(CATEGORY_BY_KIND)
 
 
 def _all_kinds_config(**overrides: Any) -> SimConfig:
+    # node-010 stays healthy: the tests compare faulty ranks with its ranks
     faults = [
-        FaultSpec(kind, node=f"node-{i + 1:03d}", gpu=i % 8, onset_s=120.0, slowdown=None)
+        FaultSpec(kind, node=f"node-{i + 1 + (i >= 9):03d}", gpu=i % 8, onset_s=120.0)
         for i, kind in enumerate(KINDS)
     ]
     faults[0].pattern = "steady"  # thermal: throttles all the time after onset
@@ -508,3 +509,48 @@ def test_host_clock_offsets_shift_every_timestamp_a_host_writes_and_are_in_the_t
     assert type(truth).model_validate_json(truth.model_dump_json()) == truth
     with pytest.raises(ValueError, match="clock_offset_s"):
         ClusterSimulator(SimConfig(**base, clock_offset_s=-1.0))
+
+
+def test_host_slow_slows_every_rank_of_its_node_and_leaves_gpu_telemetry_normal() -> None:
+    def run_with(slowdown: float) -> tuple[list[Any], Any]:
+        fault = FaultSpec("host_slow", node="node-002", onset_s=60.0, slowdown=slowdown)
+        config = SimConfig(nodes=8, duration_s=300.0, seed=3, random_faults=0, faults=[fault])
+        sim = ClusterSimulator(config)
+        return list(sim.messages()), sim.truth()
+
+    healthy, _ = run_with(0.0)
+    slowed, truth = run_with(0.06)
+    (fault,) = truth.faults
+    assert (fault.kind, fault.category, fault.node) == ("host_slow", "straggler", "node-002")
+    assert fault.gpu is None and fault.device is None  # the whole node's, no one device's
+    # GPU (and NIC) telemetry: exactly what the same node reports without the fault.
+    samples = [[encode(m) for m in run if m.kind in ("gpu", "nic")] for run in (healthy, slowed)]
+    assert samples[0] == samples[1] and len(samples[0]) > 0
+    after = fault.onset + 10
+    gpus = [m for m in slowed if m.kind == "gpu" and m.node == "node-002" and m.ts > after]
+    clocks = [m.sm_clock_mhz / m.sm_clock_max_mhz for m in gpus]
+    assert statistics.median(clocks) == 1.0 and min(clocks) > 0.95  # full clocks
+    assert all(m.clock_event_reasons & ~0x4 == 0 for m in gpus)  # no throttle bits
+    power = statistics.median(m.power_w for m in gpus)
+    assert (
+        0.8 * gpus[0].power_limit_w < power < gpus[0].power_limit_w
+    )  # the busy draw of a healthy GPU
+
+    # Every rank of the node computes slower by the fault's slowdown, the others do not.
+    def compute(run: list[Any]) -> dict[tuple[int, int], float]:
+        return {
+            (m.rank, m.step): m.compute_s
+            for m in run
+            if m.kind == "step" and m.ts > after and m.step > 0
+        }
+
+    before, now = compute(healthy), compute(slowed)
+    node_of = {m.rank: m.node for m in slowed if m.kind == "step"}
+    ratio: dict[int, list[float]] = defaultdict(list)
+    for key in before.keys() & now.keys():
+        ratio[key[0]].append(now[key] / before[key])
+    on_node = [statistics.median(v) for r, v in ratio.items() if node_of[r] == "node-002"]
+    others = [statistics.median(v) for r, v in ratio.items() if node_of[r] != "node-002"]
+    assert len(on_node) == 8
+    assert all(x == pytest.approx(1.06, abs=0.002) for x in on_node)
+    assert all(x == pytest.approx(1.0, abs=0.002) for x in others)

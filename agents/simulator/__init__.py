@@ -75,6 +75,11 @@ Host clock offsets (``SimConfig(clock_offset_s=0.5)``, off by default): each hos
 off by a constant drawn in ±0.5 s, on every timestamp it writes (durations stay right);
 ``truth.clock_offsets`` has each host's.
 
+Job churn (``SimConfig(job_lifetime_s=1800)``, off by default): each job ends after 0.5-1.5x
+that, its GPUs cool to idle draw for ``job_gap_s``, then a new job (``job-a-2``...) starts on
+the same nodes from step 0, every rank slower over its first ``warmup_steps`` steps
+(``job_end`` and ``warmup`` confounders in the truth).
+
 A multi-path fabric (``SimConfig(fabric=FabricSpec(...))``, off by default): the jobs'
 ring connections routed over a leaf-spine topology by ECMP or by the path planner, slowed
 where flows collide or an uplink is degraded, with the sending NICs' congestion counters
@@ -90,6 +95,7 @@ and :mod:`.output` (JSONL writing).
 from .cluster import ClusterSimulator
 from .config import (
     CATEGORY_BY_KIND,
+    CHURN_CONFOUNDER_KINDS,
     CONFOUNDER_KINDS,
     NIC_COUNTERS,
     THROTTLE_TEMP_C,
@@ -102,6 +108,7 @@ from .output import write_jsonl
 
 __all__ = [
     "CATEGORY_BY_KIND",
+    "CHURN_CONFOUNDER_KINDS",
     "CONFOUNDER_KINDS",
     "NIC_COUNTERS",
     "THROTTLE_TEMP_C",

@@ -10,6 +10,7 @@ from .fabric import FabricSpec
 
 __all__ = [
     "CATEGORY_BY_KIND",
+    "CHURN_CONFOUNDER_KINDS",
     "CONFOUNDER_KINDS",
     "COUNTER_INDEX",
     "NIC_COUNTERS",
@@ -62,6 +63,8 @@ NIC_COUNTERS = (
     "np_ecn_marked_roce_packets",
     "rp_cnp_handled",
 )
+#: Confounders of job churn (``SimConfig.job_lifetime_s``): a job ended, a new one warms up.
+CHURN_CONFOUNDER_KINDS = ("job_end", "warmup")
 COUNTER_INDEX = {name: i for i, name in enumerate(NIC_COUNTERS)}
 
 # H100 SXM-class nominal values.
@@ -138,6 +141,14 @@ class SimConfig:
     excluded: frozenset[str] = frozenset()
     gpu_speed_sigma: float = 0.01
     rack_size: int = 8
+    # Job churn (training.py): with job_lifetime_s > 0 each job ends after 0.5-1.5x that
+    # (its GPUs cool to idle), its nodes sit idle job_gap_s, then a new job with a new name
+    # starts on them from step 0, every rank slower by up to warmup_extra over its first
+    # warmup_steps steps (compiling kernels, warming allocators). 0: jobs run the whole run.
+    job_lifetime_s: float = 0.0
+    job_gap_s: float = 120.0
+    warmup_steps: int = 20
+    warmup_extra: float = 0.5
     # A multi-path fabric (ECMP collisions, degraded uplinks; agents/simulator/fabric.py).
     # None: connections run at their NIC's speed, as before.
     fabric: FabricSpec | None = None

@@ -63,6 +63,12 @@ class RunningJob:
     checkpoints: list[tuple[float, float]] = field(default_factory=list)
     flap_cursor: float = 0.0
     layout_version: int = 0
+    # Job churn (SimConfig.job_lifetime_s): whether a job runs on the nodes now, when it ends,
+    # every name the nodes' jobs have had, and the step a new job's warm-up began.
+    running: bool = True
+    ends_at: float = float("inf")
+    names: list[str] = field(default_factory=list)
+    warm_start: float | None = None
 
 
 class Scenario:
@@ -129,11 +135,13 @@ class Scenario:
         if self._busy is None:
             busy = np.zeros((self.config.nodes, self.config.gpus_per_node), dtype=bool)
             for job in self.jobs:
-                busy[job.rank_node[job.active], :] = True
+                if job.running:
+                    busy[job.rank_node[job.active], :] = True
             self._busy = busy
             self._job_of = {
                 int(node): job.name
                 for job in self.jobs
+                if job.running
                 for node in np.unique(job.rank_node[job.active]).tolist()
             }
         return self._busy
@@ -529,13 +537,14 @@ class Scenario:
         ]
         jobs = [
             {
-                "job": j.name,
+                "job": name,
                 "nodes": [self.node_names[i] for i in j.nodes],
                 "ranks": len(j.nodes) * cfg.gpus_per_node,
                 "pp_stages": j.pp_stages,
                 "step_s_nominal": j.step_s_nominal,
             }
             for j in self.jobs
+            for name in (j.names or [j.name])
         ]
         return Truth.model_validate(
             {

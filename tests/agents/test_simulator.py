@@ -554,3 +554,64 @@ def test_host_slow_slows_every_rank_of_its_node_and_leaves_gpu_telemetry_normal(
     assert len(on_node) == 8
     assert all(x == pytest.approx(1.06, abs=0.002) for x in on_node)
     assert all(x == pytest.approx(1.0, abs=0.002) for x in others)
+
+
+def test_job_churn_ends_jobs_cools_their_gpus_and_warms_up_the_next_job() -> None:
+    config = SimConfig(
+        nodes=8, duration_s=900.0, seed=4, random_faults=0, job_lifetime_s=300.0, job_gap_s=60.0
+    )
+    sim = ClusterSimulator(config)
+    messages = list(sim.messages())
+    truth = sim.truth()
+    jobs = [j.job for j in truth.jobs]
+    assert jobs[0] == "job-a" and len(jobs) >= 3 and len(set(jobs)) == len(jobs)
+    assert all(j.nodes == truth.jobs[0].nodes for j in truth.jobs)  # on the same nodes
+    ends = [c for c in truth.confounders if c.kind == "job_end"]
+    warmups = [c for c in truth.confounders if c.kind == "warmup"]
+    assert [c.job for c in ends] == jobs[:-1] and [c.job for c in warmups] == jobs[1:]
+    first_end = ends[0]
+    node = truth.jobs[0].nodes[0]
+    gpu = [m for m in messages if m.kind == "gpu" and m.node == node and m.gpu == 0]
+    busy = [m for m in gpu if m.ts < first_end.start - 5]
+    idle = [m for m in gpu if first_end.start + 30 < m.ts < first_end.end - 1]
+    assert idle and all(m.job is None and m.util_pct == 0 for m in idle)
+    assert statistics.median(m.power_w for m in idle) < 0.2 * statistics.median(
+        m.power_w for m in busy
+    )
+    assert idle[-1].temp_c < busy[-1].temp_c - 10  # cooling towards idle
+    steps: dict[str, list[Any]] = defaultdict(list)
+    for m in messages:
+        if m.kind == "step":
+            steps[m.job].append(m)
+    assert set(steps) == set(jobs)
+    assert not [m for m in steps["job-a"] if first_end.start + 0.1 < m.ts]  # it has ended
+    for name in jobs[1:]:
+        own = steps[name]
+        assert min(m.step for m in own) == 0  # a new job counts its steps from the start
+        early = [m.compute_s for m in own if m.step < 3]
+        warm = [m.compute_s for m in own if m.step >= config.warmup_steps + 5]
+        ranks_early = {m.rank for m in own if m.step < 3}
+        assert len(ranks_early) == truth.jobs[0].ranks  # every rank warms up
+        assert min(early) > 1.3 * statistics.median(warm)
+    assert ClusterSimulator(config).truth().jobs == truth.jobs[:1]  # before running: one job
+    with pytest.raises(ValueError, match="job_lifetime_s"):
+        ClusterSimulator(SimConfig(job_lifetime_s=-1.0))
+
+
+def test_fleet_options_together_split_across_workers_write_the_same_bytes(tmp_path: Path) -> None:
+    config = SimConfig(
+        nodes=8,
+        duration_s=600.0,
+        seed=4,
+        random_faults=1,
+        job_lifetime_s=200.0,
+        job_gap_s=60.0,
+        clock_offset_s=0.5,
+        faults=[FaultSpec("host_slow", node="node-003", onset_s=100.0)],
+    )
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    truth_one, _ = write_jsonl(config, one, workers=1)
+    truth_two, _ = write_jsonl(config, two, workers=2)
+    assert one.read_bytes() == two.read_bytes()
+    assert truth_one == truth_two and truth_one.clock_offsets is not None
+    assert {"job_end", "warmup"} <= {c.kind for c in truth_one.confounders}

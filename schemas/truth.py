@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
 __all__ = ["Confounder", "Fault", "Job", "Remediation", "Truth", "ramped_slowdown"]
 
@@ -130,6 +130,17 @@ class Truth(BaseModel):
     faults: list[Fault] = Field(default_factory=list)
     confounders: list[Confounder] = Field(default_factory=list)
     remediations: list[Remediation] = Field(default_factory=list)
+    #: Each host's clock offset in seconds, as every timestamp it writes carries it (a run
+    #: with ``SimConfig.clock_offset_s``); None: not recorded, and left out of the file.
+    clock_offsets: dict[str, float] | None = None
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A file without clock offsets reads as it did before the field existed."""
+        data: dict[str, Any] = handler(self)
+        if data.get("clock_offsets", 0) is None:
+            del data["clock_offsets"]
+        return data
 
     @classmethod
     def load(cls, path: str | Path) -> Truth:

@@ -19,7 +19,8 @@ Faults (``truth.faults``; kinds and categories as in ``docs/simulator-truth.md``
 (silent: no telemetry signature; steady or ``degrading`` over tens of minutes),
 ``degraded_nic`` (symbol / receive errors, retransmits, slower connections),
 ``nic_reduced_speed`` (400 → 200 Gb/s), ``link_flap`` (``link_downed`` increments, the link
-is down for a sample or two and the whole job hangs a few seconds), ``xid`` and ``ecc_dbe``.
+is down for a sample or two and the whole job hangs a few seconds), ``xid`` and ``ecc_dbe``; and,
+explicit only, ``host_slow`` (a whole node's ranks slower, its GPUs' telemetry normal).
 The mix is calibrated from the InfiniteHBD production fault trace (see
 :mod:`guard.agents.calibration`); the rate is accelerated (``faults_per_node_hour``).
 
@@ -70,6 +71,15 @@ the same seed, differ only by the remediation; ``truth.remediations`` lists what
 done. Explicit faults instead of (or besides) sampled ones: ``SimConfig(faults=[FaultSpec(
 "thermal_throttle", node="node-003", gpu=2, onset_s=120, slowdown=0.15)], random_faults=0)``.
 
+Host clock offsets (``SimConfig(clock_offset_s=0.5)``, off by default): each host's clock
+off by a constant drawn in ±0.5 s, on every timestamp it writes (durations stay right);
+``truth.clock_offsets`` has each host's.
+
+Job churn (``SimConfig(job_lifetime_s=1800)``, off by default): each job ends after 0.5-1.5x
+that, its GPUs cool to idle draw for ``job_gap_s``, then a new job (``job-a-2``...) starts on
+the same nodes from step 0, every rank slower over its first ``warmup_steps`` steps
+(``job_end`` and ``warmup`` confounders in the truth).
+
 A multi-path fabric (``SimConfig(fabric=FabricSpec(...))``, off by default): the jobs'
 ring connections routed over a leaf-spine topology by ECMP or by the path planner, slowed
 where flows collide or an uplink is degraded, with the sending NICs' congestion counters
@@ -85,6 +95,7 @@ and :mod:`.output` (JSONL writing).
 from .cluster import ClusterSimulator
 from .config import (
     CATEGORY_BY_KIND,
+    CHURN_CONFOUNDER_KINDS,
     CONFOUNDER_KINDS,
     NIC_COUNTERS,
     THROTTLE_TEMP_C,
@@ -97,6 +108,7 @@ from .output import write_jsonl
 
 __all__ = [
     "CATEGORY_BY_KIND",
+    "CHURN_CONFOUNDER_KINDS",
     "CONFOUNDER_KINDS",
     "NIC_COUNTERS",
     "THROTTLE_TEMP_C",

@@ -35,6 +35,12 @@ class ClusterSimulator:
             raise ValueError("a simulated cluster needs at least one node and one GPU per node")
         if config.duration_s <= 0 or config.sample_interval_s <= 0:
             raise ValueError("duration_s and sample_interval_s must be positive")
+        if config.job_lifetime_s < 0 or config.job_gap_s < 0 or config.warmup_steps < 0:
+            raise ValueError("job_lifetime_s, job_gap_s and warmup_steps must be >= 0")
+        if config.job_lifetime_s > 0 and config.fabric is not None:
+            raise ValueError("job churn (job_lifetime_s) does not run with a multi-path fabric")
+        if not 0 <= config.clock_offset_s < config.duration_s:
+            raise ValueError("clock_offset_s must be >= 0 (and shorter than the run)")
         self.config = config
         plan = np.random.default_rng([config.seed, 1])
         noise = np.random.default_rng([config.seed, 2])
@@ -51,10 +57,17 @@ class ClusterSimulator:
         ]
         skew = plan.uniform(-0.001, 0.001, n)
         self.scenario = Scenario(config, plan, skew, np.random.default_rng([config.seed, 7]))
+        if config.clock_offset_s > 0:  # its own stream: the planning stream draws what it did
+            offsets = np.random.default_rng([config.seed, 8]).uniform(
+                -config.clock_offset_s, config.clock_offset_s, n
+            )
+            self.scenario.set_clock_offsets(offsets)
         self.hardware = HardwareModel(
             self.scenario, plan, noise, (temp_offset, power_offset), phase, uuids
         )
-        self.training = TrainingModel(self.scenario, step_noise, gpu_speed)
+        self.training = TrainingModel(
+            self.scenario, step_noise, gpu_speed, np.random.default_rng([config.seed, 9])
+        )
         self.node_names = self.scenario.node_names
         self.start_ts = self.scenario.start_ts
         self.end_ts = self.scenario.end_ts

@@ -10,6 +10,7 @@ from .fabric import FabricSpec
 
 __all__ = [
     "CATEGORY_BY_KIND",
+    "CHURN_CONFOUNDER_KINDS",
     "CONFOUNDER_KINDS",
     "COUNTER_INDEX",
     "NIC_COUNTERS",
@@ -30,6 +31,10 @@ CATEGORY_BY_KIND = {
     "link_flap": "link",
     "xid": "gpu_error",
     "ecc_dbe": "gpu_error",
+    # A whole node slow on the host side (CPU frequency, PCIe root complex, memory): every
+    # rank of the node computes slower, its GPUs' telemetry stays normal. Explicit only
+    # (not in the calibrated mix), so random runs are what they were.
+    "host_slow": "straggler",
 }
 CONFOUNDER_KINDS = (
     "checkpoint",
@@ -58,6 +63,8 @@ NIC_COUNTERS = (
     "np_ecn_marked_roce_packets",
     "rp_cnp_handled",
 )
+#: Confounders of job churn (``SimConfig.job_lifetime_s``): a job ended, a new one warms up.
+CHURN_CONFOUNDER_KINDS = ("job_end", "warmup")
 COUNTER_INDEX = {name: i for i, name in enumerate(NIC_COUNTERS)}
 
 # H100 SXM-class nominal values.
@@ -117,6 +124,10 @@ class SimConfig:
     onset_window: tuple[float, float] = (0.1, 0.6)  # fraction of the run where faults start
     confounders: bool = True
     clock_skew_max_s: float = 0.015
+    # Host clock offsets: every host's clock is off by a constant drawn uniformly in
+    # +-clock_offset_s (its own seeded stream), on every timestamp it writes; durations
+    # measured on the host's own clock (compute_s, step_s) stay right. 0: off, as before.
+    clock_offset_s: float = 0.0
     checkpoint_every_s: float = 900.0
     restart_s: float = 60.0
     # Fail-stop faults (training.py): whether an xid / ecc_dbe fault crashes its job (off: the
@@ -130,6 +141,14 @@ class SimConfig:
     excluded: frozenset[str] = frozenset()
     gpu_speed_sigma: float = 0.01
     rack_size: int = 8
+    # Job churn (training.py): with job_lifetime_s > 0 each job ends after 0.5-1.5x that
+    # (its GPUs cool to idle), its nodes sit idle job_gap_s, then a new job with a new name
+    # starts on them from step 0, every rank slower by up to warmup_extra over its first
+    # warmup_steps steps (compiling kernels, warming allocators). 0: jobs run the whole run.
+    job_lifetime_s: float = 0.0
+    job_gap_s: float = 120.0
+    warmup_steps: int = 20
+    warmup_extra: float = 0.5
     # A multi-path fabric (ECMP collisions, degraded uplinks; agents/simulator/fabric.py).
     # None: connections run at their NIC's speed, as before.
     fabric: FabricSpec | None = None

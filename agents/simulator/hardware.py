@@ -180,6 +180,11 @@ class HardwareModel:
         elif k == "degraded_nic":
             link_slow[i, j] = max(link_slow[i, j], f.slowdown)
             s["err_rate"][i, j] = f.detail["symbol_errors_per_s"]
+        elif k == "host_slow":
+            # The host feeds its GPUs late: every busy GPU of the node does its step's work
+            # slower, at full clocks, no reason bits, normal power (silent on the GPU side).
+            node_busy = s["busy"][i, :]
+            slow[i, node_busy] = np.maximum(slow[i, node_busy], f.slowdown)
         elif k == "nic_reduced_speed":
             s["speed"][i, j] = f.detail["speed_gbps"]
             link_slow[i, j] = max(link_slow[i, j], f.slowdown)
@@ -292,14 +297,17 @@ class HardwareModel:
         gaps = {node for node, start, end, _ in self.scenario.gaps if start <= t + dt and end > t}
         ooo = {node for node, start, end, _ in self.scenario.ooo if start <= t + dt and end > t}
         gpus = range(g)
+        offsets = self.scenario.offset_list
         for i, row in enumerate(rows):
             temp_r, power_r, limit_r, sm_r, util_r, mem_r, reasons_r = row[:7]
             sbe_r, dbe_r, pcie_r, xid_r, speed_r, up_r, counters_r = row[7:]
             ts_node = t + self._phase_l[i] * dt
             if i in gaps and self.scenario.suppressed(i, ts_node, samples=True):
                 continue
-            ts = ts_node + self.scenario.skew_list[i]
-            key = ts + self.scenario.delay(i, ts_node) if i in ooo else ts
+            key = ts_node + self.scenario.skew_list[i]
+            ts = key + offsets[i]
+            if i in ooo:
+                key += self.scenario.delay(i, ts_node)
             gpu_templates, nic_templates = self._sample_templates(i, job_of.get(i))
             reuse = self.reuse_samples and i not in ooo  # late ones must not be overwritten
             if reuse:

@@ -21,6 +21,8 @@ from .fabric import FabricModel
 __all__ = ["InjectedFault", "RunningJob", "Scenario"]
 
 NIC_FAULT_KINDS = ("degraded_nic", "nic_reduced_speed", "link_flap")
+#: Faults of a whole node, not of one GPU or NIC (``gpu`` and ``device`` None in the truth).
+NODE_FAULT_KINDS = ("host_slow",)
 #: Share of random faults placed in a pipeline-parallel job's heaviest stage.
 HEAVY_STAGE_SHARE = 0.35
 
@@ -61,6 +63,12 @@ class RunningJob:
     checkpoints: list[tuple[float, float]] = field(default_factory=list)
     flap_cursor: float = 0.0
     layout_version: int = 0
+    # Job churn (SimConfig.job_lifetime_s): whether a job runs on the nodes now, when it ends,
+    # every name the nodes' jobs have had, and the step a new job's warm-up began.
+    running: bool = True
+    ends_at: float = float("inf")
+    names: list[str] = field(default_factory=list)
+    warm_start: float | None = None
 
 
 class Scenario:
@@ -90,6 +98,9 @@ class Scenario:
         self.faults = self._plan_faults(plan)
         self._plan_confounders(plan)
         self.skew_list: list[float] = self.skew.tolist()
+        #: per-host clock offset (SimConfig.clock_offset_s) on top of ``skew``: it shifts
+        #: the timestamps a host writes but not when its messages arrive
+        self.offset_list: list[float] = [0.0] * config.nodes
         self.fabric: FabricModel | None = None
         if config.fabric is not None:
             self.fabric = FabricModel(
@@ -102,6 +113,20 @@ class Scenario:
             for c in self.fabric.confounders(self.end_ts):
                 self.add_confounder(**c)
 
+    def set_clock_offsets(self, offsets: np.ndarray) -> None:
+        """Every host's clock offset, seconds (``SimConfig.clock_offset_s``)."""
+        self.offset_list = [float(x) for x in offsets]
+
+    def clock_offsets(self) -> dict[str, float]:
+        """Each host's whole clock error as its timestamps carry it: the drawn offset plus
+        the baseline skew (and a ``clock_skew`` confounder's, where one is)."""
+        return {
+            name: round(skew + offset, 6)
+            for name, skew, offset in zip(
+                self.node_names, self.skew_list, self.offset_list, strict=True
+            )
+        }
+
     def layout_changed(self) -> None:
         """A job's ranks moved: the busy mask is computed again when next asked for."""
         self._busy = None
@@ -110,11 +135,13 @@ class Scenario:
         if self._busy is None:
             busy = np.zeros((self.config.nodes, self.config.gpus_per_node), dtype=bool)
             for job in self.jobs:
-                busy[job.rank_node[job.active], :] = True
+                if job.running:
+                    busy[job.rank_node[job.active], :] = True
             self._busy = busy
             self._job_of = {
                 int(node): job.name
                 for job in self.jobs
+                if job.running
                 for node in np.unique(job.rank_node[job.active]).tolist()
             }
         return self._busy
@@ -296,6 +323,9 @@ class Scenario:
             slowdown, pattern = 0.0, "intermittent"
             events = self._event_times(plan, onset, end, 180, 900)
             detail = {"flaps": len(events), "hang_s": round(float(plan.uniform(5, 15)), 1)}
+        elif kind == "host_slow":
+            slowdown = draw(0.03, 0.08)
+            detail = {"cause": str(plan.choice(["cpu_frequency", "pcie_root_complex", "memory"]))}
         elif kind in ("xid", "ecc_dbe"):
             slowdown, pattern = 0.0, "intermittent"
             events = self._event_times(plan, onset, end, 60, 600)
@@ -493,7 +523,7 @@ class Scenario:
             {
                 "id": f.id,
                 "node": self.node_names[f.node],
-                "gpu": None if f.kind in NIC_FAULT_KINDS else f.gpu,
+                "gpu": None if f.kind in NIC_FAULT_KINDS or f.kind in NODE_FAULT_KINDS else f.gpu,
                 "device": f"mlx5_{f.gpu}" if f.kind in NIC_FAULT_KINDS else None,
                 "kind": f.kind,
                 "category": CATEGORY_BY_KIND[f.kind],
@@ -507,13 +537,14 @@ class Scenario:
         ]
         jobs = [
             {
-                "job": j.name,
+                "job": name,
                 "nodes": [self.node_names[i] for i in j.nodes],
                 "ranks": len(j.nodes) * cfg.gpus_per_node,
                 "pp_stages": j.pp_stages,
                 "step_s_nominal": j.step_s_nominal,
             }
             for j in self.jobs
+            for name in (j.names or [j.name])
         ]
         return Truth.model_validate(
             {
@@ -529,5 +560,6 @@ class Scenario:
                 "faults": faults,
                 "confounders": sorted(self.confounders, key=lambda c: (c["start"], c["id"])),
                 "remediations": list(remediations),
+                "clock_offsets": self.clock_offsets() if cfg.clock_offset_s > 0 else None,
             }
         )

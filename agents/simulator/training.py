@@ -45,9 +45,15 @@ class TrainingModel:
     it at its next step and :attr:`remediations` records what was done."""
 
     def __init__(
-        self, scenario: Scenario, step_noise: np.random.Generator, gpu_speed: np.ndarray
+        self,
+        scenario: Scenario,
+        step_noise: np.random.Generator,
+        gpu_speed: np.ndarray,
+        churn: np.random.Generator | None = None,
     ) -> None:
         self.config = scenario.config
+        #: job lifetimes' own stream (SimConfig.job_lifetime_s), never the step noise
+        self._churn_rng = churn or np.random.default_rng([scenario.config.seed, 9])
         self.scenario = scenario
         self._step_noise = step_noise
         self._gpu_speed = gpu_speed
@@ -78,6 +84,35 @@ class TrainingModel:
             job.next_start = self.scenario.start_ts + float(
                 self._step_noise.uniform(0, job.step_s_nominal)
             )
+            if self.config.job_lifetime_s > 0:
+                job.names = [job.name]
+                job.ends_at = job.next_start + self._lifetime()
+
+    def _lifetime(self) -> float:
+        return self.config.job_lifetime_s * float(self._churn_rng.uniform(0.5, 1.5))
+
+    def _churn(self, job: RunningJob) -> bool:
+        """A job's end (its nodes go idle ``job_gap_s``) or the start of the next one on
+        them (a new name, steps from 0, a warm-up); False while the job just runs."""
+        cfg = self.config
+        if cfg.job_lifetime_s <= 0 or (job.running and job.next_start < job.ends_at):
+            return False
+        now = job.next_start
+        if job.running:
+            job.running = False
+            self.scenario.add_confounder(
+                "job_end", now, now + cfg.job_gap_s, job=job.name, steps=job.step
+            )
+            job.next_start = now + cfg.job_gap_s
+        else:
+            job.running = True
+            job.name = f"{job.names[0]}-{len(job.names) + 1}"
+            job.names.append(job.name)
+            job.step = job.seq = 0
+            job.ends_at = now + self._lifetime()
+            job.warm_start = now if cfg.warmup_steps > 0 else None
+        self.scenario.layout_changed()
+        return True
 
     def _apply_remediation(self, job: RunningJob) -> bool:
         with self._lock:
@@ -132,6 +167,8 @@ class TrainingModel:
                 job.next_start = saved
         while job.next_start < tick_end and job.next_start < self.scenario.end_ts:
             self._hung.pop(job.name, None)
+            if self._churn(job):
+                continue
             if self._pending_remediation and self._apply_remediation(job):
                 job.next_start += self.config.restart_s  # after a checkpoint on demand
                 # ... which saves every step done so far: a later crash rolls back to here
@@ -272,6 +309,19 @@ class TrainingModel:
                     step=job.step,
                     extra=round(float(extras[r]), 3),
                 )
+        if job.warm_start is not None:  # a new job's first steps: every rank slower
+            warm = self.config.warmup_steps
+            compute *= 1.0 + self.config.warmup_extra * (1.0 - job.step / warm)
+            if job.step + 1 >= warm:
+                self.scenario.add_confounder(
+                    "warmup",
+                    job.warm_start,
+                    start + float(compute.max()),
+                    job=job.name,
+                    steps=warm,
+                    extra=self.config.warmup_extra,
+                )
+                job.warm_start = None
         stall_noise = rng.lognormal(0.0, 0.1, ranks)
         for st, en, extra in self.scenario.stalls:
             if st <= start < en:
@@ -375,6 +425,7 @@ class TrainingModel:
             if start <= end < stop
         }
         skews = self.scenario.skew_list
+        offsets = self.scenario.offset_list
         step, seq = job.step, job.seq
         step_templates, coll_templates = self._rank_templates(job)
         rows = zip(
@@ -391,14 +442,15 @@ class TrainingModel:
             if not active or node in gaps:
                 continue
             skew = skews[node]
+            offset = offsets[node]  # the host's clock: in its timestamps, not in arrival
             delay = ooo.get(node, 0.0)
             rank_end = end + skew + 0.0005 * (r % 7)
             coll_end = stage_end_l[stage] + skew
             c = coll_templates[r].copy()
-            c["ts"] = coll_end
+            c["ts"] = coll_end + offset
             c["seq"] = seq
-            c["arrive_ts"] = arrive_r + skew
-            c["end_ts"] = coll_end
+            c["arrive_ts"] = arrive_r + skew + offset
+            c["end_ts"] = coll_end + offset
             c["peers"] = (
                 [
                     _conn_model({"rank": nxt, "bytes": peer_bytes, "duration_s": conn_l[r]}),
@@ -409,7 +461,7 @@ class TrainingModel:
             )
             out.append((coll_end + delay, _coll_model(c)))
             d = step_templates[r].copy()
-            d["ts"] = rank_end
+            d["ts"] = rank_end + offset
             d["step"] = step
             d["step_s"] = step_s
             d["compute_s"] = compute_r
@@ -425,6 +477,7 @@ class TrainingModel:
             if everything and start <= end < stop
         }
         skews = self.scenario.skew_list
+        offsets = self.scenario.offset_list
         comm = f"{job.name}/world" + (f".g{job.layout_version}" if job.layout_version else "")
         seq = job.seq
         names = self.scenario.node_names
@@ -433,11 +486,12 @@ class TrainingModel:
             if not active or node in gaps:
                 continue
             skew = skews[node]
+            offset = offsets[node]
             message = _coll_model(
                 {
                     "kind": "collective",
                     "v": 1,
-                    "ts": end + skew,
+                    "ts": end + skew + offset,
                     "node": names[node],
                     "job": job.name,
                     "rank": r,
@@ -445,8 +499,8 @@ class TrainingModel:
                     "op": "allreduce",
                     "seq": seq,
                     "bytes": 4,
-                    "arrive_ts": arrive_r + skew,
-                    "end_ts": end + skew,
+                    "arrive_ts": arrive_r + skew + offset,
+                    "end_ts": end + skew + offset,
                     "peers": None,
                 }
             )

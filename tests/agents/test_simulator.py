@@ -31,8 +31,9 @@ KINDS = list(CATEGORY_BY_KIND)
 
 
 def _all_kinds_config(**overrides: Any) -> SimConfig:
+    # node-010 stays healthy: the tests compare faulty ranks with its ranks
     faults = [
-        FaultSpec(kind, node=f"node-{i + 1:03d}", gpu=i % 8, onset_s=120.0, slowdown=None)
+        FaultSpec(kind, node=f"node-{i + 1 + (i >= 9):03d}", gpu=i % 8, onset_s=120.0)
         for i, kind in enumerate(KINDS)
     ]
     faults[0].pattern = "steady"  # thermal: throttles all the time after onset
@@ -457,3 +458,160 @@ def test_a_share_of_random_faults_lands_in_the_heaviest_stage() -> None:
     share = sum(n in heavy for n in nodes) / len(nodes)
     # 35 % of faults are drawn into a stage that holds ~12 % of the nodes
     assert len(nodes) >= 20 and 0.2 <= share <= 0.6
+
+
+def _ts_fields(message: Any) -> tuple[float, ...]:
+    if message.kind == "collective":
+        return (message.ts, message.arrive_ts, message.end_ts)
+    return (message.ts,)
+
+
+def _untimed(message: Any) -> dict[str, Any]:
+    fields = json.loads(encode(message))
+    for key in ("ts", "arrive_ts", "end_ts"):
+        fields.pop(key, None)
+    return fields
+
+
+def test_host_clock_offsets_shift_every_timestamp_a_host_writes_and_are_in_the_truth() -> None:
+    base = {"nodes": 16, "duration_s": 120.0, "seed": 5, "random_faults": 1}
+    plain_sim = ClusterSimulator(SimConfig(**base))
+    plain = list(plain_sim.messages())
+    assert "clock_offsets" not in plain_sim.truth().model_dump()  # off: the file as before
+    sim = ClusterSimulator(SimConfig(**base, clock_offset_s=0.5))
+    shifted = list(sim.messages())
+    truth = sim.truth()
+    assert truth.clock_offsets is not None and set(truth.clock_offsets) == set(truth.nodes)
+    # Messages arrive when they did (the order is the same); only the host's clock is off.
+    assert len(shifted) == len(plain)
+    shift: dict[str, set[float]] = defaultdict(set)
+    for a, b in zip(plain, shifted, strict=True):
+        assert _untimed(a) == _untimed(b)  # compute_s, step_s, peers' durations: unchanged
+        for ta, tb in zip(_ts_fields(a), _ts_fields(b), strict=True):
+            shift[a.node].add(round(tb - ta, 6))
+    kinds = {m.kind for m in shifted}
+    assert kinds == {"gpu", "nic", "step", "collective"}
+    offsets = {}
+    for node, values in shift.items():
+        assert len(values) == 1, f"{node}: one constant offset on every timestamp, not {values}"
+        offsets[node] = values.pop()
+        assert abs(offsets[node]) <= 0.5
+        # the truth's offset is the host's whole clock error: this plus the ms-scale skew
+        assert abs(truth.clock_offsets[node] - offsets[node]) <= 0.0151
+    assert max(offsets.values()) - min(offsets.values()) > 0.3  # drawn per host, spread
+    # The wait inside a collective on the host's own clock is unchanged.
+    for a, b in zip(plain, shifted, strict=True):
+        if a.kind == "collective":
+            assert b.end_ts - b.arrive_ts == pytest.approx(a.end_ts - a.arrive_ts, abs=1e-9)
+    # Seeded: the same config draws the same offsets; the truth survives its own file.
+    again = ClusterSimulator(SimConfig(**base, clock_offset_s=0.5))
+    assert again.truth().clock_offsets == truth.clock_offsets
+    assert type(truth).model_validate_json(truth.model_dump_json()) == truth
+    with pytest.raises(ValueError, match="clock_offset_s"):
+        ClusterSimulator(SimConfig(**base, clock_offset_s=-1.0))
+
+
+def test_host_slow_slows_every_rank_of_its_node_and_leaves_gpu_telemetry_normal() -> None:
+    def run_with(slowdown: float) -> tuple[list[Any], Any]:
+        fault = FaultSpec("host_slow", node="node-002", onset_s=60.0, slowdown=slowdown)
+        config = SimConfig(nodes=8, duration_s=300.0, seed=3, random_faults=0, faults=[fault])
+        sim = ClusterSimulator(config)
+        return list(sim.messages()), sim.truth()
+
+    healthy, _ = run_with(0.0)
+    slowed, truth = run_with(0.06)
+    (fault,) = truth.faults
+    assert (fault.kind, fault.category, fault.node) == ("host_slow", "straggler", "node-002")
+    assert fault.gpu is None and fault.device is None  # the whole node's, no one device's
+    # GPU (and NIC) telemetry: exactly what the same node reports without the fault.
+    samples = [[encode(m) for m in run if m.kind in ("gpu", "nic")] for run in (healthy, slowed)]
+    assert samples[0] == samples[1] and len(samples[0]) > 0
+    after = fault.onset + 10
+    gpus = [m for m in slowed if m.kind == "gpu" and m.node == "node-002" and m.ts > after]
+    clocks = [m.sm_clock_mhz / m.sm_clock_max_mhz for m in gpus]
+    assert statistics.median(clocks) == 1.0 and min(clocks) > 0.95  # full clocks
+    assert all(m.clock_event_reasons & ~0x4 == 0 for m in gpus)  # no throttle bits
+    power = statistics.median(m.power_w for m in gpus)
+    assert (
+        0.8 * gpus[0].power_limit_w < power < gpus[0].power_limit_w
+    )  # the busy draw of a healthy GPU
+
+    # Every rank of the node computes slower by the fault's slowdown, the others do not.
+    def compute(run: list[Any]) -> dict[tuple[int, int], float]:
+        return {
+            (m.rank, m.step): m.compute_s
+            for m in run
+            if m.kind == "step" and m.ts > after and m.step > 0
+        }
+
+    before, now = compute(healthy), compute(slowed)
+    node_of = {m.rank: m.node for m in slowed if m.kind == "step"}
+    ratio: dict[int, list[float]] = defaultdict(list)
+    for key in before.keys() & now.keys():
+        ratio[key[0]].append(now[key] / before[key])
+    on_node = [statistics.median(v) for r, v in ratio.items() if node_of[r] == "node-002"]
+    others = [statistics.median(v) for r, v in ratio.items() if node_of[r] != "node-002"]
+    assert len(on_node) == 8
+    assert all(x == pytest.approx(1.06, abs=0.002) for x in on_node)
+    assert all(x == pytest.approx(1.0, abs=0.002) for x in others)
+
+
+def test_job_churn_ends_jobs_cools_their_gpus_and_warms_up_the_next_job() -> None:
+    config = SimConfig(
+        nodes=8, duration_s=900.0, seed=4, random_faults=0, job_lifetime_s=300.0, job_gap_s=60.0
+    )
+    sim = ClusterSimulator(config)
+    messages = list(sim.messages())
+    truth = sim.truth()
+    jobs = [j.job for j in truth.jobs]
+    assert jobs[0] == "job-a" and len(jobs) >= 3 and len(set(jobs)) == len(jobs)
+    assert all(j.nodes == truth.jobs[0].nodes for j in truth.jobs)  # on the same nodes
+    ends = [c for c in truth.confounders if c.kind == "job_end"]
+    warmups = [c for c in truth.confounders if c.kind == "warmup"]
+    assert [c.job for c in ends] == jobs[:-1] and [c.job for c in warmups] == jobs[1:]
+    first_end = ends[0]
+    node = truth.jobs[0].nodes[0]
+    gpu = [m for m in messages if m.kind == "gpu" and m.node == node and m.gpu == 0]
+    busy = [m for m in gpu if m.ts < first_end.start - 5]
+    idle = [m for m in gpu if first_end.start + 30 < m.ts < first_end.end - 1]
+    assert idle and all(m.job is None and m.util_pct == 0 for m in idle)
+    assert statistics.median(m.power_w for m in idle) < 0.2 * statistics.median(
+        m.power_w for m in busy
+    )
+    assert idle[-1].temp_c < busy[-1].temp_c - 10  # cooling towards idle
+    steps: dict[str, list[Any]] = defaultdict(list)
+    for m in messages:
+        if m.kind == "step":
+            steps[m.job].append(m)
+    assert set(steps) == set(jobs)
+    assert not [m for m in steps["job-a"] if first_end.start + 0.1 < m.ts]  # it has ended
+    for name in jobs[1:]:
+        own = steps[name]
+        assert min(m.step for m in own) == 0  # a new job counts its steps from the start
+        early = [m.compute_s for m in own if m.step < 3]
+        warm = [m.compute_s for m in own if m.step >= config.warmup_steps + 5]
+        ranks_early = {m.rank for m in own if m.step < 3}
+        assert len(ranks_early) == truth.jobs[0].ranks  # every rank warms up
+        assert min(early) > 1.3 * statistics.median(warm)
+    assert ClusterSimulator(config).truth().jobs == truth.jobs[:1]  # before running: one job
+    with pytest.raises(ValueError, match="job_lifetime_s"):
+        ClusterSimulator(SimConfig(job_lifetime_s=-1.0))
+
+
+def test_fleet_options_together_split_across_workers_write_the_same_bytes(tmp_path: Path) -> None:
+    config = SimConfig(
+        nodes=8,
+        duration_s=600.0,
+        seed=4,
+        random_faults=1,
+        job_lifetime_s=200.0,
+        job_gap_s=60.0,
+        clock_offset_s=0.5,
+        faults=[FaultSpec("host_slow", node="node-003", onset_s=100.0)],
+    )
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    truth_one, _ = write_jsonl(config, one, workers=1)
+    truth_two, _ = write_jsonl(config, two, workers=2)
+    assert one.read_bytes() == two.read_bytes()
+    assert truth_one == truth_two and truth_one.clock_offsets is not None
+    assert {"job_end", "warmup"} <= {c.kind for c in truth_one.confounders}

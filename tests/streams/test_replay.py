@@ -100,11 +100,17 @@ def test_replayed_recording_through_a_live_worker_gives_the_backtests_flags(
         time.sleep(3)  # findings → fusion → flags
         got = read_flags(kafka_settings, want=10_000, timeout_s=8, worker=worker)
     assert_same_claims(claims(got), expected)
-    # and each of the backtest's warning/critical flags is among the worker's, at the same
-    # event time once the shift is taken off (up to float rounding of the shift): the
-    # detectors run on event time only. Flag ids differ: they hash the evidence's times.
+    # and the first of each of the backtest's warning/critical claims is among the worker's,
+    # at the same event time once the shift is taken off (up to float rounding of the
+    # shift): the detectors run on event time only. (A later re-flag of a claim, after its
+    # suspicion ended, depends on whether the node's other findings — a straggler found by
+    # the job stream, consumed at its own pace — were withdrawn before it, as
+    # assert_same_claims says; flag ids differ: they hash the evidence's times.)
     shift = summary["shift_s"]
-    for want in (f for f in expected_flags if f.severity != "info"):
+    first: dict[tuple[object, ...], Flag] = {}
+    for f in expected_flags:
+        first.setdefault((f.node, f.category, f.severity, f.detector), f)  # type: ignore[attr-defined, arg-type]
+    for want in (f for f in first.values() if f.severity != "info"):
         assert any(
             (f.node, f.category, f.severity, f.detector)
             == (want.node, want.category, want.severity, want.detector)  # type: ignore[attr-defined]

@@ -150,10 +150,18 @@ def test_gpus_on_a_node_declared_gpu_less_fail_it() -> None:
 
 
 def test_a_gpu_check_without_a_floor_or_fleet_is_untested_on_a_gpu_node() -> None:
-    result = gpu_sweep(8, ["hbm", "gpu_health"])  # no shipped H100 HBM floor, no fleet yet
+    doc = copy.deepcopy(RECORDED)
+    for gpu in doc["gpus"]:
+        gpu["name"] = "NVIDIA L40S"  # a SKU without shipped floors, and no fleet yet
+    ctx = CheckContext(
+        node="n", gpu=RecordedTorch(doc), nvml=RecordedNvml(doc), scale=0.01, expected_gpus=8
+    )
+    checks = select_checks(["gemm_bf16", "gpu_health"], gpu=True, sweep="single")
+    result = run_sweep(ctx, checks, FleetBaseline({}))
     assert not result.passed
-    hbm = next(c for c in result.checks if c.name.startswith("hbm_copy_gbps"))
-    assert not hbm.passed and "untested: neither a floor nor a fleet baseline" in hbm.detail
+    gemm = next(c for c in result.checks if c.name.startswith("gemm_bf16_tflops"))
+    assert not gemm.passed and "untested: neither a floor nor a fleet baseline" in gemm.detail
+    assert "for gemm_bf16_tflops" in result.checks[-1].detail
 
 
 def line(node: str, checks: list[SweepCheck]) -> str:

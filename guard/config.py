@@ -410,7 +410,13 @@ class SweepSettings(Section):
         le=1,
         description="CPU soak fails when its last third runs below this fraction of its first",
     )
-    expected_gpus: int | None = Field(None, ge=0, description="GPUs this node should have")
+    expected_gpus: int | None = Field(
+        None,
+        ge=0,
+        description="GPUs this node should have (0: a node without GPUs, the only one the CPU "
+        "checks may pass); unset: the sweep is untested. The Slurm and Kubernetes executors set "
+        "it from the scheduler's inventory (Gres=gpu:N, allocatable nvidia.com/gpu)",
+    )
     expected_bus_ids: list[str] = Field(
         default_factory=list, description="PCI bus ids the GPUs should have (nvidia-smi -q)"
     )
@@ -425,6 +431,12 @@ class SweepSettings(Section):
     )
     fleet_window: int = Field(20, ge=1, description="last passing sweeps per SKU in the median")
     fleet_min_sweeps: int = Field(3, ge=1, description="sweeps the fleet median needs to judge")
+    floors: dict[str, float] = Field(
+        default_factory=dict,
+        description="the site's floors by check family (e.g. cpu_matmul_gflops = 50), for "
+        "checks without a shipped floor for the node's SKU: a throughput judged by neither a "
+        "floor nor a fleet median is untested, and fails",
+    )
     fleet_tolerance: float = Field(
         0.05, gt=0, lt=1, description="fail when this fraction below the fleet median"
     )

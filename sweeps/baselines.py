@@ -29,7 +29,7 @@ import logging
 import re
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +79,17 @@ def _aznhc(conf: str, line: str, value: float, unit: str) -> Floor:
     return Floor(value, unit, f"{_AZNHC}{conf}: {line}")
 
 
+_DATASHEET = "NVIDIA datasheet"
+# Healthy large GEMMs and copies run well below the datasheets' dense peaks; these typical
+# figures scale the commonly reported H100 SXM ones (BF16 ~650 TFLOPS of 989, a copy ~87 % of
+# HBM bandwidth) by each part's peak: unverified until a recording replaces them.
+_TYPICAL = "scaled from commonly reported healthy H100 SXM figures"
+
+
+def _typical(value: float, unit: str, peak: str) -> Floor:
+    return Floor(value, unit, f"{_TYPICAL}; {_DATASHEET}: {peak}", "typical", verified=False)
+
+
 #: Per-SKU floors by check family. The single-node all-reduce floors are Azure's 8-GPU
 #: numbers at 16 GB (H100, H200) and 4 GB (A100) messages; Guard's largest is 8 GB.
 FLOORS: dict[str, dict[str, Floor]] = {
@@ -86,6 +97,9 @@ FLOORS: dict[str, dict[str, Floor]] = {
         "gemm_bf16_tflops": Floor(
             650, "TFLOPS", "healthy BF16 GEMM as commonly reported (peak 989)", "typical", False
         ),
+        "gemm_fp16_tflops": _typical(650, "TFLOPS", "FP16 dense peak 989 TFLOPS"),
+        "gemm_tf32_tflops": _typical(325, "TFLOPS", "TF32 dense peak 495 TFLOPS"),
+        "hbm_copy_gbps": _typical(2900, "GB/s", "HBM3 3.35 TB/s"),
         "nccl_allreduce_busbw_gbps": _aznhc(
             "nd96isr_h100_v5.conf", "check_nccl_allreduce 460.0 ... 16G", 460, "GB/s"
         ),
@@ -93,7 +107,11 @@ FLOORS: dict[str, dict[str, Floor]] = {
         "d2h_gbps": _aznhc("nd96isr_h100_v5.conf", "check_cuda_bw 52", 52, "GB/s"),
         "ib_write_bw_gbps": _aznhc("nd96isr_h100_v5.conf", "check_ib_bw_gdr 375", 375, "Gb/s"),
     },
-    "H200": {
+    "H200": {  # H200 SXM (141 GB); the NVL part and GH200 have their own rows
+        "gemm_bf16_tflops": _typical(650, "TFLOPS", "BF16 dense peak 989 TFLOPS, as H100 SXM"),
+        "gemm_fp16_tflops": _typical(650, "TFLOPS", "FP16 dense peak 989 TFLOPS"),
+        "gemm_tf32_tflops": _typical(325, "TFLOPS", "TF32 dense peak 495 TFLOPS"),
+        "hbm_copy_gbps": _typical(4150, "GB/s", "HBM3e 4.8 TB/s"),
         "nccl_allreduce_busbw_gbps": _aznhc(
             "nd96isr_h200_v5.conf", "check_nccl_allreduce 431.0 ... 16G", 431, "GB/s"
         ),
@@ -110,6 +128,24 @@ FLOORS: dict[str, dict[str, Floor]] = {
             verified=False,
         ),
         "ib_write_bw_gbps": _aznhc("nd96isr_h200_v5.conf", "check_ib_bw_gdr 360", 360, "Gb/s"),
+    },
+    # PCIe cards (600 W / 400 W, NVLink bridges of 2 or 4): no 8-GPU all-reduce floor applies
+    "H200 NVL": {
+        "gemm_bf16_tflops": _typical(550, "TFLOPS", "BF16 dense peak 835 TFLOPS (1,671 sparse)"),
+        "gemm_fp16_tflops": _typical(550, "TFLOPS", "FP16 dense peak 835 TFLOPS"),
+        "hbm_copy_gbps": _typical(4150, "GB/s", "HBM3e 4.8 TB/s"),
+    },
+    "H100 NVL": {
+        "gemm_bf16_tflops": _typical(550, "TFLOPS", "BF16 dense peak 835 TFLOPS (1,671 sparse)"),
+        "gemm_fp16_tflops": _typical(550, "TFLOPS", "FP16 dense peak 835 TFLOPS"),
+        "hbm_copy_gbps": _typical(3400, "GB/s", "HBM3 3.9 TB/s"),
+    },
+    # one GPU per Grace Hopper superchip: no 8-GPU all-reduce floor; HBM3 96 GB at 4 TB/s
+    # (the 144 GB HBM3e part is faster, so this floor is the lower of the two)
+    "GH200": {
+        "gemm_bf16_tflops": _typical(650, "TFLOPS", "BF16 dense peak 989 TFLOPS"),
+        "gemm_fp16_tflops": _typical(650, "TFLOPS", "FP16 dense peak 989 TFLOPS"),
+        "hbm_copy_gbps": _typical(3450, "GB/s", "HBM3 4 TB/s (96 GB part)"),
     },
     "A100 80GB": {
         "gemm_fp16_tflops": Floor(275, "TFLOPS", _SUPERBENCH, "typical", False),
@@ -176,44 +212,63 @@ def judge(
     fleet: FleetBaseline,
     tolerance: float = 0.05,
     min_sweeps: int = 3,
+    site_floors: Mapping[str, float] | None = None,
 ) -> list[CheckResult]:
-    """Apply the floor and the fleet median to every judged result (in place; returned)."""
+    """Apply the floor and the fleet median to every judged result (in place; returned).
+
+    The floor is the shipped one for ``sku``, else the site's (``sweep.floors``, by family).
+    A judged result with neither a floor nor a fleet baseline is untested: it fails, and
+    says which baseline it lacks (a sweep never passes on a number nothing was compared to).
+    """
     floors = FLOORS.get(sku, {})
     for r in results:
         if not r.judged or r.value is None:
             continue
         fam = family(r.name)
         notes = []
-        floor = floors.get(fam)
+        floor, whose = floors.get(fam), f"{sku} floor"
+        if floor is None and site_floors and fam in site_floors:
+            floor, whose = Floor(site_floors[fam], r.unit, f"sweep.floors.{fam}"), "site floor"
+        judged_by = []
         if floor is not None and floor.unit == r.unit:
             r.baseline = floor.floor
+            judged_by.append(f"{whose} {floor.floor:g}")
             if r.value < floor.floor:
                 r.passed = False
                 where = f"{floor.floor:g} {r.unit} ({floor.describe()})"
-                notes.append(f"under the {sku} floor of {where}")
+                notes.append(f"under the {whose} of {where}")
             else:
-                notes.append(f"above the {sku} floor of {floor.floor:g} {r.unit}")
+                notes.append(f"above the {whose} of {floor.floor:g} {r.unit}")
         elif sku.startswith("cpu:"):
             notes.append("CPU host: no floor, fleet baseline only")
         else:
             notes.append(f"no {sku} floor for {fam}")
-        notes.append(_fleet_note(r, sku, fam, fleet, tolerance, min_sweeps))
+        fleet_note, median_of = _fleet_note(r, sku, fam, fleet, tolerance, min_sweeps)
+        notes.append(fleet_note)
+        if median_of is not None:
+            judged_by.append(f"fleet median {median_of:g}")
+        r.against = " and ".join(judged_by)
+        if not judged_by:
+            r.passed = False
+            notes.append(
+                f"untested: neither a floor nor a fleet baseline to judge it by (set "
+                f"sweep.floors.{fam}, or let {min_sweeps} released {sku} nodes pass first)"
+            )
         r.detail = "; ".join(n for n in [r.detail, *notes] if n)
     return results
 
 
 def _fleet_note(
     r: CheckResult, sku: str, fam: str, fleet: FleetBaseline, tolerance: float, min_sweeps: int
-) -> str:
+) -> tuple[str, float | None]:
+    """What the fleet median says of ``r``, and the median when there was one to judge by."""
     got = fleet.get(sku, fam)
     if got is None or got[1] < min_sweeps:
         have = 0 if got is None else got[1]
         why = f" ({fleet.note})" if fleet.note else ""
-        return (
-            f"no fleet baseline yet{why}"
-            if not have
-            else (f"fleet baseline from {have} sweeps only (needs {min_sweeps})")
-        )
+        if not have:
+            return f"no fleet baseline yet{why}", None
+        return f"fleet baseline from {have} sweeps only (needs {min_sweeps})", None
     med, count = got
     assert r.value is not None
     r.baseline = med
@@ -221,8 +276,10 @@ def _fleet_note(
     text = f"fleet median {med:g} {r.unit} of {count} passing {sku} sweeps"
     if below > tolerance:
         r.passed = False
-        return f"{below:.1%} below the {text} (> {tolerance:.0%} fails)"
-    return f"{max(below, 0):.1%} below the {text}" if below > 0 else f"at or above the {text}"
+        return f"{below:.1%} below the {text} (> {tolerance:.0%} fails)", med
+    if below > 0:
+        return f"{below:.1%} below the {text}", med
+    return f"at or above the {text}", med
 
 
 _FIELDS = ("name", "value", "unit", "baseline", "passed", "detail")

@@ -50,6 +50,8 @@ from guard.config import ConfigError, Settings
 from guard.schemas import SchemaError, SweepCheck, SweepResult, decode, stable_id
 from guard.schemas.truth import Fault, Truth, ramped_slowdown
 
+from .checks.base import COVERAGE_CHECK
+
 __all__ = [
     "NO_EXECUTOR_HINT",
     "CheckCommand",
@@ -415,13 +417,23 @@ class CommandExecutor:
 
 
 def parse_sweep_output(
-    node: str, argv: Sequence[str], returncode: int, stdout: str, stderr: str
+    node: str,
+    argv: Sequence[str],
+    returncode: int,
+    stdout: str,
+    stderr: str,
+    expected_gpus: int | None = None,
 ) -> list[SweepCheck]:
     """The checks of the one ``sweep`` JSON line ``guard sweep run --json`` printed on ``node``.
 
     Anything else — no line, a line for another node, an exit status other than 0 (passed)
     or 1 (a check failed) — is a failed check that says what happened, so that nothing passes
-    untested. Shared by the executors that run the command remotely (ssh, Slurm).
+    untested. Shared by the executors that run the command remotely (ssh, Slurm, Kubernetes).
+
+    What the verdict covers is checked too: the line must carry its ``sweep_coverage`` check,
+    and where the scheduler says how many GPUs the node has (``expected_gpus``), the sweep must
+    have been judged against that many and seen that many (a GPU node judged on CPU checks,
+    or by a sweep that was told another count, does not pass).
     """
     result: SweepResult | None = None
     for line in reversed(stdout.splitlines()):
@@ -453,7 +465,47 @@ def parse_sweep_output(
         checks.append(
             SweepCheck(name="sweep_error", passed=False, detail=f"exited {returncode}: {tail}")
         )
+    checks += _coverage_problems(result, expected_gpus, command)
     return checks
+
+
+def _coverage_problems(
+    result: SweepResult, expected_gpus: int | None, command: str
+) -> list[SweepCheck]:
+    """Failed checks for a verdict that does not cover what the node should have."""
+    covered = next((c for c in result.checks if c.name == COVERAGE_CHECK), None)
+    if covered is None:
+        return [
+            SweepCheck(
+                name="sweep_uncovered",
+                passed=False,
+                detail=f"untested: the sweep line does not say what it covered (no "
+                f"{COVERAGE_CHECK} check): is the node's guard older than the orchestrator? "
+                f"({command})",
+            )
+        ]
+    if expected_gpus is None:
+        return []
+    problems = []
+    if covered.baseline is None or int(covered.baseline) != expected_gpus:
+        told = "no count" if covered.baseline is None else f"{covered.baseline:g}"
+        problems.append(f"the sweep was judged against {told} expected GPUs")
+    if covered.value is None or int(covered.value) != expected_gpus:
+        seen = "none" if covered.value is None else f"{covered.value:g}"
+        problems.append(f"it saw {seen}")
+    if not problems:
+        return []
+    return [
+        SweepCheck(
+            name="sweep_gpus_expected",
+            value=covered.value,
+            unit="gpus",
+            baseline=float(expected_gpus),
+            passed=False,
+            detail=f"the scheduler says {result.node} has {expected_gpus} GPUs; "
+            + ", ".join(problems),
+        )
+    ]
 
 
 class SshExecutor:

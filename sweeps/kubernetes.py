@@ -77,6 +77,14 @@ def reason_tag(reason: str) -> str:
     return tag[:63].rstrip("-_.") or "flagged"
 
 
+def _count(quantity: str) -> int | None:
+    """An allocatable GPU count (``"8"``); None when it is not a whole number."""
+    try:
+        return int(quantity)
+    except ValueError:
+        return None
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -390,6 +398,8 @@ class KubernetesSweepExecutor:
                 "operator": "Exists",
                 "effect": "NoSchedule",
             },
+            # GPU nodes are commonly tainted for GPU pods only (the GPU operator's default)
+            {"key": self.scheduler.gpu_resource, "operator": "Exists", "effect": "NoSchedule"},
         ]
         limits = {self.scheduler.gpu_resource: gpus}  # every GPU of the node: all free by now
         return {
@@ -411,11 +421,19 @@ class KubernetesSweepExecutor:
                                 "name": "sweep",
                                 "image": self.image,
                                 "command": shlex.split(self.job.command.format(node=node)),
-                                "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+                                "env": [
+                                    {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+                                    # judged against the node's allocatable GPUs, not what
+                                    # the pod happens to see
+                                    {"name": "GUARD_SWEEP_EXPECTED_GPUS", "value": gpus},
+                                ],
                                 "resources": {"limits": limits},
                                 "securityContext": {"privileged": True},
+                                "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
                             }
                         ],
+                        # NCCL's shared-memory transport needs more than the runtime's 64 MiB
+                        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
                     },
                 },
             },
@@ -443,7 +461,7 @@ class KubernetesSweepExecutor:
             self.job_manifest(node, name, gpus),
         )
         try:
-            return self._wait_and_read(ns, name, node)
+            return self._wait_and_read(ns, name, node, _count(gpus))
         finally:
             call(
                 f"deleting Job {name}",
@@ -453,7 +471,7 @@ class KubernetesSweepExecutor:
                 propagation_policy="Background",
             )
 
-    def _wait_and_read(self, ns: str, name: str, node: str) -> list[SweepCheck]:
+    def _wait_and_read(self, ns: str, name: str, node: str, gpus: int | None) -> list[SweepCheck]:
         call = self.scheduler._call
         deadline = time.monotonic() + self.job.sweep_timeout_s
         while True:
@@ -476,4 +494,6 @@ class KubernetesSweepExecutor:
             return [SweepCheck(name="sweep_job", passed=False, detail=f"Job {name} left no pod")]
         pod = pods.items[0].metadata.name
         logs = call(f"reading the log of {pod}", api.read_namespaced_pod_log, pod, ns)
-        return parse_sweep_output(node, [f"job/{name}"], 0 if status.succeeded else 1, logs, "")
+        return parse_sweep_output(
+            node, [f"job/{name}"], 0 if status.succeeded else 1, logs, "", expected_gpus=gpus
+        )

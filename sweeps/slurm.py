@@ -10,8 +10,11 @@ How Guard owns a node (checked on Debian's Slurm 22.05, see docs/orchestrator.md
 3. A maintenance reservation ``guard-<NodeName>`` (``Flags=MAINT,IGNORE_JOBS``, ``Users=`` Guard's
    user) on the node, then ``State=RESUME``: a DRAINED node refuses every job, root's too, while a
    reserved node takes only ``srun --reservation=guard-<NodeName>`` jobs.
-4. The sweep runs as ``srun --reservation=... -w X -N1 <command>`` and prints one ``sweep``
-   message (``guard sweep run --json``).
+4. The sweep runs as ``srun --reservation=... -w X -N1 --exclusive --gres=gpu:N <command>``
+   — the whole node, every GPU its ``Gres=gpu:N`` declares (a cgroup with ``ConstrainDevices``
+   would hide the GPUs of a job that asks for none) — with ``GUARD_SWEEP_EXPECTED_GPUS=N``, and
+   prints one ``sweep`` message (``guard sweep run --json``), judged against those N GPUs. A
+   node without GPU GRES is a node without GPUs: the CPU checks are all it can pass.
 5. Pass: delete the reservation (the node is back). Fail: DRAIN again with a ``guard:`` reason
    (repair), then delete the reservation.
 
@@ -28,8 +31,10 @@ Example
 >>> n = SlurmNode.parse(line)
 >>> n.name, n.base, sorted(n.flags), n.reason
 ('gpu-001', 'IDLE', ['DRAIN'], 'guard: cordoned for sweep')
->>> n.drained, n.drained_by_guard, n.drained_by_other
-(True, True, False)
+>>> n.drained, n.drained_by_guard, n.drained_by_other, n.gpus
+(True, True, False, 0)
+>>> SlurmNode.parse("NodeName=g2 Gres=gpu:h100:4(S:0),gpu:h100:4(S:1),nvme:1 State=IDLE").gpus
+8
 >>> admin = SlurmNode.parse("NodeName=gpu-002 State=MIXED+DRAIN Reason=bad dimm [ann@2026-12-01]")
 >>> admin.reason, admin.drained, admin.drained_by_other
 ('bad dimm', False, True)
@@ -67,6 +72,8 @@ log = logging.getLogger(__name__)
 GUARD_REASON_PREFIX = "guard:"
 _BUSY = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
 _REASON_STAMP = re.compile(r"\s*\[[^\]]*@[^\]]*\]\s*$")
+_GRES_SOCKETS = re.compile(r"\([^)]*\)")
+_GRES_GPU = re.compile(r"(?:^|,)gpu(?::[^:,]+)?:(\d+)")
 
 
 class NodeNotOwned(RuntimeError):
@@ -81,17 +88,21 @@ class SlurmNode:
     base: str
     flags: frozenset[str]
     reason: str
+    #: GPUs the node's ``Gres=`` declares (``gpu:8``, ``gpu:h100:4(S:0),...``): what it has.
+    gpus: int = 0
 
     @classmethod
     def parse(cls, line: str) -> SlurmNode:
         head, _, reason = line.partition(" Reason=")
         fields = dict(w.split("=", 1) for w in head.split() if "=" in w)
         state = fields.get("State", "UNKNOWN").upper().split("+")
+        gres = _GRES_SOCKETS.sub("", fields.get("Gres", ""))
         return cls(
             name=fields.get("NodeName", ""),
             base=state[0].rstrip("*~#!%$@^-"),
             flags=frozenset(state[1:]),
             reason=_REASON_STAMP.sub("", reason).strip(),
+            gpus=sum(int(m.group(1)) for m in _GRES_GPU.finditer(gres)),
         )
 
     @property
@@ -395,17 +406,12 @@ class SlurmSweepExecutor:
         except NodeNotOwned as exc:
             return [SweepCheck(name="slurm_node_not_owned", passed=False, detail=str(exc))]
         slurm_node = self.scheduler.names.slurm(node)
-        minutes = max(1, int(self.job.sweep_timeout_s // 60))
-        argv = [
-            self.scheduler.cli.srun,
-            f"--reservation={reservation}",
-            f"--nodelist={slurm_node}",
-            "--nodes=1",
-            "--ntasks=1",
-            "--job-name=guard-sweep",
-            f"--time={minutes}",
-            *shlex.split(self.job.command.format(node=node, slurm_node=slurm_node)),
-        ]
+        try:
+            gpus = self.scheduler.state(node).gpus  # what the node has, from the inventory
+        except SchedulerError as exc:
+            return [SweepCheck(name="slurm_inventory", passed=False, detail=str(exc))]
+        argv = self.srun_argv(node, slurm_node, reservation, gpus)
+
         started = time.monotonic()
         try:
             done = subprocess.run(
@@ -414,4 +420,24 @@ class SlurmSweepExecutor:
         except (OSError, subprocess.TimeoutExpired) as exc:
             return [SweepCheck(name="sweep_job", passed=False, detail=f"{shlex.join(argv)}: {exc}")]
         log.info("sweep job on %s took %.1f s", node, time.monotonic() - started)
-        return parse_sweep_output(node, argv, done.returncode, done.stdout, done.stderr)
+        return parse_sweep_output(
+            node, argv, done.returncode, done.stdout, done.stderr, expected_gpus=gpus
+        )
+
+    def srun_argv(self, node: str, slurm_node: str, reservation: str, gpus: int) -> list[str]:
+        """The sweep job: the whole node (``--exclusive``) and all its GPUs, in Guard's
+        reservation, told how many GPUs to expect."""
+        minutes = max(1, int(self.job.sweep_timeout_s // 60))
+        return [
+            self.scheduler.cli.srun,
+            f"--reservation={reservation}",
+            f"--nodelist={slurm_node}",
+            "--nodes=1",
+            "--ntasks=1",
+            "--exclusive",
+            *([f"--gres=gpu:{gpus}"] if gpus else []),
+            f"--export=ALL,GUARD_SWEEP_EXPECTED_GPUS={gpus}",
+            "--job-name=guard-sweep",
+            f"--time={minutes}",
+            *shlex.split(self.job.command.format(node=node, slurm_node=slurm_node)),
+        ]

@@ -11,6 +11,11 @@
 #
 # Settings known to work here (see FIELD-NOTES.md): ProctrackType=proctrack/linuxproc,
 # TaskPlugin=task/none and no cgroup.conf (22.05 has no CgroupPlugin=disabled: slurmd would fail).
+# The node declares GUARD_CI_SLURM_GPUS (default 2) GPUs as GRES (GresTypes=gpu, `Gres=gpu:N`,
+# gres.conf `File=` device files that are links to /dev/null: slurmd drops a file-less GPU), so
+# that the sweep's
+# `srun --gres=gpu:N --exclusive` is scheduled by the real slurmctld, and the sweep on this
+# GPU-less host is judged against N expected GPUs (it must not pass).
 # Slurm's ports are fixed (6817/6818), so there is one such cluster per host: its files live in
 # GUARD_CI_SLURM_DIR (default /var/tmp/guard-slurm), whichever checkout started it.
 # Environment: GUARD_CI_SLURM_DIR, GUARD_CI_SLURM_START_TIMEOUT (s, default 60).
@@ -19,6 +24,7 @@ set -euo pipefail
 dir="${GUARD_CI_SLURM_DIR:-/var/tmp/guard-slurm}"
 conf="$dir/slurm.conf"
 node="$(hostname -s)"
+gpus="${GUARD_CI_SLURM_GPUS:-2}"
 log() { echo "slurm.sh: $*" >&2; }
 
 install_packages() {
@@ -61,14 +67,20 @@ SelectTypeParameters=CR_CPU
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 ReturnToService=2
+GresTypes=gpu
 JobRequeue=1
 SlurmdTimeout=30
 InactiveLimit=0
 MinJobAge=60
 KillWait=5
-NodeName=$node CPUs=$cpus RealMemory=$mem State=UNKNOWN
+NodeName=$node CPUs=$cpus RealMemory=$mem Gres=gpu:$gpus State=UNKNOWN
 PartitionName=guard Nodes=$node Default=YES MaxTime=INFINITE State=UP
 CONF
+  # slurmd reads gres.conf next to slurm.conf; gres/gpu wants a device file per GPU (it drops
+  # `Count=`-only GPUs), and there is no GPU here: each is a link to /dev/null
+  mkdir -p "$dir/dev"
+  for ((i = 0; i < gpus; i++)); do ln -sfn /dev/null "$dir/dev/nvidia$i"; done
+  echo "NodeName=$node Name=gpu File=$dir/dev/nvidia[0-$((gpus - 1))]" > "$dir/gres.conf"
 }
 
 pid_alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -87,6 +99,7 @@ start_munge() {
 exports() {
   echo "export SLURM_CONF=$conf"
   echo "export GUARD_CI_SLURM_NODE=$node"
+  echo "export GUARD_CI_SLURM_GPUS=$gpus"
 }
 
 node_state() { SLURM_CONF="$conf" sinfo -h -n "$node" -o %T 2>/dev/null | head -1; }

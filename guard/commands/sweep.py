@@ -21,15 +21,16 @@ from .common import add_log_level, configure_logging
 __all__ = ["register"]
 
 
-def _nvml() -> Any:
-    """``pynvml``, initialised, when an NVIDIA driver is here; else None."""
+def _nvml() -> tuple[Any, str]:
+    """``pynvml``, initialised, when an NVIDIA driver is here; else None and why not (the
+    sweep's coverage fails a node that should have GPUs with that reason)."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
-    except Exception:  # no library, no driver: the CPU path
-        return None
-    return pynvml
+    except Exception as exc:  # no library, no driver, a driver/library mismatch
+        return None, f"{type(exc).__name__}: {exc}"[:300]
+    return pynvml, ""
 
 
 def _broker_listens(bootstrap: str, timeout_s: float = 2.0) -> bool:
@@ -80,7 +81,7 @@ def _context(args: argparse.Namespace, settings: Settings, node: str) -> tuple[A
     from guard.sweeps.checks.gpu_backend import torch_backend
 
     s = settings.sweep
-    nvml = _nvml()
+    nvml, nvml_error = _nvml()
     gpus = nvml.nvmlDeviceGetCount() if nvml is not None else 0
     backend = torch_backend() if gpus else None
     if gpus and backend is None:
@@ -99,6 +100,7 @@ def _context(args: argparse.Namespace, settings: Settings, node: str) -> tuple[A
         node=node,
         gpu=backend,
         nvml=nvml,
+        nvml_error=nvml_error,
         nic=nic,
         expected_gpus=s.expected_gpus,
         expected_bus_ids=s.expected_bus_ids,
@@ -172,6 +174,7 @@ def cmd_sweep_run(args: argparse.Namespace, settings: Settings) -> int:
         tolerance=settings.sweep.fleet_tolerance,
         on_result=done,
         min_sweeps=settings.sweep.fleet_min_sweeps,
+        floors=settings.sweep.floors,
     )
     if args.json:
         sys.stdout.write(encode(result).decode() + "\n")

@@ -8,25 +8,46 @@ without GPUs runs — and says so in every check's detail.
 :func:`select_checks` picks the checks by name (``--checks``); :func:`run_sweep` runs them,
 applies the baselines (:mod:`guard.sweeps.baselines`) and returns the ``sweep`` message.
 
+The sweep fails closed. What the node should have (``ctx.expected_gpus``) comes from the
+scheduler's inventory or from config, never from what the sweep sees; every sweep ends with a
+``sweep_coverage`` check (value: GPUs seen, baseline: GPUs expected) that says what kind of
+node was judged and what was measured against which baseline, and fails — ``untested`` — when
+no GPU count was declared, when fewer (or more) GPUs answer than declared, when NVML did not
+start on a GPU node, when a GPU node ran only CPU checks, or when nothing was measured. The CPU
+path is for nodes declared GPU-less (``expected_gpus = 0``) only.
+
 Example
 -------
 >>> from guard.sweeps.baselines import FleetBaseline
->>> ctx = CheckContext(node="n1")
+>>> ctx = CheckContext(node="n1", expected_gpus=0)
 >>> checks = select_checks(["cpu_count"], gpu=False, sweep="single")
 >>> result = run_sweep(ctx, checks, FleetBaseline({}), sweep="single")
 >>> result.kind, [c.name for c in result.checks], result.checks[0].detail.startswith("CPU path")
-('sweep', ['cpu_count'], True)
+('sweep', ['cpu_count', 'sweep_coverage'], True)
+>>> result.passed, result.checks[-1].detail.split("; ")[:2]
+(True, ['kind=cpu (declared GPU-less)', '0 GPUs seen of 0 expected'])
+>>> eight = run_sweep(CheckContext(node="n1", expected_gpus=8), checks, FleetBaseline({}))
+>>> eight.passed, eight.checks[-1].detail.split("; ")[2]
+(False, 'failed: 8 GPUs expected, 0 seen (NVML not started)')
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from guard.schemas import SweepResult, stable_id
 
-from .base import Check, CheckContext, CheckError, CheckResult, run_timed
+from .base import (
+    COVERAGE_CHECK,
+    Check,
+    CheckContext,
+    CheckError,
+    CheckResult,
+    family,
+    run_timed,
+)
 from .cpu import CpuCountCheck, CpuMatmulCheck, CpuMemoryBandwidthCheck, CpuSoakCheck, cpu_model
 from .gpu import GemmCheck, GpuSoakCheck, HbmCopyCheck, HostDeviceCheck
 from .network import IbWriteBwCheck, NcclAllReduceCheck, NicCheck
@@ -36,6 +57,7 @@ if TYPE_CHECKING:
     from ..baselines import FleetBaseline
 
 __all__ = [
+    "COVERAGE_CHECK",
     "CPU_CHECKS",
     "CPU_NOTE",
     "GPU_CHECKS",
@@ -44,6 +66,7 @@ __all__ = [
     "CheckContext",
     "CheckError",
     "CheckResult",
+    "coverage",
     "detect_sku",
     "run_sweep",
     "select_checks",
@@ -114,6 +137,64 @@ def detect_sku(ctx: CheckContext) -> str:
     return f"cpu:{cpu_model()}"
 
 
+def gpus_seen(ctx: CheckContext) -> int:
+    """GPUs NVML answers for (0 when NVML did not start)."""
+    if ctx.nvml is None:
+        return 0
+    try:
+        return int(ctx.nvml.nvmlDeviceGetCount())
+    except Exception:  # a driver that fails after init counts as no GPU
+        return 0
+
+
+def coverage(ctx: CheckContext, results: Sequence[CheckResult], gpu_path: bool) -> CheckResult:
+    """What the sweep covered, and whether that is enough to judge the node (see the module)."""
+    want, seen = ctx.expected_gpus, gpus_seen(ctx)
+    problems: list[str] = []
+    if want is None:
+        problems.append(
+            "untested: no GPU count declared for this node (sweep.expected_gpus, 0 for a node "
+            "without GPUs; the Slurm and Kubernetes executors pass the scheduler's count)"
+        )
+    elif want > 0:
+        if ctx.nvml is None:
+            why = f": {ctx.nvml_error}" if ctx.nvml_error else ""
+            problems.append(f"failed: {want} GPUs expected, 0 seen (NVML not started{why})")
+        elif seen != want:
+            problems.append(f"failed: {want} GPUs expected, {seen} seen")
+        if not gpu_path:
+            problems.append("failed: a GPU node is not judged on CPU checks")
+    elif seen > 0:
+        problems.append(f"failed: declared GPU-less (expected 0) but {seen} GPUs seen")
+    measured = [r for r in results if r.value is not None]
+    if not measured:
+        problems.append("untested: no check measured anything")
+    judged = [r for r in results if r.judged and r.value is not None]
+    against = sorted({f"{family(r.name)} vs {r.against}" for r in judged if r.against})
+    unjudged = sorted({family(r.name) for r in judged if not r.against})
+    if unjudged:
+        problems.append(f"untested: neither a floor nor a fleet baseline for {', '.join(unjudged)}")
+    if want is None:
+        kind = "gpu" if gpu_path else "cpu"
+    else:
+        kind = "gpu" if want else "cpu (declared GPU-less)"
+    parts = [
+        f"kind={kind}",
+        f"{seen} GPUs seen of {'an undeclared count' if want is None else want} expected",
+        *problems,
+        f"{len(measured)} of {len(results)} results measured a value",
+        f"judged: {', '.join(against)}" if against else "no throughput judged",
+    ]
+    return CheckResult(
+        COVERAGE_CHECK,
+        float(seen),
+        "gpus",
+        passed=not problems,
+        baseline=None if want is None else float(want),
+        detail="; ".join(parts),
+    )
+
+
 def run_sweep(
     ctx: CheckContext,
     checks: Sequence[Check],
@@ -122,8 +203,11 @@ def run_sweep(
     tolerance: float = 0.05,
     on_result: Callable[[CheckResult], None] = lambda r: None,
     min_sweeps: int = 3,
+    floors: Mapping[str, float] | None = None,
 ) -> SweepResult:
-    """Run ``checks`` on this host, judge them against the baselines; the ``sweep`` message."""
+    """Run ``checks`` on this host, judge them against the baselines (the shipped floors,
+    the site's ``floors`` by family, the fleet), add what the sweep covered; the ``sweep``
+    message."""
     from ..baselines import judge  # baselines reads the checks' base: import it late
 
     sku = detect_sku(ctx)
@@ -139,13 +223,16 @@ def run_sweep(
     results: list[CheckResult] = []
     for i, check in enumerate(checks):
         got = [failed_start[i]] if i in failed_start else run_timed(check, ctx)
-        judge(got, sku, fleet, tolerance, min_sweeps)
+        judge(got, sku, fleet, tolerance, min_sweeps, floors or {})
         if sku.startswith("cpu:"):
             for r in got:
                 r.detail = f"{CPU_NOTE}; {r.detail}" if r.detail else CPU_NOTE
         for r in got:
             on_result(r)
         results += got
+    covered = coverage(ctx, results, gpu_path=not sku.startswith("cpu:"))
+    on_result(covered)
+    results.append(covered)
     return SweepResult(
         id=stable_id("sweep", ctx.node, sweep, started),
         ts=time.time(),
@@ -153,5 +240,5 @@ def run_sweep(
         sweep="multi" if sweep == "multi" else "single",
         peers=list(ctx.peers),
         checks=[r.to_check() for r in results],
-        passed=bool(results) and all(r.passed for r in results),
+        passed=all(r.passed for r in results),
     )

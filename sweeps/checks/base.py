@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from guard.schemas import SweepCheck
 
 __all__ = [
+    "COVERAGE_CHECK",
     "Check",
     "CheckContext",
     "CheckError",
@@ -36,6 +37,10 @@ __all__ = [
     "median",
     "run_timed",
 ]
+
+
+#: The check every sweep ends with: what it covered (value: GPUs seen, baseline: expected).
+COVERAGE_CHECK = "sweep_coverage"
 
 
 class CheckError(RuntimeError):
@@ -55,6 +60,8 @@ class CheckResult:
     duration_s: float = 0.0
     #: Whether the per-SKU floor and the fleet median judge this value (throughputs).
     judged: bool = False
+    #: The baseline that judged it ("H100 SXM floor", "fleet median"); empty: none could.
+    against: str = ""
 
     def to_check(self) -> SweepCheck:
         return SweepCheck(
@@ -80,6 +87,8 @@ class CheckContext:
     node: str
     gpu: Any = None
     nvml: Any = None
+    #: Why NVML did not start (``nvmlInit``'s error), when ``nvml`` is None.
+    nvml_error: str = ""
     nic: Any = None
     expected_gpus: int | None = None
     expected_bus_ids: Sequence[str] = ()

@@ -18,8 +18,12 @@ from .base import CheckContext, CheckError, CheckResult
 __all__ = ["GpuHealthCheck", "XidCheck", "sku_from_gpu_name"]
 
 # Marketing names NVML reports (nvmlDeviceGetName) → the SKUs of the floor table.
+# Most specific first: "NVIDIA GH200 480GB" and "NVIDIA H200 NVL" contain "H200".
 _SKU_NAMES = (
+    ("GH200", "GH200"),
+    ("H200 NVL", "H200 NVL"),
     ("H200", "H200"),
+    ("H100 NVL", "H100 NVL"),
     ("H100 80GB HBM3", "H100 SXM"),
     ("H100-SXM", "H100 SXM"),
     ("A100-SXM4-80GB", "A100 80GB"),
@@ -32,6 +36,8 @@ def sku_from_gpu_name(name: str) -> str:
 
     >>> sku_from_gpu_name("NVIDIA H100 80GB HBM3"), sku_from_gpu_name("NVIDIA L4")
     ('H100 SXM', 'NVIDIA L4')
+    >>> [sku_from_gpu_name(n) for n in ("NVIDIA GH200 480GB", "NVIDIA H200 NVL", "NVIDIA H200")]
+    ['GH200', 'H200 NVL', 'H200']
     """
     for needle, sku in _SKU_NAMES:
         if needle in name:

@@ -1,6 +1,9 @@
 """Stand-in for ``guard sweep run --json --node NODE`` inside a real Slurm job (until that
 command is merged): prints one ``sweep`` message built from schemas' model, with checks that
-say where it ran — the host, the Slurm job and its reservation, read from inside the job.
+say where it ran — the host, the Slurm job, its reservation, the GPUs Slurm gave it
+(``TresPerNode``) and whether it has the node to itself (``OverSubscribe``), read from inside
+the job. Its ``sweep_coverage`` plays a healthy GPU node: the GPUs it "sees" are those Slurm
+allocated to the job (``SLURM_GPUS_ON_NODE``), judged against ``GUARD_SWEEP_EXPECTED_GPUS``.
 
     slurm_sweep_job.py --node NODE [--fail]     exit 0 passed, 1 a check failed
 """
@@ -32,7 +35,9 @@ def main() -> int:
             name="slurm_job_host",
             passed=os.environ.get("SLURMD_NODENAME") == socket.gethostname().split(".")[0],
             detail=f"job {job} on {os.environ.get('SLURMD_NODENAME')} "
-            f"reservation={fields.get('Reservation', '')}",
+            f"reservation={fields.get('Reservation', '')} "
+            f"TresPerNode={fields.get('TresPerNode', '')} "
+            f"OverSubscribe={fields.get('OverSubscribe', '')}",
         ),
         SweepCheck(
             name="stand_in_check",
@@ -43,6 +48,18 @@ def main() -> int:
             detail="fails on --fail",
         ),
     ]
+    expected = int(os.environ.get("GUARD_SWEEP_EXPECTED_GPUS", "-1"))
+    seen = int(os.environ.get("SLURM_GPUS_ON_NODE", "0"))
+    checks.append(
+        SweepCheck(
+            name="sweep_coverage",
+            value=seen,
+            unit="gpus",
+            baseline=expected if expected >= 0 else None,
+            passed=seen == expected,
+            detail=f"{seen} GPUs allocated by Slurm of {expected} expected",
+        )
+    )
     now = time.time()
     result = SweepResult(
         id=stable_id("sweep", args.node, "single", now),

@@ -41,7 +41,7 @@ def past_sweep(
 
 
 def test_every_floor_names_its_source_and_says_when_it_is_unverified() -> None:
-    assert set(FLOORS) == {"H100 SXM", "H200", "A100 80GB"}
+    assert set(FLOORS) == {"H100 SXM", "H100 NVL", "H200", "H200 NVL", "GH200", "A100 80GB"}
     for sku, floors in FLOORS.items():
         for fam, floor in floors.items():
             assert floor.source and floor.unit in ("TFLOPS", "GB/s", "Gb/s"), (sku, fam)
@@ -49,6 +49,9 @@ def test_every_floor_names_its_source_and_says_when_it_is_unverified() -> None:
     assert FLOORS["H100 SXM"]["nccl_allreduce_busbw_gbps"].floor == 460
     assert FLOORS["H200"]["nccl_allreduce_busbw_gbps"].floor == 431
     assert FLOORS["A100 80GB"]["gemm_fp16_tflops"].floor == pytest.approx(247.5)  # 90 % of 275
+    # single-GPU and NVLink-bridged parts are not judged on the 8-GPU all-reduce floor
+    for sku in ("GH200", "H200 NVL", "H100 NVL"):
+        assert "nccl_allreduce_busbw_gbps" not in FLOORS[sku] and "hbm_copy_gbps" in FLOORS[sku]
 
 
 def test_the_fleet_median_is_per_sku_over_passing_sweeps_and_leaves_the_node_out() -> None:
@@ -82,7 +85,12 @@ def test_judging_more_than_five_percent_below_the_fleet_or_under_the_floor() -> 
     slow = verdict(660)  # 6 % below
     assert not slow.passed and slow.baseline == 702.0
     assert "6.0% below the fleet median 702 TFLOPS of 3 passing H200 sweeps" in slow.detail
-    assert "no H200 floor for gemm_bf16_tflops" in slow.detail
+    assert "above the H200 floor of 585 TFLOPS" in slow.detail
+    assert slow.against == "H200 floor 585 and fleet median 702"
+    # neither a floor nor a fleet median: untested, which fails
+    [alone] = judge([CheckResult("nic_gbps", 9.0, "Gb/s", judged=True)], "H200", FleetBaseline({}))
+    assert not alone.passed and alone.against == ""
+    assert "untested: neither a floor nor a fleet baseline" in alone.detail
     under = judge([CheckResult("h2d_gbps:gpu1", 40.0, "GB/s", judged=True)], "H100 SXM", fleet)[0]
     assert not under.passed and "under the H100 SXM floor of 52 GB/s" in under.detail
     assert "check_cuda_bw 52" in under.detail

@@ -79,13 +79,16 @@ def test_a_cpu_host_runs_the_cpu_checks_says_so_and_is_judged_by_the_fleet_only(
     checks = select_checks(["cpu_count", "cpu_matmul"], gpu=False, sweep="single")
     sku = f"cpu:{CpuCountCheck().run(CheckContext(node='x'))[0].detail[8:].split(';')[0]}"
     fleet = FleetBaseline({sku: {"cpu_matmul_gflops": (1e6, 10)}})  # a fleet far faster
-    result = run_sweep(CheckContext(node="n1"), checks, fleet)
-    assert [c.name for c in result.checks] == ["cpu_count", "cpu_matmul_gflops"]
-    assert all(c.detail.startswith(CPU_NOTE) for c in result.checks)
-    matmul = result.checks[1]
+    result = run_sweep(CheckContext(node="n1", expected_gpus=0), checks, fleet)
+    assert [c.name for c in result.checks] == ["cpu_count", "cpu_matmul_gflops", "sweep_coverage"]
+    assert all(c.detail.startswith(CPU_NOTE) for c in result.checks[:2])
+    matmul, covered = result.checks[1], result.checks[2]
     assert not matmul.passed and not result.passed
     assert "CPU host: no floor, fleet baseline only" in matmul.detail
     assert "below the fleet median 1e+06 GFLOPS of 10 passing" in matmul.detail
+    # what the verdict covered: a node declared GPU-less, judged by the fleet median
+    assert covered.passed and covered.detail.startswith("kind=cpu (declared GPU-less)")
+    assert "judged: cpu_matmul_gflops vs fleet median 1e+06" in covered.detail
     with pytest.raises(ValueError, match="unknown CPU check"):
         select_checks(["gemm_bf16"], gpu=False, sweep="single")
 
@@ -112,8 +115,15 @@ def test_the_nic_check_fails_a_slow_port_and_errors_that_grew_during_the_sweep(
     assert results["nic_link_gbps:eth0/0"].passed
 
 
+#: A node declared GPU-less, with the site floors a CPU host needs to be judged at all.
+CPU_NODE = {
+    "GUARD_SWEEP_EXPECTED_GPUS": "0",
+    "GUARD_SWEEP_FLOORS": '{"cpu_memory_bandwidth_gbps": 0.5, "cpu_matmul_gflops": 1}',
+}
+
+
 def run_guard(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, "GUARD_SWEEP_FLEET_SOURCE": "none", **(env or {})}
+    full = {**os.environ, "GUARD_SWEEP_FLEET_SOURCE": "none", **CPU_NODE, **(env or {})}
     return subprocess.run(
         [*GUARD, "sweep", "run", *args],
         check=False,
@@ -130,9 +140,11 @@ def test_guard_sweep_run_json_prints_one_sweep_line_and_exits_by_the_verdict() -
     [line] = done.stdout.splitlines()
     result = decode(line, "sweep")
     assert isinstance(result, SweepResult) and result.passed and result.node == "cpu-node-1"
-    assert [c.name for c in result.checks] == ["cpu_count", "cpu_memory_bandwidth_gbps"]
+    names = ["cpu_count", "cpu_memory_bandwidth_gbps", "sweep_coverage"]
+    assert [c.name for c in result.checks] == names
     assert "CPU (no GPU on this host) path" in done.stderr
     assert "sweep.fleet_source is none" in result.checks[1].detail
+    assert "above the site floor of 0.5 GB/s" in result.checks[1].detail
     failed = run_guard("--json", "--checks", "cpu_count", env={"GUARD_SWEEP_EXPECTED_CPUS": "4096"})
     assert failed.returncode == 1
     assert not decode(failed.stdout.strip(), "sweep").passed  # type: ignore[attr-defined]

@@ -214,9 +214,9 @@ def test_a_slow_gpu_fails_its_gemm_checks_under_the_floor() -> None:
     for dtype in ("bf16", "fp16", "tf32"):
         doc["gpus"][3]["gemm_ms"][dtype] = [ms * 1.35 for ms in doc["gpus"][3]["gemm_ms"][dtype]]
     out = sweep(doc, ["gemm_bf16", "gemm_tf32", "gpu_health"])
-    assert failing(out) == ["gemm_bf16_tflops:gpu3"]  # TF32 has no H100 floor: fleet only
+    assert failing(out) == ["gemm_bf16_tflops:gpu3", "gemm_tf32_tflops:gpu3"]
     assert "under the H100 SXM floor of 585 TFLOPS" in out["by"]["gemm_bf16_tflops:gpu3"].detail
-    assert "no H100 SXM floor for gemm_tf32_tflops" in out["by"]["gemm_tf32_tflops:gpu3"].detail
+    assert "under the H100 SXM floor of 292.5 TFLOPS" in out["by"]["gemm_tf32_tflops:gpu3"].detail
 
 
 def test_the_fleet_median_fails_a_gpu_more_than_5_percent_below_it() -> None:
@@ -275,7 +275,12 @@ def test_nvml_health_fails_a_missing_gpu_uncorrectable_ecc_and_pending_remaps() 
     doc["gpus"][2]["ecc_volatile_uncorrected"] = 3
     doc["gpus"][1]["remapped_rows"] = [2, 1, 1, 0]
     out = sweep(doc, ["gpu_health"])
-    assert failing(out) == ["gpu_count", "ecc_uncorrectable", "remapped_rows_pending_or_failed"]
+    assert failing(out) == [
+        "gpu_count",
+        "ecc_uncorrectable",
+        "remapped_rows_pending_or_failed",
+        "sweep_coverage",  # 7 GPUs seen of 8
+    ]
     by = out["by"]
     assert "expected 8; bus ids missing ['00000000:db:00.0']" in by["gpu_count"].detail
     assert by["ecc_uncorrectable"].detail.endswith("gpu2: 3")

@@ -259,14 +259,17 @@ def ssh_executor(fake_ssh: Path, checks: list[str]) -> SshExecutor:
 
 @pytest.fixture
 def no_fleet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No fleet yet; the nodes are declared GPU-less, judged on a site floor (sweep.floors)."""
     monkeypatch.setenv("GUARD_SWEEP_FLEET_SOURCE", "none")
+    monkeypatch.setenv("GUARD_SWEEP_EXPECTED_GPUS", "0")
+    monkeypatch.setenv("GUARD_SWEEP_FLOORS", '{"cpu_memory_bandwidth_gbps": 0.5}')
 
 
 def test_the_ssh_executor_runs_guard_sweep_run_on_the_node_and_reads_its_line(
     fake_ssh: Path, no_fleet: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     checks = ssh_executor(fake_ssh, ["cpu_count", "cpu_memory"]).run("cpu-node-3", "single", [], 0)
-    assert [c.name for c in checks] == ["cpu_count", "cpu_memory_bandwidth_gbps"]
+    assert [c.name for c in checks] == ["cpu_count", "cpu_memory_bandwidth_gbps", "sweep_coverage"]
     assert all(c.passed for c in checks) and checks[1].value > 0
     calls = (fake_ssh.parent / "calls").read_text()
     assert calls.startswith(
@@ -275,7 +278,7 @@ def test_the_ssh_executor_runs_guard_sweep_run_on_the_node_and_reads_its_line(
     )
     monkeypatch.setenv("GUARD_SWEEP_EXPECTED_CPUS", "4096")
     failed = ssh_executor(fake_ssh, ["cpu_count"]).run("cpu-node-3", "single", [], 0)
-    assert [(c.name, c.passed) for c in failed] == [("cpu_count", False)]
+    assert [(c.name, c.passed) for c in failed] == [("cpu_count", False), ("sweep_coverage", True)]
     assert "expected 4096" in failed[0].detail
 
 
@@ -292,13 +295,15 @@ def test_the_ssh_executor_fails_what_it_could_not_test(fake_ssh: Path, no_fleet:
 def test_parse_sweep_output_trusts_only_a_line_for_this_node() -> None:
     line = (
         '{"kind":"sweep","v":1,"ts":1.0,"node":"n2","id":"s1","sweep":"single",'
-        '"checks":[{"name":"cpu_count","value":2,"unit":"count","passed":true}],"passed":true}'
+        '"checks":[{"name":"cpu_count","value":2,"unit":"count","passed":true},'
+        '{"name":"sweep_coverage","value":0,"unit":"gpus","baseline":0,"passed":true}],'
+        '"passed":true}'
     )
-    [ok] = parse_sweep_output("n2", ["ssh", "n2"], 0, f"noise\n{line}\n", "")
-    assert ok.passed and ok.name == "cpu_count"
+    ok = parse_sweep_output("n2", ["ssh", "n2"], 0, f"noise\n{line}\n", "")
+    assert all(c.passed for c in ok) and [c.name for c in ok] == ["cpu_count", "sweep_coverage"]
     checks = parse_sweep_output("n1", ["ssh", "n1"], 0, line, "")
-    assert [c.name for c in checks] == ["cpu_count", "sweep_node_mismatch"]
-    assert "the sweep line is for n2, not n1" in checks[1].detail
+    assert [c.name for c in checks] == ["cpu_count", "sweep_coverage", "sweep_node_mismatch"]
+    assert "the sweep line is for n2, not n1" in checks[2].detail
     crashed = parse_sweep_output("n2", ["srun", "-w", "n2"], 137, line, "Killed")
     assert [c.name for c in crashed][-1] == "sweep_error" and "exited 137: Killed" in (
         crashed[-1].detail
@@ -395,7 +400,8 @@ def test_a_flagged_node_is_swept_over_ssh_and_released_or_sent_to_repair_by_its_
     orch.handle_flag(flag)
     orch.tick()
     [sweep] = [m for m in out if m.kind == "sweep"]
-    assert [c.name for c in sweep.checks] == ["cpu_count"] and sweep.passed is (end == "healthy")
+    names = [c.name for c in sweep.checks]
+    assert names == ["cpu_count", "sweep_coverage"] and sweep.passed is (end == "healthy")
     assert orch.state_of("n3") == end
     assert scheduler.cordoned == (set() if end == "healthy" else {"n3"})
     assert (fake_ssh.parent / "calls").read_text().startswith("n3 ")

@@ -423,16 +423,26 @@ def test_a_missing_kubeconfig_is_a_clear_error(tmp_path: Path) -> None:
         KubernetesScheduler(kubeconfig=str(tmp_path / "nope"))
 
 
-def sweep_line(node: str, passed: bool) -> str:
-    check = SweepCheck(
-        name="gemm_tflops_gpu0",
-        value=700.0 if passed else 300.0,
-        unit="TFLOPS",
-        baseline=650.0,
-        passed=passed,
-    )
+def sweep_line(node: str, passed: bool, gpus_seen: int = 8, expected: int = 8) -> str:
+    """What ``guard sweep run --json`` prints on an 8-GPU node (the pod sees ``gpus_seen``)."""
+    checks = [
+        SweepCheck(
+            name="gemm_tflops_gpu0",
+            value=700.0 if passed else 300.0,
+            unit="TFLOPS",
+            baseline=650.0,
+            passed=passed,
+        ),
+        SweepCheck(
+            name="sweep_coverage",
+            value=gpus_seen,
+            unit="gpus",
+            baseline=expected,
+            passed=gpus_seen == expected,
+        ),
+    ]
     return SweepResult(
-        id="s1", ts=time.time(), node=node, sweep="single", checks=[check], passed=passed
+        id="s1", ts=time.time(), node=node, sweep="single", checks=checks, passed=passed
     ).model_dump_json()
 
 
@@ -445,7 +455,10 @@ def test_the_sweep_runs_as_a_job_pinned_to_the_node_that_tolerates_guard(
         kube, image="registry.example/guard:1", job=SweepJob(poll_s=0.05)
     )
     checks = executor.run("gpu-a", "single", [], time.time())
-    assert [(c.name, c.passed, c.value) for c in checks] == [("gemm_tflops_gpu0", True, 700.0)]
+    assert [(c.name, c.passed, c.value) for c in checks] == [
+        ("gemm_tflops_gpu0", True, 700.0),
+        ("sweep_coverage", True, 8.0),
+    ]
 
     (body,) = apiserver.bodies("POST", "/jobs")
     job = as_model(body, "V1Job")
@@ -454,12 +467,25 @@ def test_the_sweep_runs_as_a_job_pinned_to_the_node_that_tolerates_guard(
     assert {(t.key, t.operator, t.effect) for t in spec.tolerations} == {
         ("guard.io/suspect", "Exists", "NoSchedule"),
         ("node.kubernetes.io/unschedulable", "Exists", "NoSchedule"),
+        ("nvidia.com/gpu", "Exists", "NoSchedule"),
     }
     (container,) = spec.containers
     assert container.command == ["guard", "sweep", "run", "--json", "--node", "gpu-a"]
     assert container.resources.limits == {"nvidia.com/gpu": "8"}
+    # judged against the node's allocatable GPUs; a memory /dev/shm for NCCL
+    assert {e.name: e.value for e in container.env}["GUARD_SWEEP_EXPECTED_GPUS"] == "8"
+    assert [(m.name, m.mount_path) for m in container.volume_mounts] == [("dshm", "/dev/shm")]
+    assert [(v.name, v.empty_dir.medium) for v in spec.volumes] == [("dshm", "Memory")]
     assert job.spec.backoff_limit == 0
     assert apiserver.jobs == {}  # deleted after reading its result
+
+    # a pod that saw 4 of the node's 8 GPUs, by a sweep that was told to expect 4: not a pass
+    apiserver.sweep_line = sweep_line("gpu-a", passed=True, gpus_seen=4, expected=4)
+    short = {c.name: c for c in executor.run("gpu-a", "single", [], time.time())}
+    assert not short["sweep_gpus_expected"].passed
+    assert "has 8 GPUs; the sweep was judged against 4 expected GPUs, it saw 4" in (
+        short["sweep_gpus_expected"].detail
+    )
 
     apiserver.sweep_line = "Traceback: no GPU"
     (bad,) = executor.run("gpu-a", "single", [], time.time())

@@ -185,16 +185,24 @@ def test_flagged_node_is_drained_swept_in_a_slurm_job_on_it_and_resumed(node: st
     assert sweep.passed
     host = next(c for c in sweep.checks if c.name == "slurm_job_host")
     assert host.passed and f"on {node} reservation=guard-{node}" in host.detail
+    # the whole node: every GPU its Gres declares, and no other job beside the sweep
+    gpus = node_line(node).gpus
+    assert gpus == int(os.environ.get("GUARD_CI_SLURM_GPUS", "2")) > 0
+    assert f"TresPerNode=gres:gpu:{gpus} OverSubscribe=NO" in host.detail, host.detail
+    covered = next(c for c in sweep.checks if c.name == "sweep_coverage")
+    assert (covered.value, covered.baseline) == (gpus, gpus)
     after = node_line(node)
     assert not after.drain and after.base == "IDLE" and after.reason == ""
     assert "guard-" not in sh("scontrol", "show", "reservation")
 
 
-def test_the_real_guard_sweep_run_runs_as_the_slurm_job_and_its_verdict_resumes_the_node(
+def test_the_real_guard_sweep_run_on_a_gpu_node_without_gpus_sends_it_to_repair(
     node: str,
 ) -> None:
+    """The node's Gres says it has GPUs; this host has none, so the CPU checks the sweep can
+    run here do not pass it, whatever they measure: a thermal-flagged GPU node is not
+    released on CPU checks."""
     guard = Path(sys.executable).with_name("guard")
-    # No fleet yet and no broker needed: judged by the checks' own marks (CPU host: no floor).
     command = (
         f"env GUARD_SWEEP_FLEET_SOURCE=none {guard} sweep run --json --node {{node}} "
         "--checks cpu_count,cpu_matmul,cpu_memory"
@@ -204,14 +212,37 @@ def test_the_real_guard_sweep_run_runs_as_the_slurm_job_and_its_verdict_resumes_
     orch.handle_flag(critical_flag(node))
     orch.tick()
 
+    gpus = node_line(node).gpus
     (sweep,) = [m for m in out if m.kind == "sweep"]
     names = {c.name.split(":")[0] for c in sweep.checks}
     assert {"cpu_count", "cpu_matmul_gflops", "cpu_memory_bandwidth_gbps"} <= names, names
-    assert all("CPU path" in c.detail for c in sweep.checks), sweep.checks
-    assert sweep.passed, sweep.checks
-    assert states(out) == ["suspect", "cordoned", "sweeping", "healthy"]
-    after = node_line(node)
-    assert not after.drain and after.reason == ""
+    assert not sweep.passed
+    covered = next(c for c in sweep.checks if c.name == "sweep_coverage")
+    assert (covered.value, covered.baseline) == (0, gpus)  # told by srun's environment
+    assert f"failed: {gpus} GPUs expected, 0 seen (NVML not started" in covered.detail
+    assert states(out) == ["suspect", "cordoned", "sweeping", "failed", "repair"]
+    assert node_line(node).reason.startswith("guard: sent to repair: failed the single-node")
+
+
+def test_the_srun_line_asks_for_the_whole_node_and_every_gpu_it_declares(node: str) -> None:
+    slurm = SlurmScheduler(user="root")
+    executor = SlurmSweepExecutor(slurm, SweepJob("guard sweep run --json --node {node}"))
+    gpus = node_line(node).gpus
+    argv = executor.srun_argv(node, node, f"guard-{node}", gpus)
+    assert argv[:9] == [
+        "srun",
+        f"--reservation=guard-{node}",
+        f"--nodelist={node}",
+        "--nodes=1",
+        "--ntasks=1",
+        "--exclusive",
+        f"--gres=gpu:{gpus}",
+        f"--export=ALL,GUARD_SWEEP_EXPECTED_GPUS={gpus}",
+        "--job-name=guard-sweep",
+    ]
+    no_gpu = executor.srun_argv(node, node, f"guard-{node}", 0)
+    assert not any(a.startswith("--gres") for a in no_gpu)
+    assert "--export=ALL,GUARD_SWEEP_EXPECTED_GPUS=0" in no_gpu
 
 
 def test_a_failed_sweep_leaves_the_node_drained_for_repair(node: str) -> None:

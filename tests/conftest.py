@@ -3,6 +3,10 @@
 The broker is the one ``GUARD_KAFKA_BOOTSTRAP`` names (CI: real Apache Kafka started by
 ``.ci/run``); without it the session starts the embedded Tansu broker itself. Each test
 gets its own topic prefix and data directory, so tests never see each other's messages.
+
+The suite runs on two pytest-xdist workers (``-n 2`` in pyproject.toml): each worker is its own
+process with its own embedded broker and chDB engine; the one-host Slurm is one per host, so the
+tests that use it run on one worker (an ``xdist_group``), which starts and stops it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,18 @@ KAFKA_ENV = {
         "SSL_KEY_PASSWORD",
     )
 }
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that reaches a broker is a ``kafka`` test (``-m kafka`` selects them all, as
+    CI does to run them on the embedded broker too); Slurm's tests share one worker."""
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        if "kafka_bootstrap" in names and not item.get_closest_marker("kafka"):
+            item.add_marker(pytest.mark.kafka)
+        if "slurm_node" in names:
+            item.add_marker(pytest.mark.xdist_group("slurm"))
 
 
 @pytest.fixture(scope="session")

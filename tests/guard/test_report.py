@@ -1,6 +1,7 @@
 """``guard report``: one self-contained HTML page, rendered in a real headless browser.
 
-The page is opened by Debian's chromium (``.ci/run`` installs it) with every host name
+The page is opened by Debian's chromium (``deploy/chromium/chromium.sh`` installs it when it is
+missing, so the README's test command needs nothing installed by hand) with every host name
 unresolvable, so a plot that needed the network would not draw: each of the four plots must
 render (plotly's ``main-svg`` inside each plot's div) and the browser console must stay
 silent (chromium logs every console message, errors included, as ``:CONSOLE:``).
@@ -8,8 +9,8 @@ silent (chromium logs every console message, errors included, as ``:CONSOLE:``).
 
 from __future__ import annotations
 
+import functools
 import re
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -20,15 +21,28 @@ from guard.cli import main
 from guard.config import Settings
 
 PLOTS = 4
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@functools.cache
+def chromium() -> str:
+    """A chromium's path: the one on PATH, else Debian's, installed by deploy/chromium/."""
+    done = subprocess.run(
+        [str(ROOT / "deploy/chromium/chromium.sh")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, f"deploy/chromium/chromium.sh failed: {done.stderr[-2000:]}"
+    return done.stdout.strip().splitlines()[-1]
 
 
 def render(page: Path) -> tuple[str, str]:
     """The rendered DOM and the browser's log of ``page``."""
-    chromium = shutil.which("chromium")
-    assert chromium, "chromium is not installed: `apt-get install chromium` (see .ci/run)"
     done = subprocess.run(
         [
-            chromium,
+            chromium(),
             "--headless",
             "--no-sandbox",
             "--disable-gpu",

@@ -10,6 +10,7 @@ silent (chromium logs every console message, errors included, as ``:CONSOLE:``).
 from __future__ import annotations
 
 import functools
+import io
 import re
 import subprocess
 import time
@@ -150,7 +151,7 @@ def test_demo_report_shows_goodput_with_and_without_guard(
     the job restarts on a spare; the counterfactual is still hung at the end."""
     from guard.agents.simulator import FaultSpec
     from guard.demo import DemoConfig, Pipeline
-    from guard.demo.report import demo_effect, demo_report_data, summarize
+    from guard.demo.report import demo_effect, demo_report_data, print_summary, summarize
     from guard.evaluation.report import render_html
 
     config = DemoConfig(
@@ -182,3 +183,20 @@ def test_demo_report_shows_goodput_with_and_without_guard(
     page.write_text(render_html(data))
     dom, log = render(page)
     assert_every_plot_renders(dom, log)
+    # the summary at 80 columns (a file, as a pipe: rich's default width) keeps the longest
+    # fault names and categories whole
+    fault = summary["faults"][0]
+    summary["faults"] = [
+        {**fault, "kind": kind, "category": category}
+        for kind, category in [
+            ("thermal_throttle", "thermal"), ("degraded_nic", "nic"),
+            ("slow_gpu", "straggler"), ("xid", "gpu_error"),
+        ]
+    ]  # fmt: skip
+    summary["peak_rss_mb"] = {"demo": 622, "largest_worker": 415}  # `guard demo` adds these
+    out = io.StringIO()
+    print_summary(summary, out)
+    text = out.getvalue()
+    assert max(map(len, text.splitlines())) <= 80, text
+    for name in ("thermal_throttle", "degraded_nic", "(straggler)", "(gpu_error)"):
+        assert name in text, text

@@ -6,6 +6,7 @@ import argparse
 import gc
 import json
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -113,23 +114,27 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number > 0."""
+def _finite(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    value = _finite(text)
+    if value <= 0:
         raise argparse.ArgumentTypeError(f"{text} is not a positive number (use more than 0)")
     return value
 
 
 def non_negative_float(text: str) -> float:
     """An argparse type: a finite number >= 0 (a speed-up, where 0 means as fast as possible)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0 or value == float("inf"):
+    value = _finite(text)
+    if value < 0:
         raise argparse.ArgumentTypeError(f"{text} is not a number >= 0")
     return value

@@ -5,8 +5,10 @@ The broker is the one ``GUARD_KAFKA_BOOTSTRAP`` names (CI: real Apache Kafka sta
 gets its own topic prefix and data directory, so tests never see each other's messages.
 
 The suite runs on two pytest-xdist workers (``-n 2`` in pyproject.toml): each worker is its own
-process with its own embedded broker and chDB engine; the one-host Slurm is one per host, so the
-tests that use it run on one worker (an ``xdist_group``), which starts and stops it.
+process with its own embedded broker and chDB engine. ``--dist loadfile`` keeps each file on one
+worker: the one-host Slurm is one per host, and its session fixture (tests/sweeps/test_slurm.py)
+starts and stops it, so all its tests must run in one process (``loadgroup`` with an
+``xdist_group`` mark did not keep them together under pytest-xdist 3.8: tried, they split).
 """
 
 from __future__ import annotations
@@ -38,16 +40,13 @@ KAFKA_ENV = {
 }
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that reaches a broker is a ``kafka`` test (``-m kafka`` selects them all, as
-    CI does to run them on the embedded broker too); Slurm's tests share one worker."""
+    CI does to run them on the embedded broker too)."""
     for item in items:
         names = getattr(item, "fixturenames", ())
         if "kafka_bootstrap" in names and not item.get_closest_marker("kafka"):
             item.add_marker(pytest.mark.kafka)
-        if "slurm_node" in names:
-            item.add_marker(pytest.mark.xdist_group("slurm"))
 
 
 @pytest.fixture(scope="session")

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
+import tomllib
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from guard.config import Settings, load_settings
-from guard.errors import EXIT_INTERRUPTED, GuardError
+from guard.errors import EXIT_FAILURE, EXIT_INTERRUPTED, GuardError
 
 __all__ = ["build_parser", "main"]
 
@@ -50,7 +53,50 @@ def build_parser() -> argparse.ArgumentParser:
     from guard.commands import register_all
 
     register_all(sub, add)
+    _log_level_everywhere(sub)
     return parser
+
+
+def _log_level_everywhere(sub: Any) -> None:
+    """``--log-level`` on every command: those that do not set up logging themselves (the
+    services do, with their own default) get one that ``main`` applies (default: warning)."""
+    from guard.commands.common import add_log_level
+
+    for p in sub.choices.values():
+        nested = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        if nested:
+            _log_level_everywhere(nested[0])
+        elif "--log-level" not in p._option_string_actions:
+            add_log_level(p, None, "log level (default: warning)")
+            p.set_defaults(_main_sets_log_level=True)
+
+
+def _one_line(exc: GuardError) -> str:
+    """The error in one line; an invalid configuration as ``field: problem (got value)``."""
+    from pydantic import ValidationError
+
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(cause, ValidationError):
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']} (got {e['input']!r})"
+            for e in cause.errors(include_url=False)
+        )
+        return (
+            f"invalid configuration: {problems} (from the TOML file or "
+            "GUARD_<SECTION>_<FIELD> variables; `guard config show` lists the fields)"
+        )
+    return " ".join(str(exc).split())
+
+
+def _load(config: str | None) -> Settings:
+    try:
+        return load_settings(config)
+    except tomllib.TOMLDecodeError as exc:
+        name = config or os.environ.get("GUARD_CONFIG") or "guard.toml"
+        raise GuardError(f"{name} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        name = config or os.environ.get("GUARD_CONFIG") or "guard.toml"
+        raise GuardError(f"{name} is not a UTF-8 text file (a TOML config)") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -59,15 +105,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         from guard.commands.common import own_the_process
 
         own_the_process()
+    if getattr(args, "_main_sets_log_level", False) and args.log_level:
+        from guard.commands.common import configure_logging
+
+        configure_logging(args.log_level)
     try:
-        settings = load_settings(args.config)
+        settings = _load(args.config)
         code: int = args.handler(args, settings)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
         return code
     except GuardError as exc:
-        print(f"guard: error: {exc}", file=sys.stderr)
+        print(f"guard: error: {_one_line(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `guard config show | head`: the reader left; say nothing, and keep the interpreter's
+        # own flush at exit from raising again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_FAILURE
+    except Exception as exc:  # a bug: one line for the user, the traceback in the debug log
+        logging.getLogger("guard").debug("unexpected failure", exc_info=True)
+        print(
+            f"guard: error: unexpected {type(exc).__name__}: {' '.join(str(exc).split())} "
+            "(a bug in guard: please report it with the command line)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
 
 
 if __name__ == "__main__":

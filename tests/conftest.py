@@ -3,6 +3,12 @@
 The broker is the one ``GUARD_KAFKA_BOOTSTRAP`` names (CI: real Apache Kafka started by
 ``.ci/run``); without it the session starts the embedded Tansu broker itself. Each test
 gets its own topic prefix and data directory, so tests never see each other's messages.
+
+The suite runs on two pytest-xdist workers (``-n 2`` in pyproject.toml): each worker is its own
+process with its own embedded broker and chDB engine. ``--dist loadfile`` keeps each file on one
+worker: the one-host Slurm is one per host, and its session fixture (tests/sweeps/test_slurm.py)
+starts and stops it, so all its tests must run in one process (``loadgroup`` with an
+``xdist_group`` mark did not keep them together under pytest-xdist 3.8: tried, they split).
 """
 
 from __future__ import annotations
@@ -32,6 +38,15 @@ KAFKA_ENV = {
         "SSL_KEY_PASSWORD",
     )
 }
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that reaches a broker is a ``kafka`` test (``-m kafka`` selects them all, as
+    CI does to run them on the embedded broker too)."""
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        if "kafka_bootstrap" in names and not item.get_closest_marker("kafka"):
+            item.add_marker(pytest.mark.kafka)
 
 
 @pytest.fixture(scope="session")

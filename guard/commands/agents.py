@@ -11,7 +11,7 @@ from typing import Any
 from guard.config import Settings
 from guard.errors import UsageError
 
-from .common import add_log_level, apply_options
+from .common import add_log_level, apply_options, non_negative_float, positive_float, positive_int
 
 __all__ = ["register"]
 
@@ -130,15 +130,19 @@ def cmd_agent(args: argparse.Namespace, settings: Settings) -> int:
 def register(sub: Any, add: Any) -> None:
     """Add this room's subcommands to the ``guard`` parser."""
     p = add("simulate", cmd_simulate, "simulate a cluster with injected faults into JSONL + truth")
-    p.add_argument("--nodes", type=int, default=16)
-    p.add_argument("--duration", type=float, default=600.0, help="simulated seconds")
+    p.add_argument("--nodes", type=positive_int, default=16)
+    p.add_argument("--duration", type=positive_float, default=600.0, help="simulated seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="telemetry JSONL (one wire message a line)")
     p.add_argument("--truth", required=True, help="ground-truth JSON (docs/simulator-truth.md)")
     p.add_argument("--start-ts", type=float, default=1767225600.0, help="epoch s of the start")
-    p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--interval", type=float, default=1.0, help="agent sampling interval, s")
-    p.add_argument("--step-s", type=float, default=2.0, help="nominal step time of job-a, s")
+    p.add_argument("--gpus-per-node", type=positive_int, default=8)
+    p.add_argument(
+        "--interval", type=positive_float, default=1.0, help="agent sampling interval, s"
+    )
+    p.add_argument(
+        "--step-s", type=positive_float, default=2.0, help="nominal step time of job-a, s"
+    )
     p.add_argument(
         "--random-faults", type=int, default=None, help="faults drawn from the calibrated mix"
     )
@@ -152,7 +156,10 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--no-confounders", action="store_true")
     p.add_argument("--exclude", action="append", help="node cordoned from the start")
     p.add_argument(
-        "--workers", type=int, default=None, help="processes (default: one per CPU, up to 8)"
+        "--workers",
+        type=positive_int,
+        default=None,
+        help="processes (default: one per CPU, up to 8)",
     )
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
@@ -161,7 +168,9 @@ def register(sub: Any, add: Any) -> None:
         "--node", help="node name (default: $NODE_NAME, $SLURMD_NODENAME, the host name)"
     )
     p.add_argument("--job", help="job label (default: Slurm env, then what clients report)")
-    p.add_argument("--interval", type=float, default=None, help="seconds (default from config)")
+    p.add_argument(
+        "--interval", type=positive_float, default=None, help="seconds (default from config)"
+    )
     p.add_argument("--socket", help="Unix datagram socket of the training client")
     p.add_argument(
         "--gpu-source",
@@ -173,12 +182,14 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--simulate", action="store_true", help="publish a simulated cluster instead")
     p.add_argument(
         "--speed",
-        type=float,
+        type=non_negative_float,
         default=1.0,
         help="with --simulate: speed-up (0: as fast as possible)",
     )
-    p.add_argument("--nodes", type=int, default=16, help="with --simulate")
-    p.add_argument("--duration", type=float, default=600.0, help="with --simulate: simulated s")
+    p.add_argument("--nodes", type=positive_int, default=16, help="with --simulate")
+    p.add_argument(
+        "--duration", type=positive_float, default=600.0, help="with --simulate: simulated s"
+    )
     p.add_argument("--seed", type=int, default=0, help="with --simulate")
     p.add_argument("--truth", help="with --simulate: write the ground truth here")
     p.add_argument("--once", action="store_true", help="one sampling cycle, then exit")

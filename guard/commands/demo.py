@@ -8,7 +8,7 @@ from typing import Any
 
 from guard.config import Settings
 
-from .common import add_log_level, apply_options, configure_logging
+from .common import add_log_level, apply_options, configure_logging, positive_float, positive_int
 
 __all__ = ["register"]
 
@@ -34,16 +34,16 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 def register(sub: Any, add: Any) -> None:
     """Add ``demo`` to the ``guard`` parser."""
     p = add("demo", cmd_demo, "run the whole pipeline on a simulated cluster (embedded)")
-    p.add_argument("--nodes", type=int, default=32, help="simulated nodes (8 GPUs each)")
-    p.add_argument("--duration", type=float, default=600, help="simulated seconds")
+    p.add_argument("--nodes", type=positive_int, default=32, help="simulated nodes (8 GPUs each)")
+    p.add_argument("--duration", type=positive_float, default=600, help="simulated seconds")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
         "--speed",
-        type=float,
+        type=positive_float,
         default=None,
         help="simulated seconds per wall second (default: what the workers keep up with)",
     )
-    p.add_argument("--workers", type=int, default=1, help="streams worker processes")
+    p.add_argument("--workers", type=positive_int, default=1, help="streams worker processes")
     p.add_argument(
         "--engine",
         choices=["faust", "native"],

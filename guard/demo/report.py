@@ -264,7 +264,7 @@ def summarize(pipe: Pipeline, wall_s: float, effects: dict[str, Any]) -> dict[st
 
 def print_summary(summary: dict[str, Any], out: Any) -> None:
     from rich.console import Console
-    from rich.table import Table
+    from rich.table import Column, Table
 
     console = Console(file=out)
     c = summary["cluster"]
@@ -274,10 +274,14 @@ def print_summary(summary: dict[str, Any], out: Any) -> None:
         f"simulated at {c['speed']}x in {summary['wall_s']} s; "
         f"{summary['messages_published']:,} telemetry messages through Kafka"
     )
-    table = Table("fault", "node", "onset", "slowdown", "detected", "time to detect", "outcome")
+    # fits 80 columns with the longest fault names whole (category under the kind)
+    table = Table(
+        Column("fault", no_wrap=True), "node", "onset", "slow", "found", "time to detect",
+        "outcome",
+    )  # fmt: skip
     for f in summary["faults"]:
         table.add_row(
-            f"{f['kind']} ({f['category']})",
+            f"{f['kind']}\n({f['category']})",
             f["node"],
             f"t+{f['onset_s']:.0f}s",
             f"{f['slowdown']:.0%}",

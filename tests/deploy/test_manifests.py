@@ -264,6 +264,25 @@ def test_systemd_unit_verifies(unit: Path, tmp_path: Path) -> None:
     assert re.search(r"^User=guard$", text, re.M) and "NoNewPrivileges=yes" in text
 
 
+@pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
+def test_systemd_unit_is_hardened_to_ok(unit: Path, tmp_path: Path) -> None:
+    """``systemd-analyze security`` (offline: the unit file as shipped) scores it <= 4.0."""
+    assert shutil.which("systemd-analyze"), "install systemd (systemd-analyze) to score units"
+    result = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", "--no-pager", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    found = re.search(r"Overall exposure level for \S+: (\d+\.\d+) (\w+)", result.stdout)
+    assert found, (result.returncode, result.stdout[-2000:], result.stderr[-2000:])
+    assert float(found.group(1)) <= 4.0, result.stdout
+    text = unit.read_text()
+    assert "CapabilityBoundingSet=\n" in text and "SystemCallFilter=@system-service" in text
+
+
 def test_there_is_a_unit_for_every_service() -> None:
     assert {u.name.split(".")[0].removeprefix("guard-").rstrip("@") for u in UNITS} == set(SERVICES)
 

@@ -1,6 +1,7 @@
 """``guard report``: one self-contained HTML page, rendered in a real headless browser.
 
-The page is opened by Debian's chromium (``.ci/run`` installs it) with every host name
+The page is opened by Debian's chromium (``deploy/chromium/chromium.sh`` installs it when it is
+missing, so the README's test command needs nothing installed by hand) with every host name
 unresolvable, so a plot that needed the network would not draw: each of the four plots must
 render (plotly's ``main-svg`` inside each plot's div) and the browser console must stay
 silent (chromium logs every console message, errors included, as ``:CONSOLE:``).
@@ -8,8 +9,9 @@ silent (chromium logs every console message, errors included, as ``:CONSOLE:``).
 
 from __future__ import annotations
 
+import functools
+import io
 import re
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -20,15 +22,28 @@ from guard.cli import main
 from guard.config import Settings
 
 PLOTS = 4
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@functools.cache
+def chromium() -> str:
+    """A chromium's path: the one on PATH, else Debian's, installed by deploy/chromium/."""
+    done = subprocess.run(
+        [str(ROOT / "deploy/chromium/chromium.sh")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, f"deploy/chromium/chromium.sh failed: {done.stderr[-2000:]}"
+    return done.stdout.strip().splitlines()[-1]
 
 
 def render(page: Path) -> tuple[str, str]:
     """The rendered DOM and the browser's log of ``page``."""
-    chromium = shutil.which("chromium")
-    assert chromium, "chromium is not installed: `apt-get install chromium` (see .ci/run)"
     done = subprocess.run(
         [
-            chromium,
+            chromium(),
             "--headless",
             "--no-sandbox",
             "--disable-gpu",
@@ -136,7 +151,7 @@ def test_demo_report_shows_goodput_with_and_without_guard(
     the job restarts on a spare; the counterfactual crash-loops."""
     from guard.agents.simulator import FaultSpec
     from guard.demo import DemoConfig, Pipeline
-    from guard.demo.report import demo_effect, demo_report_data, summarize
+    from guard.demo.report import demo_effect, demo_report_data, print_summary, summarize
     from guard.evaluation.report import render_html
 
     config = DemoConfig(
@@ -175,6 +190,23 @@ def test_demo_report_shows_goodput_with_and_without_guard(
     page.write_text(render_html(data))
     dom, log = render(page)
     assert_every_plot_renders(dom, log)
+    # the summary at 80 columns (a file, as a pipe: rich's default width) keeps the longest
+    # fault names and categories whole
+    fault = summary["faults"][0]
+    summary["faults"] = [
+        {**fault, "kind": kind, "category": category}
+        for kind, category in [
+            ("thermal_throttle", "thermal"), ("degraded_nic", "nic"),
+            ("slow_gpu", "straggler"), ("xid", "gpu_error"),
+        ]
+    ]  # fmt: skip
+    summary["peak_rss_mb"] = {"demo": 622, "largest_worker": 415}  # `guard demo` adds these
+    out = io.StringIO()
+    print_summary(summary, out)
+    text = out.getvalue()
+    assert max(map(len, text.splitlines())) <= 80, text
+    for name in ("thermal_throttle", "degraded_nic", "(straggler)", "(gpu_error)"):
+        assert name in text, text
 
 
 def test_demo_compression_scales_the_job_mechanics_together() -> None:

@@ -54,7 +54,9 @@ def assert_one_line_error(done: subprocess.CompletedProcess[str], code: int, *wo
     err = done.stderr
     assert "Traceback" not in err, err[-3000:]
     assert done.returncode == code, (done.returncode, err[-3000:])
-    last = err.strip().splitlines()[-1]
+    # librdkafka's own log lines (``%3|...|FAIL|``) come from its threads, before or after
+    # Guard's error: they are still printed (issue 30 keeps that open), the error is Guard's
+    last = [line for line in err.strip().splitlines() if not line.startswith("%")][-1]
     assert last.startswith("guard") and "error:" in last, err[-3000:]
     for word in words:
         assert word in last, last

@@ -10,13 +10,14 @@ figures are in the issue notes.
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+
+from .tools import debian_tool
 
 pytestmark = pytest.mark.kafka
 
@@ -42,7 +43,8 @@ def run(chaos: ModuleType, name: str, bootstrap: str, tmp_path: Path) -> dict[st
 def test_broker_stopped_mid_stream_loses_nothing_and_the_worker_resumes(
     chaos: ModuleType, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    assert shutil.which("java") and shutil.which("mvn"), "broker_stop needs Java and Maven"
+    debian_tool("java", "openjdk-17-jre-headless")  # broker_stop runs a broker of its own
+    debian_tool("mvn", "maven")
     r = run(chaos, "broker_stop", kafka_bootstrap, tmp_path)
     assert r["spooled_while_down"] > 0  # the agents' spool was used
     assert r["records_lost"] == 0 and r["records_on_topic"] >= r["records_produced"]

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -27,6 +26,8 @@ import yaml
 
 from guard.cli import build_parser
 from guard.config import OrchestratorSettings, load_settings
+
+from ..tools import debian_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
@@ -240,7 +241,7 @@ UNITS = sorted(SYSTEMD.glob("*.service"))
 
 @pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
 def test_systemd_unit_verifies(unit: Path, tmp_path: Path) -> None:
-    assert shutil.which("systemd-analyze"), "install systemd (systemd-analyze) to verify units"
+    analyze = debian_tool("systemd-analyze", "systemd")
     guard = str(Path(sys.executable).parent / "guard")
     text = unit.read_text()
     [exec_start] = re.findall(r"^ExecStart=(.+)$", text, re.M)
@@ -251,7 +252,7 @@ def test_systemd_unit_verifies(unit: Path, tmp_path: Path) -> None:
     name = unit.name.replace("@.", "@1.")
     (tmp_path / name).write_text(text.replace("/opt/guard/bin/guard", guard))
     result = subprocess.run(
-        ["systemd-analyze", "verify", str(tmp_path / name)],
+        [analyze, "verify", str(tmp_path / name)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -267,9 +268,9 @@ def test_systemd_unit_verifies(unit: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
 def test_systemd_unit_is_hardened_to_ok(unit: Path, tmp_path: Path) -> None:
     """``systemd-analyze security`` (offline: the unit file as shipped) scores it <= 4.0."""
-    assert shutil.which("systemd-analyze"), "install systemd (systemd-analyze) to score units"
+    analyze = debian_tool("systemd-analyze", "systemd")
     result = subprocess.run(
-        ["systemd-analyze", "security", "--offline=true", "--no-pager", str(unit)],
+        [analyze, "security", "--offline=true", "--no-pager", str(unit)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -1,6 +1,6 @@
 """``guard report``: one self-contained HTML page, rendered in a real headless browser.
 
-The page is opened by Debian's chromium (``deploy/chromium/chromium.sh`` installs it when it is
+The page is opened by Debian's chromium (``deploy/tools/debian-tool.sh`` installs it when it is
 missing, so the README's test command needs nothing installed by hand) with every host name
 unresolvable, so a plot that needed the network would not draw: each of the four plots must
 render (plotly's ``main-svg`` inside each plot's div) and the browser console must stay
@@ -21,22 +21,16 @@ import pytest
 from guard.cli import main
 from guard.config import Settings
 
+from ..tools import debian_tool
+
 PLOTS = 4
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @functools.cache
 def chromium() -> str:
-    """A chromium's path: the one on PATH, else Debian's, installed by deploy/chromium/."""
-    done = subprocess.run(
-        [str(ROOT / "deploy/chromium/chromium.sh")],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert done.returncode == 0, f"deploy/chromium/chromium.sh failed: {done.stderr[-2000:]}"
-    return done.stdout.strip().splitlines()[-1]
+    """A chromium's path: the one on PATH, else Debian's, installed for the test."""
+    return debian_tool("chromium", "chromium")
 
 
 def render(page: Path) -> tuple[str, str]:

@@ -419,13 +419,12 @@ class DetectionCore:
 def _decode(value: Any, kind: str | None) -> tuple[str, Sequence[GuardMessage]]:
     """A telemetry record's kind and samples; ``kind`` None: any kind (a line of a file).
     A record its runner decoded already (a backtest that merged files) is its samples."""
-    if isinstance(value, list):
-        return (value[0].kind if len(value) == 1 else f"{value[0].kind}_batch"), value
-    if kind is None:
-        singles = parse_samples(value or b"")
+    if isinstance(value, list) or kind is None:
+        singles = value if isinstance(value, list) else parse_samples(value or b"")
         if not singles:
             raise SchemaError("not a telemetry record", kind=None)
-        return (singles[0].kind if len(singles) == 1 else f"{singles[0].kind}_batch"), singles
+        first = singles[0].kind
+        return (first if len(singles) == 1 else f"{first}_batch"), singles
     found: tuple[str, Sequence[GuardMessage]] = decode_samples(value or b"", kind)
     return found
 

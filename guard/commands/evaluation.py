@@ -13,7 +13,7 @@ from typing import Any
 from guard.errors import GuardError, UsageError
 
 from .common import tune_gc_for_the_data_path
-from .replay import DSN_SCHEMES, _epoch
+from .replay import _epoch, is_clickhouse
 
 __all__ = ["register"]
 
@@ -28,7 +28,7 @@ def cmd_backtest(args: argparse.Namespace, settings: Any) -> int:
     stats = BacktestStats()
     detector = make_detector(args.detector, engine_config_of(settings))
     client = None
-    if _from_clickhouse(args.inputs):
+    if is_clickhouse(args.inputs, "backtest"):
         client, messages, total = _clickhouse_messages(args, settings)
         unit = "messages"
     else:
@@ -65,14 +65,6 @@ def cmd_backtest(args: argparse.Namespace, settings: Any) -> int:
             f"({stats.bad_lines} bad lines); nothing was detected"
         )
     return 0
-
-
-def _from_clickhouse(inputs: list[str]) -> bool:
-    if any(s == "clickhouse" or s.startswith(DSN_SCHEMES) for s in inputs):
-        if len(inputs) > 1:
-            raise UsageError("backtest: give one ClickHouse source, or JSONL files, not both")
-        return True
-    return False
 
 
 def _clickhouse_messages(args: argparse.Namespace, settings: Any) -> tuple[Any, Iterator[Any], int]:

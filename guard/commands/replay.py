@@ -50,10 +50,12 @@ def _names(text: str) -> frozenset[str]:
     return frozenset(name.strip() for name in text.split(",") if name.strip())
 
 
-def _is_clickhouse(sources: list[str]) -> bool:
+def is_clickhouse(sources: list[str], command: str = "replay") -> bool:
+    """Whether ``sources`` name ClickHouse (``clickhouse`` or a DSN) rather than JSONL files;
+    one ClickHouse source or files, never both (a usage error of ``command``)."""
     if any(s == "clickhouse" or s.startswith(DSN_SCHEMES) for s in sources):
         if len(sources) > 1:
-            raise UsageError("replay: give one ClickHouse source, or JSONL files, not both")
+            raise UsageError(f"{command}: give one ClickHouse source, or JSONL files, not both")
         return True
     return False
 
@@ -68,7 +70,7 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     only = ReplayFilter(args.start, args.end, args.nodes, args.jobs)
     client = None
     source: Any
-    if _is_clickhouse(args.sources):
+    if is_clickhouse(args.sources):
         from guard.store import connect
 
         if args.sources[0] != "clickhouse":

@@ -61,20 +61,23 @@ from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Any, Protocol
 
+import numpy as np
+
 from guard.schemas import Finding as FindingRecord
 from guard.schemas import (
     Flag,
     GuardMessage,
-    NicSample,
     SchemaError,
     decode,
     encode,
 )
-from guard.schemas.sample_decoder import decode_samples, parse_samples
+from guard.schemas.codec import leading_kind
+from guard.schemas.sample_decoder import decode_rows, decode_samples, parse_samples
 
 from .engine import FABRIC_KEY, EngineConfig, JobDetectors, NodeDetectors, fabric_detector
 from .findings import Finding
 from .fusion import JobFusion, NodeFusion
+from .nic import NicColumns, NicDetector, NicIncreases, update_nics
 
 __all__ = [
     "TABLES",
@@ -219,6 +222,8 @@ class DetectionCore:
         self.tick_s = cfg.tick_s
         self.fabric = cfg.fabric and cfg.node_telemetry
         self.clocks = {"node": _KeyClock(), "job": _KeyClock()}
+        #: the step's NIC records: (their node's detectors, partition, common fields, entries)
+        self._nic_rows: list[tuple[NodeDetectors, int, dict[str, Any], list[dict[str, Any]]]] = []
 
     def _make_node(self, key: str) -> Any:
         if key.startswith(FABRIC_KEY):
@@ -303,12 +308,18 @@ class DetectionCore:
         n = -1
         for n, (partition, kind, value) in enumerate(records):
             try:
-                record_kind, singles = _decode(value, kind)
+                if _columnar(value, kind):
+                    record_kind, head, entries = decode_rows(value, kind)
+                    self._add_nic(head, entries, partition, latest["node"])
+                else:
+                    record_kind, singles = _decode(value, kind)
+                    found += self._route(singles, partition, latest)
             except SchemaError as exc:
                 bad.append((n, exc))
                 continue
             self.counters.kinds[record_kind] += 1
-            found += self._route(singles, partition, latest)
+        if self._nic_rows:
+            found += self._nics(latest["node"])
         counters = self.counters
         counters.telemetry += n + 1
         counters.dead_letters += len(bad)
@@ -326,6 +337,9 @@ class DetectionCore:
         """One record's samples (a batch's share its node and job) to their key's detectors."""
         first = singles[0]
         kind = first.kind
+        if kind == "nic":  # samples decoded already (a backtest's, a test's): to the columns
+            self._add_nic(first.__dict__, [s.__dict__ for s in singles], partition, latest["node"])
+            return []
         self.counters.samples += len(singles)
         if kind in _NODE_KINDS:
             level, key = "node", first.node
@@ -338,34 +352,79 @@ class DetectionCore:
         else:
             return []
         detectors = store.get(key, partition)
-        found: list[Finding] = []
         newest = latest[level].get(key, 0.0)
+        found: list[Finding] = []
         for single in singles:
             found += detectors.update(single)
             newest = max(newest, single.ts)
         latest[level][key] = newest
-        if kind == "nic" and self.fabric:
-            found += self._fabric(singles, partition, detectors, latest["node"])
+        return found
+
+    def _add_nic(
+        self,
+        head: dict[str, Any],
+        entries: list[dict[str, Any]],
+        partition: int,
+        latest: dict[str, float],
+    ) -> None:
+        """A NIC record, kept for the step's columns (:meth:`_nics`)."""
+        self.counters.samples += len(entries)
+        if not self.config.node_telemetry:
+            return
+        key = head["node"]
+        self._nic_rows.append((self.nodes.get(key, partition), partition, head, entries))
+        newest = max(head["ts"], *(e.get("ts") or 0.0 for e in entries))
+        latest[key] = max(latest.get(key, 0.0), newest)
+
+    def _nics(self, latest: dict[str, float]) -> list[Finding]:
+        """The step's NIC samples, every node's at once (:func:`~.nic.update_nics`), then
+        the fabric detector of each partition with the increases they added."""
+        pending, self._nic_rows = self._nic_rows, []
+        nodes: dict[int, int] = {}  # id of a node's detectors -> its position in ``nics``
+        nics: list[NicDetector] = []
+        owner: list[int] = []
+        partitions: list[int] = []
+        records: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+        for detectors, partition, head, entries in pending:
+            k = nodes.get(id(detectors))
+            if k is None:
+                k = nodes[id(detectors)] = len(nics)
+                nics.append(detectors.nic)
+            job = head.get("job")
+            if job is not None:
+                detectors.job = detectors.errors.job = job
+            owner += [k] * len(entries)
+            partitions += [partition] * len(entries)
+            records.append((head, entries))
+        cols = NicColumns.of_records(records)
+        found, inc = update_nics(nics, np.array(owner, dtype=np.intp), cols)
+        if self.fabric:
+            found += self._fabric(cols, inc, np.array(partitions), latest)
         return found
 
     def _fabric(
-        self,
-        samples: Sequence[GuardMessage],
-        partition: int,
-        node: NodeDetectors,
-        latest: dict[str, float],
+        self, cols: NicColumns, inc: NicIncreases, partitions: np.ndarray, latest: dict[str, float]
     ) -> list[Finding]:
-        """NIC samples to the partition's fabric detector, with the increases their node's
+        """NIC samples to their partition's fabric detector, with the increases their node's
         NIC detector read from them."""
-        key = f"{FABRIC_KEY}{partition}"
-        detector = self.nodes.get(key, partition)
-        if detector.topology is None:  # not pickled with it: a restored one gets it back
-            detector.topology = self.config.topology
         found: list[Finding] = []
-        for sample in samples:
-            assert isinstance(sample, NicSample)
-            found += detector.add(sample, node.nic.increase(sample))
-            latest[key] = max(latest.get(key, 0.0), sample.ts)
+        for partition in np.unique(partitions).tolist():
+            at = np.flatnonzero(partitions == partition)
+            key = f"{FABRIC_KEY}{partition}"
+            detector = self.nodes.get(key, partition)
+            if detector.topology is None:  # not pickled with it: a restored one gets it back
+                detector.topology = self.config.topology
+            part = cols.take(at) if len(at) < len(cols) else cols
+            found += detector.add_columns(
+                part.node,
+                part.device,
+                part.job,
+                part.ts,
+                inc.valid[at],
+                inc.wait[at],
+                inc.marks[at],
+            )
+            latest[key] = max(latest.get(key, 0.0), float(part.ts.max()))
         return found
 
     def _advance(
@@ -414,6 +473,18 @@ class DetectionCore:
         counters.flag_classes.update((f.category, f.severity) for f in flags)
         counters.dead_letters += len(bad)
         return flags, bad
+
+
+#: kinds whose records the core decodes straight into columns (:func:`decode_rows`)
+_COLUMN_KINDS = frozenset({"nic"})
+_COLUMN_LEADS = frozenset({b"nic", b"nic_batch"})
+
+
+def _columnar(value: Any, kind: str | None) -> bool:
+    """A record for the columns: bytes of a column kind's topic, or a line naming one."""
+    if type(value) is not bytes:
+        return False
+    return kind in _COLUMN_KINDS if kind is not None else leading_kind(value) in _COLUMN_LEADS
 
 
 def _decode(value: Any, kind: str | None) -> tuple[str, Sequence[GuardMessage]]:

@@ -150,7 +150,7 @@ _FIXED = {  # set by the engine
     "args",
     "features",
     "rule",
-    "nic_ports",
+    "nic",
     "topology",
     "nodes_per_leaf",
 }
@@ -218,7 +218,7 @@ class NodeDetectors(_DetectorSet):
         self.errors = GpuErrorDetector(node, **args.get("gpu_errors", {}))  # type: ignore[arg-type]
         self.nic = NicDetector(**args.get("nic", {}))  # type: ignore[arg-type]
         self.anomaly = (
-            GpuPeerAnomaly(nic_ports=self.nic.ports, **args.get("peer_anomaly", {}))  # type: ignore[arg-type]
+            GpuPeerAnomaly(nic=self.nic, **args.get("peer_anomaly", {}))  # type: ignore[arg-type]
             if cfg.peer_anomaly
             else None
         )

@@ -38,7 +38,10 @@ Example
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from guard.schemas import NicSample
 from guard.schemas.topology import Topology, TopologyError, infer_topology
@@ -105,29 +108,71 @@ class FabricHotSpotDetector:
     def add(self, message: NicSample, increase: tuple[int, int] | None) -> list[Finding]:
         """A NIC sample and the (xmit wait, ECN + CNP marks) it added since the port's
         previous one (None: no interval — first sample, duplicate, reset)."""
-        # Called for every NIC sample: plain lookups, no per-call containers.
-        window = int(message.ts // self.window_s)
+        wait, marks = increase if increase is not None else (0, 0)
+        return self.add_columns(
+            [message.node],
+            [message.device],
+            [message.job],
+            np.array([message.ts]),
+            np.array([increase is not None]),
+            np.array([wait]),
+            np.array([marks]),
+        )
+
+    def add_columns(
+        self,
+        nodes: Sequence[str],
+        devices: Sequence[str],
+        jobs: Sequence[str | None],
+        ts: np.ndarray,
+        valid: np.ndarray,
+        wait: np.ndarray,
+        marks: np.ndarray,
+    ) -> list[Finding]:
+        """NIC samples as columns (in arrival order) with what each added since its port's
+        previous sample (``valid`` false: no interval). A sample of a later window than the
+        sample before it closes that one's window first."""
+        if not len(ts):
+            return []
+        windows = (ts // self.window_s).astype(np.int64)
+        before = np.r_[windows[0] if self._window is None else self._window, windows[:-1]]
+        cuts = np.flatnonzero(windows > before)  # a sample of a later window closes the last
         out: list[Finding] = []
-        last = self._window
-        if last is not None and window > last:
-            out = self._close(float((last + 1) * self.window_s))
-        self._window = window
-        if increase is None:
-            return out
-        key = (message.node, message.device)
-        sums = self._sums.get(key)
-        if sums is None:
-            sums = self._sums[key] = [0.0, 0.0]
-        wait, marks = increase
-        sums[0] += wait
-        sums[1] += marks
-        job = message.job
-        if job is not None:
-            jobs = self._jobs.get(key)
-            if jobs is None:
-                jobs = self._jobs[key] = set()
-            jobs.add(job)
+        start = 0
+        for cut in cuts.tolist():
+            self._sum(nodes, devices, jobs, valid, wait, marks, start, cut)
+            out += self._close(float((before[cut] + 1) * self.window_s))
+            start = cut
+        self._sum(nodes, devices, jobs, valid, wait, marks, start, len(ts))
+        self._window = int(windows[-1])  # the latest sample's, as the clock a window follows
         return out
+
+    def _sum(
+        self,
+        nodes: Sequence[str],
+        devices: Sequence[str],
+        jobs: Sequence[str | None],
+        valid: np.ndarray,
+        wait: np.ndarray,
+        marks: np.ndarray,
+        start: int,
+        stop: int,
+    ) -> None:
+        """Add rows ``start:stop`` with an interval to their NIC's window sums."""
+        sums, seen = self._sums, self._jobs
+        for i in (np.flatnonzero(valid[start:stop]) + start).tolist():
+            key = (nodes[i], devices[i])
+            total = sums.get(key)
+            if total is None:
+                total = sums[key] = [0.0, 0.0]
+            total[0] += float(wait[i])
+            total[1] += float(marks[i])
+            job = jobs[i]
+            if job is not None:
+                known = seen.get(key)
+                if known is None:
+                    known = seen[key] = set()
+                known.add(job)
 
     def tick(self, now: float) -> list[Finding]:
         if self._window is None or int(now // self.window_s) <= self._window:

@@ -27,7 +27,9 @@ Example
 
 from __future__ import annotations
 
-__all__ = ["Hold"]
+import numpy as np
+
+__all__ = ["CLEAR", "HOLD_FIELDS", "NO_EVENT", "RAISE", "Hold", "step_holds"]
 
 
 class Hold:
@@ -66,3 +68,62 @@ class Hold:
             self.bits = 0
             return "clear"
         return None
+
+
+#: the columns of a hold kept in an array (one row per component): see :func:`step_holds`
+HOLD_FIELDS = ("bits", "active", "calm", "since")
+NO_EVENT, RAISE, CLEAR = 0, 1, 2
+
+
+def step_holds(
+    state: np.ndarray,
+    condition: np.ndarray,
+    ts: np.ndarray,
+    raise_after: int = 2,
+    within: int = 3,
+    clear_after: int = 10,
+) -> np.ndarray:
+    """:meth:`Hold.update` over many components at once: ``state`` is a float array of
+    rows ``(bits, active, calm, since)`` (:data:`HOLD_FIELDS`, updated in place), one row
+    per ``condition`` and ``ts``; returns each row's event (:data:`NO_EVENT`, :data:`RAISE`,
+    :data:`CLEAR`).
+
+    >>> import numpy as np
+    >>> state = np.zeros((2, 4))
+    >>> [step_holds(state, np.array([c, False]), np.array([float(t)] * 2)).tolist()
+    ...  for t, c in enumerate([True, False, True, True])]
+    [[0, 0], [0, 0], [1, 0], [0, 0]]
+    >>> state[0].tolist()  # bits 0b011 (the last 3 rounds), active, calm 0, since 2.0
+    [3.0, 1.0, 0.0, 2.0]
+    """
+    bits = state[:, 0].astype(np.int64)
+    active = state[:, 1] > 0.0
+    calm = state[:, 2]
+    since = state[:, 3]
+    busy = condition | (bits != 0) | active  # rows with nothing going on keep their state
+    starts = busy & condition & ((bits & 1) == 0)
+    since = np.where(starts, ts, since)
+    bits = np.where(busy, ((bits << 1) | condition) & ((1 << within) - 1), bits)
+    hits = _bit_count(bits)
+    raised = busy & ~active & (hits >= raise_after)
+    calm = np.where(raised | (busy & active & condition), 0.0, calm)
+    calming = busy & active & ~condition
+    calm = np.where(calming, calm + 1.0, calm)
+    cleared = calming & (calm >= clear_after)
+    active = (active | raised) & ~cleared
+    bits = np.where(cleared, 0, bits)
+    state[:, 0] = bits
+    state[:, 1] = active
+    state[:, 2] = calm
+    state[:, 3] = since
+    return np.where(raised, RAISE, np.where(cleared, CLEAR, NO_EVENT))
+
+
+def _bit_count(bits: np.ndarray) -> np.ndarray:
+    """Set bits of each (small, non-negative) integer."""
+    count = np.zeros_like(bits)
+    rest = bits.copy()
+    while rest.any():
+        count += rest & 1
+        rest >>= 1
+    return count

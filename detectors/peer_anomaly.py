@@ -91,9 +91,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
-from itertools import repeat
 from typing import Any
 
+import numpy as np
 from river import anomaly, stats
 
 from guard.schemas import GpuSample, StepTiming
@@ -101,7 +101,8 @@ from guard.schemas import GpuSample, StepTiming
 from .findings import Finding
 from .gpu_round import GpuRound
 from .hold import Hold
-from .nic import PHYSICAL_ERRORS, RETRANSMITS
+from .nic import ERROR_COLUMNS, NicDetector
+from .nic import TS as NIC_TS
 from .robust import median
 
 __all__ = [
@@ -123,7 +124,6 @@ GPU_FEATURES: dict[str, Feature] = {
 }
 #: A job's ranks: busy time before the synchronising collective against the stage's ranks.
 RANK_FEATURES: dict[str, Feature] = {"compute": ("ratio", -0.1, 0.1, 0.03, 1)}  # slower
-_NIC_ERRORS = (*PHYSICAL_ERRORS, *RETRANSMITS)
 _SPAN = 4.0  # distances beyond 4 notable units are all "far"
 
 
@@ -373,16 +373,15 @@ class GpuPeerAnomaly:
 
     name = "peer_anomaly"
 
-    def __init__(
-        self, sample_s: float = 5.0, nic_ports: dict[Any, Any] | None = None, **args: Any
-    ) -> None:
+    def __init__(self, sample_s: float = 5.0, nic: NicDetector | None = None, **args: Any) -> None:
         self.detector = PeerAnomalyDetector(GPU_FEATURES, **args)
         self.sample_s = sample_s
         self.next_round = 0.0
-        #: the node's NIC ports as the NIC detector keeps them (latest ``counters`` and ``ts``
-        #: of each): read once per observed round, so NIC samples cost this feed nothing
-        self.nic_ports: dict[Any, Any] = {} if nic_ports is None else nic_ports
-        self.nic_kept: dict[Any, tuple[float, int]] = {}  # port -> (ts, errors) last read
+        #: the node's NIC detector (its ports' latest counters and times): read once per
+        #: observed round, so NIC samples cost this feed nothing
+        self.nic = nic
+        #: each port's (time, error total) when this feed last read it (nan: never)
+        self.nic_kept = np.empty((0, 2))
 
     def update(self, message: GpuRound) -> list[Finding]:
         """Observe the round's GPUs (one round every ``sample_s``: a window's mean needs no
@@ -404,16 +403,19 @@ class GpuPeerAnomaly:
     def _nic_errors(self) -> float | None:
         """log10(1 + the node's NIC error rate): physical errors and retransmits per second
         over the node's ports, since the previous observed round (None: no rate yet)."""
-        rate = None
-        for port, s in self.nic_ports.items():
-            if s.ts is None:
-                continue
-            total = sum(map(s.counters.get, _NIC_ERRORS, repeat(0)))  # absent: 0
-            kept = self.nic_kept.get(port)
-            self.nic_kept[port] = (s.ts, total)
-            if kept is not None and s.ts > kept[0]:
-                rate = (rate or 0.0) + max(0, total - kept[1]) / (s.ts - kept[0])
-        return None if rate is None else math.log10(1.0 + rate)
+        nic = self.nic
+        if nic is None or not nic.ports:
+            return None
+        ts = nic.state[:, NIC_TS]
+        total = np.maximum(nic.counts[:, ERROR_COLUMNS], 0).sum(1)  # absent: 0
+        kept = self.nic_kept
+        if len(kept) < len(ts):
+            kept = self.nic_kept = np.concatenate([kept, np.full((len(ts) - len(kept), 2), np.nan)])
+        seen = ~np.isnan(ts)
+        rated = seen & (ts > kept[:, 0])  # nan (never read): False
+        rates = np.maximum(0, total[rated] - kept[rated, 1]) / (ts[rated] - kept[rated, 0])
+        kept[seen, 0], kept[seen, 1] = ts[seen], total[seen]
+        return None if not rated.any() else math.log10(1.0 + float(rates.sum()))
 
     def tick(self, now: float) -> list[Finding]:
         return []

@@ -56,6 +56,7 @@ from .codec import (
     _BATCH_MARK,
     MAX_MESSAGE_BYTES,
     MODELS,
+    SchemaError,
     decode,
     leading_kind,
     parse_message,
@@ -64,7 +65,7 @@ from .constraints import bounds, check_plain_model, unwrap
 from .fast import fast_builder
 from .messages import GuardMessage
 
-__all__ = ["FAST_SAMPLE_KINDS", "decode_samples", "parse_samples"]
+__all__ = ["FAST_SAMPLE_KINDS", "Rows", "decode_rows", "decode_samples", "parse_samples"]
 
 #: msgspec's integer bounds must fit an int64: a larger bound becomes this (stricter: safe)
 _INT64_MAX = 2**63 - 1
@@ -76,6 +77,8 @@ _REFUSED = (msgspec.DecodeError, ValueError, RecursionError)
 MAX_BRACKETS = 190
 
 Samples = list[GuardMessage]
+#: (record kind, common fields, entries) of a record: see :func:`decode_rows`
+Rows = tuple[str, dict[str, Any], list[dict[str, Any]]]
 
 
 def _int_type(b: dict[str, Any]) -> Any:
@@ -246,6 +249,18 @@ class _SampleKind:
             append(build(fields))
         return out
 
+    def rows(self, data: bytes) -> Rows:
+        """A record's validated fields without building a model: its common fields (``ts``,
+        ``node``, ``job``) and its entries (a single record: one, the record itself). An
+        entry's absent optional fields are absent, its ``ts`` absent or None: the head's."""
+        if _BATCH_MARK in data:
+            record = self.batch_decode(data)
+            if "kind" not in record:
+                raise ValueError("a batch without its kind")
+            return self.batch_kind, record, record[self.entries_field]
+        record = self.single_decode(data)
+        return self.kind, record, [record]
+
 
 def _sample_kinds() -> dict[str, _SampleKind]:
     out = {}
@@ -263,9 +278,13 @@ _KINDS = _sample_kinds()
 FAST_SAMPLE_KINDS: frozenset[str] = frozenset(_KINDS)
 #: the decoder of each record kind, as the record's bytes spell it
 _BY_RECORD_KIND: dict[bytes, Callable[[bytes], Samples]] = {}
+_BY_RECORD_KIND_ROWS: dict[bytes, _SampleKind] = {}
 for _fast in _KINDS.values():
     _BY_RECORD_KIND[_fast.kind.encode()] = _fast.singles
     _BY_RECORD_KIND[_fast.batch_kind.encode()] = _fast.batches
+    _BY_RECORD_KIND_ROWS[_fast.kind.encode()] = _BY_RECORD_KIND_ROWS[_fast.batch_kind.encode()] = (
+        _fast
+    )
 
 
 def _plain(data: bytes) -> bool:
@@ -288,6 +307,32 @@ def decode_samples(data: bytes, kind: str) -> tuple[str, Samples]:
             pass  # pydantic decides, and says why
     message = decode(data, kind)
     return message.kind, expand(message)
+
+
+def decode_rows(data: bytes, kind: str | None) -> Rows:
+    """A telemetry record as validated fields, for the detectors' columns: its kind, its
+    common fields and its entries (see :meth:`_SampleKind.rows`); ``kind`` None: whatever
+    telemetry kind the record names (a line of a file). Acceptance is
+    :func:`decode_samples`'s: a record the fast path refuses is decided by pydantic, whose
+    samples give the fields, or whose :class:`SchemaError` is raised."""
+    if kind is None:
+        named = leading_kind(data) if type(data) is bytes else None
+        fast = _BY_RECORD_KIND_ROWS.get(named) if named is not None else None
+    else:
+        fast = _KINDS.get(kind)
+    if fast is not None and type(data) is bytes and _plain(data):
+        try:
+            return fast.rows(data)
+        except _REFUSED:
+            pass  # pydantic decides, and says why
+    if kind is None:
+        samples = parse_samples(data)
+        record_kind = samples[0].kind if len(samples) == 1 else f"{samples[0].kind}_batch"
+    else:
+        record_kind, samples = decode_samples(data, kind)
+    if not samples or samples[0].kind not in _KINDS:
+        raise SchemaError("not a telemetry record", kind=kind)
+    return record_kind, samples[0].__dict__, [m.__dict__ for m in samples]
 
 
 def parse_samples(data: bytes) -> Samples:

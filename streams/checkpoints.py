@@ -42,9 +42,10 @@ __all__ = ["CHECKPOINT_FORMAT", "CheckpointRefused", "StateUnpickler", "seal", "
 
 #: Leads every checkpoint. Bumped when detector classes move or change shape, or the
 #: envelope changes (2: the restructure renamed modules; 3: the HMAC tag; 4: node and job
-#: detectors carry the river peer-anomaly models): a checkpoint of another format starts cold
-#: instead of being read into objects the code no longer fits.
-CHECKPOINT_FORMAT = b"guard-state-4:"
+#: detectors carry the river peer-anomaly models; 5: a node's NIC ports are arrays): a
+#: checkpoint of another format starts cold instead of being read into objects the code no
+#: longer fits.
+CHECKPOINT_FORMAT = b"guard-state-5:"
 TAG_BYTES = hashlib.sha256().digest_size
 
 #: Modules whose classes a checkpoint may name: Guard's own pure code and the river
@@ -84,6 +85,10 @@ STATE_GLOBALS = frozenset(
         ("numpy.core.multiarray", "scalar"),
         ("numpy._core.multiarray", "_reconstruct"),
         ("numpy._core.multiarray", "scalar"),
+        # numpy 2 pickles an array (protocol 5) as its raw buffer, dtype and shape; it
+        # refuses an object dtype from a buffer, so no object is built from the record
+        ("numpy.core.numeric", "_frombuffer"),
+        ("numpy._core.numeric", "_frombuffer"),
     }
 )
 

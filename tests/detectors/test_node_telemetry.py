@@ -406,28 +406,44 @@ _COUNTER_NAMES = (
 def test_counter_increases_per_group_match_a_per_name_reference(
     samples: list[dict[str, int]], repeat: int
 ) -> None:
-    """Counters that appear, vanish, reset or move: the per-group increases are the sums of
-    each watched counter's rises (a fall is a reset: it adds nothing), and a checkpoint
-    keeps a port's counters."""
-    from guard.detectors.nic import _GROUP, _increases
+    """Counters that appear, vanish, reset or move: the xmit-wait and mark increases the
+    columns give are the sums of each watched counter's rises (a fall is a reset: it adds
+    nothing), one sample per step or all in one step, and a checkpoint keeps the counters."""
+    import numpy as np
 
-    def reference(now: dict[str, int], before: dict[str, int]) -> list[int]:
-        sums = [0] * 5
-        for name, group in _GROUP:
-            if name in now and name in before and now[name] > before[name]:
-                sums[group] += now[name] - before[name]
-        return sums
+    from guard.detectors.nic import WATCHED, NicColumns, update_nics
 
-    det = NicDetector()
+    def reference(now: dict[str, int], before: dict[str, int], names: tuple[str, ...]) -> int:
+        return sum(
+            now[n] - before[n] for n in names if n in now and n in before and now[n] > before[n]
+        )
+
     seen: list[dict[str, int]] = []
     # each drawn counter set held for ``repeat`` samples (the common case), values moving
     for i, drawn in enumerate(s for s in samples for _ in range(repeat)):
-        counters = {k: v + i * (len(k) % 3) for k, v in drawn.items()}
-        det.update(NicSample(ts=T0 + i, node="n1", device="mlx5_0", port=1, counters=counters))
-        seen.append(counters)
-    pairs = list(itertools.pairwise(seen))
-    assert [_increases(now, before) for before, now in pairs] == [
-        reference(now, before) for before, now in pairs
+        seen.append({k: v + i * (len(k) % 3) for k, v in drawn.items()})
+    messages = [
+        NicSample(ts=T0 + i, node="n1", device="mlx5_0", port=1, counters=c)
+        for i, c in enumerate(seen)
     ]
-    restored = pickle.loads(pickle.dumps(det))
-    assert restored.ports[("mlx5_0", 1)].counters == seen[-1]
+    pairs = list(itertools.pairwise(seen))
+    marks = ("np_ecn_marked_roce_packets", "rp_cnp_handled")
+    expected = [
+        (reference(now, before, ("port_xmit_wait",)), reference(now, before, marks))
+        for before, now in pairs
+    ]
+    one_by_one = NicDetector()
+    steps = [
+        update_nics([one_by_one], np.zeros(1, np.intp), NicColumns.of_samples([m]))[1]
+        for m in messages
+    ]
+    assert [(int(s.wait[0]), int(s.marks[0])) for s in steps[1:]] == expected
+    assert [bool(s.valid[0]) for s in steps] == [False] + [True] * len(pairs)
+    together = NicDetector()
+    _, inc = update_nics(
+        [together], np.zeros(len(messages), np.intp), NicColumns.of_samples(messages)
+    )
+    assert list(zip(inc.wait[1:].tolist(), inc.marks[1:].tolist(), strict=True)) == expected
+    restored = pickle.loads(pickle.dumps(together))
+    watched = {k: v for k, v in seen[-1].items() if k in WATCHED}
+    assert restored.counters("mlx5_0", 1) == watched

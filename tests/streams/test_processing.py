@@ -254,6 +254,36 @@ def test_real_detector_state_round_trips_through_the_restricted_unpickler() -> N
     assert any(a is not None for a in alarms)
 
 
+def test_array_state_restores_and_an_array_of_objects_from_a_buffer_is_refused() -> None:
+    """A node's NIC ports are numpy arrays (numpy 2 pickles them as raw buffers, which the
+    unpickler admits); the same reduction naming an object dtype builds nothing."""
+    import io
+
+    import numpy as np
+
+    from guard.detectors.nic import NicDetector
+    from guard.schemas import NicSample
+    from guard.streams.checkpoints import StateUnpickler, unseal
+
+    det = NicDetector()
+    for t in range(3):
+        det.update(
+            NicSample(ts=10.0 + t, node="n1", device="mlx5_0", port=1, counters={"symbol_error": t})
+        )
+    back = unseal(SECRET, "n1", seal(SECRET, "n1", det))
+    assert back.counters("mlx5_0", 1) == {"symbol_error": 2}
+    assert np.array_equal(back.state, det.state, equal_nan=True)
+
+    frombuffer = pickle.loads(b"cnumpy._core.numeric\n_frombuffer\n.")  # what arrays name
+
+    class ObjectsFromBytes:
+        def __reduce__(self) -> tuple[object, ...]:
+            return frombuffer, (b"\x00" * 8, np.dtype(object), (1,), "C")
+
+    with pytest.raises(ValueError, match=r"(?i)object"):
+        StateUnpickler(io.BytesIO(pickle.dumps(ObjectsFromBytes(), protocol=5))).load()
+
+
 def test_records_on_the_findings_topic_that_are_not_findings_are_dead_letters() -> None:
     good = Finding("xid", "gpu_error", "critical", "n1", 10.0, 10.0, 1.0, gpu=3)
     records = [

@@ -100,6 +100,8 @@ _INT64_MAX = 2**63 - 1
 # columns of a port's state row: last sample's time, link speed, then the two holds
 TS, SPEED, DEGRADED, DOWN, CONGESTED = 0, 1, slice(2, 6), slice(6, 10), 10
 _PORT_FIELDS = 11
+#: wider than any link speed (Gb/s): a per-node running max in one accumulate
+_SPEED_SPAN = 1e7
 # columns of a node's state row: nominal speed, the congestion hold, its first port
 NOMINAL, CONGESTION, FIRST = 0, slice(1, 5), 5
 _NODE_FIELDS = 6
@@ -312,11 +314,12 @@ def update_nics(
     )
     rows = offsets[owner] + local
     inc = NicIncreases(np.zeros(n, bool), np.zeros(n, np.int64), np.zeros(n, np.int64))
-    found = step.sequences(cols, owner, rows, inc)
+    nominal = step.nominal(cols, owner)
+    found = step.sequences(cols, owner, rows, inc, nominal)
     if found is None:  # a duplicate or an older sample in the step: one sample a port a pass
         found = []
         for wave in _waves(rows):
-            found += step.run(cols, owner, wave, rows[wave], inc)
+            found += step.run(cols, owner, wave, rows[wave], inc, nominal[wave])
     for k, det in enumerate(nodes):
         a, b = offsets[k], offsets[k + 1]
         det.counts, det.state = step.counts[a:b].copy(), step.state[a:b].copy()
@@ -359,13 +362,14 @@ class _Step:
         at: np.ndarray,
         rows: np.ndarray,
         inc: NicIncreases,
+        nominal: np.ndarray,
     ) -> list[tuple[int, int, Finding]]:
-        """Samples ``at`` (one per port) of ports ``rows``; their findings, by position."""
+        """Samples ``at`` (one per port) of ports ``rows``, judged against ``nominal``
+        speeds; their findings, by position."""
         state, ts = self.state, cols.ts[at]
         speed = cols.speed[at]
         known = ~np.isnan(speed)
         state[rows[known], SPEED] = speed[known]
-        np.maximum.at(self.nodes[:, NOMINAL], owner[at][known], speed[known])
         before = state[rows, TS]
         fresh = np.isnan(before)
         keep = fresh | (ts > before)  # a duplicate or an older sample: rates need new time
@@ -384,7 +388,8 @@ class _Step:
         marks = rise[:, _MARKS].sum(1)
         inc.valid[at], inc.wait[at], inc.marks[at] = True, rise[:, _WAIT], marks
         found = self._link(cols, at, rows, ts, dt, rise[:, _FLAPS])
-        found += self._degraded(cols, owner, at, rows, ts, phys_n / dt, retrans_n / dt)
+        nominal = nominal[keep][sel]
+        found += self._degraded(cols, at, rows, ts, phys_n / dt, retrans_n / dt, nominal)
         cfg = self.cfg
         clean = (phys_n == 0) & (retrans_n == 0)
         state[rows, CONGESTED] = (marks / dt >= cfg.congestion_per_s) & clean
@@ -392,13 +397,18 @@ class _Step:
         return found
 
     def sequences(
-        self, cols: NicColumns, owner: np.ndarray, rows: np.ndarray, inc: NicIncreases
+        self,
+        cols: NicColumns,
+        owner: np.ndarray,
+        rows: np.ndarray,
+        inc: NicIncreases,
+        nominal: np.ndarray,
     ) -> list[tuple[int, int, Finding]] | None:
         """Every sample of the step at once, each port's samples in arrival order compared
         with the one before; the holds run in order over the ports that have one going.
         None, changing nothing, if a port's times do not increase (then :meth:`run`, a
         pass per sample of a port, drops what is late)."""
-        state, nodes, cfg = self.state, self.nodes, self.cfg
+        state, cfg = self.state, self.cfg
         n = len(rows)
         order = np.argsort(rows, kind="stable")
         r, t = rows[order], cols.ts[order]
@@ -409,9 +419,9 @@ class _Step:
         if np.any(t[~fresh] <= before[~fresh]):
             return None
         node = owner[order]
+        nominal = nominal[order]
         speed = cols.speed[order]
         known = ~np.isnan(speed)
-        np.maximum.at(nodes[:, NOMINAL], node[known], speed[known])
         lead = start & ~known  # a port's speed carries over from its last sample
         speed[lead] = state[r[lead], SPEED]
         speed = speed[np.maximum.accumulate(np.where(known | start, np.arange(n), -1))]
@@ -431,7 +441,6 @@ class _Step:
         marks, wait = rise[:, _MARKS].sum(1), rise[:, _WAIT]
         inc.valid[order], inc.wait[order], inc.marks[order] = iv, wait, marks
         errors = iv & ((phys >= cfg.phys_per_s) | (retrans >= cfg.retrans_per_s))
-        nominal = nodes[node, NOMINAL]
         slow = iv & (nominal > 0.0) & (speed < cfg.speed_ratio * nominal)
         down = iv & (cols.link_up[order] == 0)
         cong = iv & (marks / dt >= cfg.congestion_per_s) & (phys == 0) & (retrans == 0)
@@ -589,6 +598,19 @@ class _Step:
                 )
         return found
 
+    def nominal(self, cols: NicColumns, owner: np.ndarray) -> np.ndarray:
+        """The nominal speed each sample is judged against: the fastest its node reported
+        up to and with it, in arrival order; the nodes' nominal moves on to the step's."""
+        node = owner
+        by_node = np.argsort(node, kind="stable")
+        shift = node[by_node] * _SPEED_SPAN  # a running max per node, in one accumulate
+        speed = np.clip(np.nan_to_num(cols.speed[by_node], nan=0.0), 0.0, _SPEED_SPAN / 2)
+        running = np.maximum.accumulate(speed + shift) - shift
+        out = np.empty(len(node))
+        out[by_node] = np.maximum(running, self.nodes[node[by_node], NOMINAL])
+        np.maximum.at(self.nodes[:, NOMINAL], node, out)
+        return out
+
     def _holds(self, rows: np.ndarray, part: slice, cond: np.ndarray, ts: np.ndarray) -> Any:
         held = self.state[rows, part]
         events = step_holds(held, cond, ts, *self.cfg.hold_args)
@@ -629,18 +651,17 @@ class _Step:
     def _degraded(
         self,
         cols: NicColumns,
-        owner: np.ndarray,
         at: np.ndarray,
         rows: np.ndarray,
         ts: np.ndarray,
         phys: np.ndarray,
         retrans: np.ndarray,
+        nominal: np.ndarray,
     ) -> list[tuple[int, int, Finding]]:
         """Error or retransmit rates too high, or the link slower than nominal."""
         cfg = self.cfg
         errors = (phys >= cfg.phys_per_s) | (retrans >= cfg.retrans_per_s)
         speed = self.state[rows, SPEED]
-        nominal = self.nodes[owner[at], NOMINAL]
         slow = (nominal > 0.0) & (speed < cfg.speed_ratio * nominal)  # nan: never slow
         events = self._holds(rows, DEGRADED, errors | slow, ts)
         found = []

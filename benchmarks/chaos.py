@@ -828,6 +828,124 @@ def run_sigkill(bootstrap: str, home: Path, args: argparse.Namespace) -> dict[st
     }
 
 
+def run_broken_check(bootstrap: str, home: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """A check that fails every node (a GEMM floor no node reaches: ``echo 1.0`` against 500
+    TFLOPS, the ``commands`` executor) behind a live ``guard orchestrator``, every node of a
+    ``--storm-nodes`` cluster flagged at once. Twice: with the cordon cap alone (12.5 %; the
+    nodes in repair keep their places under it), and with the failure-rate stop (4 sweeps,
+    over 50 % failed) under a cap it never reaches; a webhook receiver on loopback gets the
+    ``GuardSweepsStopped`` alert. Figures: sweeps run and failed, most nodes out at once vs
+    the cap, nodes held back, the stop gauge and alert."""
+    import http.server
+    import threading
+
+    alerts: list[dict[str, Any]] = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *_: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            alerts.extend(
+                json.loads(self.rfile.read(int(self.headers["Content-Length"])))["alerts"]
+            )
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    hook = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    nodes = [f"node-{i:03d}" for i in range(args.storm_nodes)]
+    min_sweeps, workers = 4, 2
+
+    def phase(name: str, fraction: float, stop_fraction: float) -> dict[str, Any]:
+        s = _settings(bootstrap, home / name)
+        config = home / name / "guard.toml"
+        config.write_text(
+            "[orchestrator]\n"
+            f'executor = "commands"\nnodes = {json.dumps(nodes)}\n'
+            f"max_cordoned_fraction = {fraction}\nsweep_workers = {workers}\n"
+            f"sweep_stop_failed_fraction = {stop_fraction}\nsweep_stop_min_sweeps = {min_sweeps}\n"
+            f'webhook_url = "http://127.0.0.1:{hook.server_address[1]}/hook"\n'
+            "[[orchestrator.sweep_checks]]\n"
+            'name = "gemm_bf16_tflops"\ncommand = "echo 1.0"\nmin = 500\nunit = "TFLOPS"\n'
+        )
+        port = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GUARD_")}
+        env.update(GUARD_CONFIG=str(config), GUARD_KAFKA_BOOTSTRAP=s.kafka.bootstrap,
+                   GUARD_KAFKA_TOPIC_PREFIX=s.kafka.topic_prefix, GUARD_HOME=str(home / name),
+                   GUARD_METRICS_ORCHESTRATOR_PORT=str(port))  # fmt: skip
+        out = open(home / name / "orchestrator.log", "wb")  # noqa: SIM115 - closed below
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "guard.cli", "orchestrator", "--log-level", "warning"],
+            env=env, cwd=home / name, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        samples: list[dict[str, float]] = []
+        try:
+            wait_until(lambda: _reachable(port), timeout_s=60)
+            now = time.time()
+            send(s, *(flag(n, f"broken-{n}", now - 1) for n in nodes))
+
+            def settled() -> bool:  # no sweep running; the rest held back or stopped
+                samples.append(_metrics(port)[1])
+                states = states_on_topic(s)
+                stopped = samples[-1]["guard_sweeps_stopped"] == 1
+                return len(states) == len(nodes) and all(
+                    v in ("repair", "suspect") or (v == "cordoned" and stopped)
+                    for v in states.values()
+                )
+
+            wait_until(settled, timeout_s=args.timeout)
+            time.sleep(2.0)  # ten more ticks: nothing else may start
+            samples.append(_metrics(port)[1])
+            alive = proc.poll() is None
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+            out.close()
+        views = read_node_states(s, keep_history=True)
+        history = [h for v in views.values() for h in v.history]
+        sweeps = [decode(r.value(), "sweep") for r in read_topic(s, "sweeps")]
+        return {
+            "cordon_cap": int(samples[0]["guard_cordon_cap"]),
+            "max_out_of_pool": max_out_of_pool(history, SweepPolicy.from_settings(s.orchestrator)),
+            "sweeps": len(sweeps),
+            "sweeps_failed": sum(not x.passed for x in sweeps),
+            "in_repair": sum(
+                v.state is not None and v.state.state == "repair" for v in views.values()
+            ),
+            "held_back": int(samples[-1]["guard_cordons_held_back"]),
+            "stopped_gauge": int(samples[-1]["guard_sweeps_stopped"]),
+            "orchestrator_alive_after": alive,
+        }
+
+    try:
+        cap = phase("cap", 0.125, 1.0)
+        rate = phase("rate", 0.5, 0.5)
+    finally:
+        hook.shutdown()
+        hook.server_close()
+    stop_alerts = [a for a in alerts if a["labels"].get("alertname") == "GuardSweepsStopped"]
+    return {
+        "scenario": "broken_check",
+        "cluster_nodes": len(nodes),
+        "nodes_flagged": len(nodes),
+        "cap_only": cap,
+        "failure_stop": rate,
+        "failure_stop_sweeps_bound": min_sweeps + workers - 1,
+        "stop_alert": [a["status"] for a in stop_alerts],
+        "stop_held": (
+            cap["max_out_of_pool"] <= cap["cordon_cap"] == cap["sweeps_failed"] == cap["in_repair"]
+            and min_sweeps <= rate["sweeps_failed"] <= min_sweeps + workers - 1
+            and rate["sweeps_failed"] < rate["cordon_cap"]
+            and rate["stopped_gauge"] == 1
+            and [a["status"] for a in stop_alerts] == ["firing"]
+        ),
+        "orchestrator_alive_after": cap["orchestrator_alive_after"]
+        and rate["orchestrator_alive_after"],
+    }
+
+
 SCENARIOS = {
     "broker_stop": run_broker_stop,
     "store_down": run_store_down,
@@ -836,12 +954,14 @@ SCENARIOS = {
     "names": run_names,
     "hostile": run_hostile,
     "sigkill": run_sigkill,
+    "broken_check": run_broken_check,
 }
 
 
 #: figures that must be true for a scenario to pass
 OK_FIGURES = ("claims_equal", "exactly_once", "cap_held", "sweep_resumed", "worker_alive_after",
-              "sink_alive_after", "orchestrator_alive_after", "nothing_lost")  # fmt: skip
+              "sink_alive_after", "orchestrator_alive_after", "nothing_lost",
+              "stop_held")  # fmt: skip
 
 
 #: ``--short``: seconds a scenario, for CI (tests/test_chaos.py); explicit options still win

@@ -194,8 +194,9 @@ class OrchestratorSettings(Section):
         0.05,
         gt=0,
         le=1,
-        description="cap on nodes out of the pool on suspicion (cordoned, sweeping, failed) at "
-        "once, as a fraction of the cluster; at least one node is always allowed",
+        description="cap on nodes Guard holds out of the pool (cordoned, sweeping, failed, and "
+        "repair unless cap_counts_repair is false) at once, as a fraction of the cluster; at "
+        "least one node is always allowed",
     )
     cooldown_s: float = Field(
         3600,
@@ -249,7 +250,23 @@ class OrchestratorSettings(Section):
         1800, gt=0, description="flags older than this (event time vs now) are ignored as stale"
     )
     cap_counts_repair: bool = Field(
-        False, description="count nodes in repair against max_cordoned_fraction"
+        True,
+        description="count nodes in repair against max_cordoned_fraction (every node Guard "
+        "holds): a check that fails healthy nodes cannot drain the fleet a cap at a time",
+    )
+    sweep_stop_failed_fraction: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Guard stops cordoning and sweeping, and alerts, while more than this share "
+        "of the sweeps of the last sweep_stop_window_s failed (a broken check must not drain "
+        "the fleet); 1: never",
+    )
+    sweep_stop_window_s: float = Field(
+        3600, gt=0, description="window of the failed-sweep share, s"
+    )
+    sweep_stop_min_sweeps: int = Field(
+        4, ge=1, description="sweeps in the window before the failed share can stop sweeping"
     )
     cluster_size: int | None = Field(
         None,

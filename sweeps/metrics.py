@@ -51,12 +51,12 @@ def observe_orchestrator(metrics: Metrics, orchestrator: Any) -> None:
     m.gauge("guard_nodes", "nodes Guard has acted on, by state", states, ("state",))
     m.gauge(
         "guard_cordoned_nodes",
-        "nodes out of the pool on suspicion (counted against the cap)",
+        "nodes Guard holds out of the pool (counted against the cap)",
         out_of_pool,
     )
     m.gauge(
         "guard_cordon_cap",
-        "most nodes out of the pool on suspicion at once",
+        "most nodes Guard may hold out of the pool at once",
         lambda: core.policy.cordon_limit(core.cluster_size()),
     )
     m.counter(
@@ -88,6 +88,11 @@ def observe_orchestrator(metrics: Metrics, orchestrator: Any) -> None:
         "guard_cordons_held_back",
         "qualified suspects the cordon cap holds back now",
         lambda: len(core.held_back),
+    )
+    m.gauge(
+        "guard_sweeps_stopped",
+        "1 while Guard cordons and sweeps nothing: too many recent sweeps failed",
+        lambda: float(core.sweeps_stopped is not None),
     )
     m.counter(
         "guard_dead_letters_total",

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -61,7 +62,7 @@ from guard.schemas import (
 )
 
 from .executors import NO_EXECUTOR_HINT, SweepExecutor
-from .policy import SweepPolicy
+from .policy import SweepFailureStop, SweepPolicy
 from .scheduler import SchedulerAdapter, SchedulerError
 from .states import (
     ALLOWED,
@@ -71,6 +72,7 @@ from .states import (
     REASON_CORDONED_FOR_REPAIR,
     InvalidTransition,
     NodeRecord,
+    is_operator,
     recover_views,
 )
 
@@ -79,8 +81,11 @@ __all__ = ["NodeSummary", "Orchestrator", "SimulatedClock"]
 log = logging.getLogger(__name__)
 
 Publish = Callable[[GuardMessage], None]
+#: Told when sweeping stops (True, why) and when it may go on again (False, why it stopped).
+StopListener = Callable[[bool, str], None]
 
 _SEEN_FLAG_IDS = 100_000
+_HOLD_NOTE = re.compile(r"; (?:cap of \d|sweeping stopped: )")
 _SCHEDULER_RETRY_S = 10.0
 
 
@@ -141,6 +146,10 @@ class Orchestrator:
         Also called with every published message (the demo's progress, the webhook).
     inline_sweeps
         Run sweeps synchronously inside ``tick`` (tests, doctests) instead of in threads.
+    stop_listeners
+        Called with ``(True, why)`` when too many recent sweeps failed and Guard stops
+        cordoning and sweeping (:class:`~guard.sweeps.policy.SweepFailureStop`), and with
+        ``(False, why)`` when it goes on (the webhook's fleet alert).
     """
 
     def __init__(
@@ -154,6 +163,7 @@ class Orchestrator:
         nodes: Sequence[str] | None = None,
         listeners: Iterable[Callable[[GuardMessage], None]] = (),
         inline_sweeps: bool = False,
+        stop_listeners: Iterable[StopListener] = (),
     ) -> None:
         self.settings = settings
         self.policy = SweepPolicy.from_settings(settings)
@@ -169,6 +179,8 @@ class Orchestrator:
         self._jobs: dict[str, _SweepJob] = {}
         self._scheduler_todo: dict[str, tuple[str, str, float]] = {}
         self._release_after_uncordon: dict[str, str] = {}
+        #: what a cordoned node's sweep will say when it starts (the jobs isolated on it)
+        self._sweep_notes: dict[str, str] = {}
         self._sweeps: dict[str, collections.deque[SweepResult]] = {}
         self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._lock = threading.RLock()
@@ -182,6 +194,11 @@ class Orchestrator:
         self.stats: collections.Counter[str] = collections.Counter()
         #: qualified suspects the cordon cap holds back now (as of the last tick)
         self.held_back: list[str] = []
+        self.failure_stop = SweepFailureStop.from_settings(settings)
+        self.stop_listeners = list(stop_listeners)
+        #: why Guard stopped cordoning and sweeping (as of the last tick), None while it sweeps
+        self.sweeps_stopped: str | None = None
+        self.sweeps_stopped_since: float | None = None
         self._warned_time_base = False
         if executor is None:
             log.warning("%s", NO_EXECUTOR_HINT)
@@ -193,6 +210,12 @@ class Orchestrator:
         requests that came after the last orchestrator state of their node (to apply)."""
         with self._lock:
             pending = []
+            states = list(states)
+            for state in states:  # the sweeps of the stop's window, as far as compaction left them
+                if is_operator(state.actor):
+                    continue
+                if state.state == "failed" or (state.state, state.prev) == ("healthy", "sweeping"):
+                    self.failure_stop.record(state.ts, state.state == "healthy")
             for node, view in recover_views(states).items():
                 if view.state is not None:
                     self.records[node] = NodeRecord.from_state(view.state)
@@ -326,12 +349,19 @@ class Orchestrator:
             now = self.clock()
             self._retry_scheduler()
             self._collect_sweeps()
+            self._judge_failure_rate(now)
             for rec in list(self.records.values()):
                 if rec.state == "cordoned" and rec.node not in self._jobs:
                     if rec.to_repair:
                         self._send_to_repair(rec, rec.reason.split(": ", 1)[-1])
-                    elif rec.node not in self._scheduler_todo and self.executor is not None:
-                        self._start_sweep(rec, "single", [])
+                    elif (
+                        rec.node not in self._scheduler_todo
+                        and self.executor is not None
+                        and self._can_start_sweep()
+                    ):
+                        self._start_sweep(
+                            rec, "single", [], note=self._sweep_notes.pop(rec.node, "")
+                        )
                 elif (
                     rec.state == "suspect"
                     and not rec.qualified
@@ -510,6 +540,34 @@ class Orchestrator:
             log.warning("cordon cap no longer holds any suspect back")
         self.held_back = held
 
+    def _judge_failure_rate(self, now: float) -> None:
+        """Stop cordoning and sweeping while too many recent sweeps failed; say so once."""
+        why = self.failure_stop.reason(now)
+        if why == self.sweeps_stopped or (why is not None and self.sweeps_stopped is not None):
+            return
+        was = self.sweeps_stopped
+        self.sweeps_stopped = why
+        if why is not None:
+            self.sweeps_stopped_since = now
+            self.stats["sweeps_stopped"] += 1
+            log.error(
+                "sweeping stopped: %s; a check that fails healthy nodes must not drain the "
+                "fleet. Nodes already out stay out; look at the failing checks (`guard node "
+                "show NODE`), fix or release. Sweeping goes on once the share of failures within "
+                "%g s is back at or under %g %%",
+                why,
+                self.failure_stop.window_s,
+                self.failure_stop.fraction * 100,
+            )
+        else:
+            self.sweeps_stopped_since = None
+            log.warning("sweeping goes on: the failed sweeps behind the stop (%s) aged out", was)
+        for listener in self.stop_listeners:
+            try:
+                listener(why is not None, why or was or "")
+            except Exception:
+                log.exception("orchestrator stop listener failed")
+
     def _cordon_within_cap(self, waiting: list[NodeRecord], held: list[str]) -> None:
         if not waiting:
             return
@@ -517,14 +575,18 @@ class Orchestrator:
         limit = self.policy.cordon_limit(self.cluster_size())
         out = sum(self.policy.counts_against_cap(r.state) for r in self.records.values())
         for rec in waiting:
-            if out >= limit:
-                note = f"cap of {limit} of {self.cluster_size()} nodes out of the pool reached"
+            if self.sweeps_stopped is not None or out >= limit:
+                note = (
+                    f"sweeping stopped: {self.sweeps_stopped}"
+                    if self.sweeps_stopped is not None
+                    else f"cap of {limit} of {self.cluster_size()} nodes out of the pool reached"
+                )
                 if note not in rec.reason:
-                    self._transition(rec, "suspect", f"{rec.reason.split('; cap')[0]}; {note}")
+                    self._transition(rec, "suspect", f"{_without_hold_note(rec.reason)}; {note}")
                 self.stats["cordons_deferred"] += 1
                 held.append(rec.node)
                 continue
-            evidence = rec.reason.split(": ", 1)[-1].split("; cap")[0]
+            evidence = _without_hold_note(rec.reason.split(": ", 1)[-1])
             prefix = REASON_CORDONED_FOR_REPAIR if rec.to_repair else "cordoned for sweep"
             unswept = "" if rec.to_repair or self.executor is not None else f"; {NO_EXECUTOR_HINT}"
             self._transition(rec, "cordoned", f"{prefix}: {evidence}{unswept}")
@@ -539,7 +601,18 @@ class Orchestrator:
             elif rec.to_repair:
                 self._send_to_repair(rec, evidence)
             elif cordoned:
-                self._start_sweep(rec, "single", [], note=self._isolate(rec.node))
+                note = self._isolate(rec.node)
+                if self._can_start_sweep():
+                    self._start_sweep(rec, "single", [], note=note)
+                else:  # a later tick starts it, when a sweep worker is free
+                    self._sweep_notes[rec.node] = note
+
+    def _can_start_sweep(self) -> bool:
+        """A sweep may start now: sweeping has not stopped and a sweep worker is free (a
+        node waits cordoned, not sweeping, until its sweep really starts)."""
+        return self.sweeps_stopped is None and (
+            self._pool is None or len(self._jobs) < self.settings.sweep_workers
+        )
 
     def _send_to_repair(self, rec: NodeRecord, why: str) -> None:
         reason = f"sent to repair: {why}"
@@ -619,6 +692,8 @@ class Orchestrator:
         self._sweeps.setdefault(job.node, collections.deque(maxlen=10)).append(result)
         self._emit(result)
         self.stats[f"sweeps_{'passed' if result.passed else 'failed'}"] += 1
+        self.failure_stop.record(result.ts, result.passed)
+        self._judge_failure_rate(result.ts)
         if not result.passed:
             failing = [c for c in checks if not c.passed]
             summary = ", ".join(_describe_check(c) for c in failing[:4]) or "no checks ran"
@@ -655,6 +730,7 @@ class Orchestrator:
         if job is not None and job.future is not None:
             job.future.cancel()
         self._release_after_uncordon.pop(node, None)
+        self._sweep_notes.pop(node, None)
 
     def _choose_peers(self, node: str) -> list[str]:
         want = self.settings.multi_sweep_peers
@@ -669,6 +745,11 @@ class Orchestrator:
         # A stable but node-specific order spreads the peer load over the healthy nodes.
         healthy.sort(key=lambda n: stable_id("peer", node, n))
         return healthy[:want]
+
+
+def _without_hold_note(reason: str) -> str:
+    """A waiting suspect's reason without the note of what holds it back."""
+    return _HOLD_NOTE.split(reason, 1)[0]
 
 
 def _describe(flag: Flag) -> str:

@@ -224,6 +224,7 @@ class KafkaOrchestrator:
         o = settings.orchestrator
         self.webhook: WebhookNotifier | None = None
         listeners = list(listeners)
+        stop_listeners = []
         if o.webhook_url:
             self.webhook = WebhookNotifier(
                 o.webhook_url,
@@ -237,6 +238,7 @@ class KafkaOrchestrator:
                 resend_s=o.webhook_resend_s,
             )
             listeners.append(self.webhook)
+            stop_listeners.append(self.webhook.sweeps_stopped)
         self._producer = make_producer(settings)
         self.core = Orchestrator(
             o,
@@ -246,6 +248,7 @@ class KafkaOrchestrator:
             clock=clock,
             nodes=nodes,
             listeners=listeners,
+            stop_listeners=stop_listeners,
         )
         self.poll_s = poll_s
         self.ready = threading.Event()

@@ -18,6 +18,10 @@ Two modes (``orchestrator.webhook_mode``):
   Alertmanager's API v2), and active alerts re-sent every ``webhook_resend_s``: Alertmanager
   ends an alert that is not re-sent within its ``resolve_timeout``.
 
+When too many recent sweeps failed and the orchestrator stops sweeping, one more alert fires,
+``{alertname="GuardSweepsStopped"}`` (the failed share in its description), and resolves when
+sweeping goes on (:meth:`WebhookNotifier.sweeps_stopped`, an orchestrator stop listener).
+
 With a secret, every request carries ``X-Guard-Signature: t=<unix time>,v1=<hex>``, the
 HMAC-SHA256 of ``"<t>." + body``: a receiver that checks the signature and that ``t`` is
 recent (:func:`verify_signature`) cannot be fed a captured request again later.
@@ -61,11 +65,13 @@ from guard.schemas import CATEGORIES, NodeState, stable_id
 __all__ = [
     "SIGNATURE_HEADER",
     "Episode",
+    "StopEpisode",
     "WebhookNotifier",
     "alert",
     "alertmanager_payload",
     "episode_category",
     "sign",
+    "stop_alert",
     "verify_signature",
 ]
 
@@ -73,6 +79,7 @@ log = logging.getLogger(__name__)
 
 SIGNATURE_HEADER = "X-Guard-Signature"
 ALERTNAME = "GuardNodeHealth"
+STOP_ALERTNAME = "GuardSweepsStopped"
 ALERTS_PATH = "/api/v2/alerts"
 _ZERO_TIME = "0001-01-01T00:00:00Z"
 #: Longest wait a Retry-After may impose, s: a receiver cannot park the notifier for hours.
@@ -156,14 +163,46 @@ def alert(episode: Episode, generator_url: str = "") -> dict[str, Any]:
     }
 
 
+@dataclass
+class StopEpisode:
+    """Guard's sweeping stopped (too many recent sweeps failed): one fleet-wide alert."""
+
+    starts_at: float
+    reason: str
+    ended_at: float | None = None
+
+
+def stop_alert(episode: StopEpisode) -> dict[str, Any]:
+    """The stop as an Alertmanager alert (API v2 fields, plus ``status``)."""
+    resolved = episode.ended_at is not None
+    return {
+        "status": "resolved" if resolved else "firing",
+        "labels": {"alertname": STOP_ALERTNAME},
+        "annotations": {
+            "severity": "critical",
+            "summary": "Guard stopped cordoning and sweeping: too many sweeps failed",
+            "description": f"{episode.reason}; a check that fails healthy nodes must not "
+            "drain the fleet: look at the failing checks (guard node show NODE)",
+        },
+        "startsAt": _rfc3339(episode.starts_at),
+        "endsAt": _rfc3339(episode.ended_at) if episode.ended_at is not None else _ZERO_TIME,
+        "generatorURL": "",
+    }
+
+
 def alertmanager_payload(episode: Episode, generator_url: str = "") -> dict[str, Any]:
     """The episode's latest change as an Alertmanager v4 webhook-receiver message."""
     body = alert(episode, generator_url)
-    body["fingerprint"] = stable_id(ALERTNAME, episode.node, episode.category)[:16]
-    group = {"alertname": ALERTNAME, "node": episode.node}
+    return _receiver_message(body, {"alertname": ALERTNAME, "node": episode.node})
+
+
+def _receiver_message(body: dict[str, Any], group: dict[str, str]) -> dict[str, Any]:
+    """One alert as an Alertmanager v4 webhook-receiver message grouped by ``group``."""
+    body["fingerprint"] = stable_id(*sorted(body["labels"].items()))[:16]
+    grouped = ", ".join(f'{k}="{v}"' for k, v in group.items())
     return {
         "version": "4",
-        "groupKey": f'{{}}:{{alertname="{ALERTNAME}", node="{episode.node}"}}',
+        "groupKey": f"{{}}:{{{grouped}}}",
         "truncatedAlerts": 0,
         "status": body["status"],
         "receiver": "guard",
@@ -215,12 +254,16 @@ class WebhookNotifier:
         self.timeout_s = timeout_s
         self.generator_url = generator_url
         self.resend_s = resend_s
-        self._queue: collections.deque[NodeState] = collections.deque(maxlen=max_queue)
+        self._queue: collections.deque[NodeState | StopEpisode] = collections.deque(
+            maxlen=max_queue
+        )
         self._wake = threading.Condition()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         #: open episodes by node (the delivery thread's own)
         self.episodes: dict[str, Episode] = {}
+        #: the open stop of sweeping, if any (the delivery thread's own)
+        self.stopped: StopEpisode | None = None
         self.delivered = 0
         self.failed = 0
         self.dropped = 0
@@ -232,7 +275,7 @@ class WebhookNotifier:
             self._thread.start()
         return self
 
-    def notify(self, state: NodeState) -> None:
+    def notify(self, state: NodeState | StopEpisode) -> None:
         with self._wake:
             if len(self._queue) == self._queue.maxlen:
                 self.dropped += 1
@@ -244,6 +287,11 @@ class WebhookNotifier:
         """As an orchestrator listener: notify on node states, ignore the rest."""
         if isinstance(message, NodeState):
             self.notify(message)
+
+    def sweeps_stopped(self, stopped: bool, reason: str) -> None:
+        """As an orchestrator stop listener: the fleet alert fires, or resolves."""
+        now = time.time()
+        self.notify(StopEpisode(now, reason, None if stopped else now))
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop after delivering what is queued, waiting at most ``timeout_s``."""
@@ -271,13 +319,36 @@ class WebhookNotifier:
                 if not self._queue and self._stop.is_set():
                     return
                 state = self._queue.popleft() if self._queue else None
+            if isinstance(state, StopEpisode):
+                self._deliver_stop(state)
+                continue
             if state is not None:
                 self._deliver(self._episode(state))
                 continue
             resend_at = time.monotonic() + self.resend_s
-            if self.episodes:  # Alertmanager ends alerts that are not sent again
-                self._post([alert(e, self.generator_url) for e in self.episodes.values()])
+            alerts = [alert(e, self.generator_url) for e in self.episodes.values()]
+            if self.stopped is not None:
+                alerts.append(stop_alert(self.stopped))
+            if alerts:  # Alertmanager ends alerts that are not sent again
+                self._post(alerts)
                 self.resent += 1
+
+    def _deliver_stop(self, news: StopEpisode) -> None:
+        if news.ended_at is None:
+            self.stopped = news
+        elif self.stopped is not None:
+            news = StopEpisode(self.stopped.starts_at, self.stopped.reason, news.ended_at)
+            self.stopped = None
+        body = stop_alert(news)
+        payload = (
+            [body]
+            if self.mode == "alertmanager"
+            else _receiver_message(body, {"alertname": STOP_ALERTNAME})
+        )
+        if self._post(payload):
+            self.delivered += 1
+        else:
+            self.failed += 1
 
     def _episode(self, state: NodeState) -> Episode:
         episode = self.episodes.get(state.node)

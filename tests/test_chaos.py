@@ -82,3 +82,19 @@ def test_a_flood_of_node_names_expires(
     assert len(marks) == 3 and all(0 < m["keys_held"] <= r["names"] for m in marks)
     assert r["keys_held_after_idle"] == 0  # the scenario waits until every key is gone
     assert r["worker_alive_after"] and r["ok"]
+
+
+def test_a_check_that_fails_every_node_stops_at_the_cap_and_at_the_failure_rate(
+    chaos: ModuleType, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    r = run(chaos, "broken_check", kafka_bootstrap, tmp_path)
+    cap, rate = r["cap_only"], r["failure_stop"]
+    # The cap alone: as many nodes swept (and failed, and in repair) as the cap, no more.
+    assert cap["cordon_cap"] == cap["sweeps_failed"] == cap["in_repair"] == cap["sweeps"] == 2
+    assert cap["max_out_of_pool"] == 2 and cap["held_back"] == r["nodes_flagged"] - 2
+    assert cap["stopped_gauge"] == 0
+    # The failure-rate stop, under a cap of 8 it never reaches.
+    assert rate["cordon_cap"] == 8 and rate["sweeps"] == rate["sweeps_failed"]
+    assert 4 <= rate["sweeps_failed"] <= r["failure_stop_sweeps_bound"] < rate["cordon_cap"]
+    assert rate["stopped_gauge"] == 1 and r["stop_alert"] == ["firing"]
+    assert r["stop_held"] and r["orchestrator_alive_after"] and r["ok"]

@@ -40,6 +40,9 @@ def test_faults_are_flagged_swept_and_repaired_across_an_orchestrator_restart(
     settings.clickhouse.database = f"e2e_{uuid.uuid4().hex[:10]}"
     settings.streams.app_id = "e2e-streams"
     settings.clickhouse.batch_seconds = 0.5
+    # The three faulty nodes stay in repair (no one repairs them) and hold their places under
+    # the cordon cap: 3 of 12 must fit.
+    settings.orchestrator.max_cordoned_fraction = 0.25
     pipe = Pipeline(settings, config)
     pipe.client_override = chdb_client  # one chDB engine per test process
     try:

@@ -26,6 +26,11 @@ def _demo_settings(settings: Settings, home: Path) -> None:
     settings.streams.app_id = "guard-demo-streams"
     settings.kafka.telemetry_partitions = min(settings.kafka.telemetry_partitions, 4)
     settings.clickhouse.batch_seconds = 1.0
+    # Nodes in repair count against the cordon cap and no one repairs the simulated ones: a
+    # quarter of the cluster may be held, so that every injected fault is seen through.
+    settings.orchestrator.max_cordoned_fraction = max(
+        settings.orchestrator.max_cordoned_fraction, 0.25
+    )
 
 
 def run_demo(

@@ -208,6 +208,7 @@ def test_orchestrator_metrics_follow_states_sweeps_and_webhook_failures(
     s = kafka_settings
     s.orchestrator.webhook_url = f"http://127.0.0.1:{free_port()}/hook"  # nobody listens
     s.orchestrator.webhook_retries = 0
+    s.orchestrator.max_cordoned_fraction = 2 / 32  # node-005 stays in repair, holding one place
     now = time.time()
     faulty = flag("node-005", "f-5", now - 2)
     send(s, faulty, flag("node-010", "f-10", now - 1), faulty, raw=b"\xff not a flag")
@@ -233,8 +234,9 @@ def test_orchestrator_metrics_follow_states_sweeps_and_webhook_failures(
     assert value("guard_sweeps_total", sweep="single", result="failed") == 1
     assert value("guard_sweeps_total", sweep="single", result="passed") == 1
     assert value("guard_sweeps_total", sweep="multi", result="passed") == 1
-    assert value("guard_cordoned_nodes") == 0  # one released, one in repair (not on the cap)
-    assert value("guard_cordon_cap") == orch.core.policy.cordon_limit(len(NODES))
+    assert value("guard_cordoned_nodes") == 1  # one released, one in repair (on the cap)
+    assert value("guard_cordon_cap") == orch.core.policy.cordon_limit(len(NODES)) == 2
+    assert value("guard_sweeps_stopped") == 0  # 3 sweeps, 1 failed: under both bounds
     assert value("guard_flags_received_total", outcome="duplicate") == 1
     assert value("guard_dead_letters_total", reason="not_json") == 1
     assert value("guard_node_transitions_total", state="cordoned") == 2

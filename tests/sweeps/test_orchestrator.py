@@ -9,7 +9,7 @@ import pytest
 
 from guard.config import OrchestratorSettings
 from guard.schemas import GuardMessage, NodeState, SweepResult
-from guard.sweeps.executors import SimulatedFault, SimulatedSweepExecutor
+from guard.sweeps.executors import CommandExecutor, SimulatedFault, SimulatedSweepExecutor
 from guard.sweeps.orchestrator import Orchestrator, SimulatedClock
 from guard.sweeps.scheduler import DryRunScheduler, SchedulerError
 from guard.sweeps.states import ALLOWED, is_operator
@@ -188,7 +188,8 @@ def test_the_cap_limits_nodes_out_of_the_pool_and_never_two_sweeps_on_one_node()
 
 
 def test_flagged_again_soon_after_passing_goes_to_repair_but_later_is_swept_again() -> None:
-    h = Harness(cooldown_s=3600)
+    # 40 nodes at 5 %: two may be out, node-007 in repair and node-008 swept.
+    h = Harness(cooldown_s=3600, cluster_size=40)
     h.orch.handle_flag(flag("node-007", "a", T0 - 1))
     h.orch.tick()
     assert h.states("node-007")[-1] == "healthy"
@@ -273,8 +274,16 @@ def test_a_restarted_orchestrator_recovers_and_finishes_the_work() -> None:
     second.orch.tick()
     assert second.states("node-005") == ["sweeping", "failed", "repair"]
     assert "restarted" in second.out[0].reason  # type: ignore[union-attr]
-    assert second.states("node-010") == ["cordoned", "sweeping", "healthy"]
     assert second.actions("node-005")[0] == "cordon"  # the cordon was re-asserted
+    # node-005 in repair still holds the one place under the cap: node-010 waits ...
+    assert second.states("node-010") == []
+    assert second.orch.held_back == ["node-010"]
+    # ... until the repaired node is released; then the restarted orchestrator sweeps it.
+    second.orch.handle_operator(
+        NodeState(ts=T0 + 1, node="node-005", state="healthy", actor="operator:ann")
+    )
+    second.orch.tick()
+    assert second.states("node-010") == ["cordoned", "sweeping", "healthy"]
 
 
 def test_pending_operator_requests_are_applied_on_recovery() -> None:
@@ -393,3 +402,88 @@ def test_a_sweep_that_hangs_or_crashes_fails_and_the_node_goes_to_repair() -> No
     h.orch.tick()
     assert h.orch.state_of("node-002") == "repair"
     assert "sweep_error (OSError: dcgmi: not found)" in h.out[-1].reason  # type: ignore[union-attr]
+
+
+#: A broken check, for real: a command whose number (1 TFLOPS) no node can reach.
+BROKEN_GEMM = {"name": "gemm_bf16_tflops", "command": "echo 1.0", "min": 500, "unit": "TFLOPS"}
+FLAGGED = [f"node-{i:03d}" for i in range(1, 13)]
+
+
+def test_a_check_that_fails_every_node_stops_at_the_cap() -> None:
+    # No failure-rate stop (1: never): only the cap, 2 of 40, holds the drain back.
+    h = Harness(
+        executor=CommandExecutor([BROKEN_GEMM]), cluster_size=40, sweep_stop_failed_fraction=1
+    )
+    for i, node in enumerate(FLAGGED):
+        h.orch.handle_flag(flag(node, f"b{i}", T0 - 20 + i))
+    for _ in range(3):
+        h.orch.tick()
+    in_repair = [n for n in FLAGGED if h.orch.state_of(n) == "repair"]
+    assert in_repair == ["node-001", "node-002"]  # the nodes in repair hold the cap
+    assert sum(len(h.sweeps(n)) for n in FLAGGED) == 2
+    assert h.orch.held_back == FLAGGED[2:]
+    assert "cap of 2 of 40 nodes" in h.orch.snapshot()["node-003"].reason
+    assert h.orch.sweeps_stopped is None
+
+
+def test_a_check_that_fails_every_node_stops_sweeping_and_alerts() -> None:
+    told: list[tuple[bool, str]] = []
+    h = Harness(
+        executor=CommandExecutor([BROKEN_GEMM]),
+        cluster_size=40,
+        max_cordoned_fraction=0.5,  # a cap of 20: the failure rate stops it first
+        sweep_stop_min_sweeps=4,
+    )
+    h.orch.stop_listeners.append(lambda stopped, why: told.append((stopped, why)))
+    for i, node in enumerate(FLAGGED):
+        h.orch.handle_flag(flag(node, f"b{i}", T0 - 20 + i))
+    h.orch.tick()
+    h.orch.tick()
+    swept = [n for n in FLAGGED if h.sweeps(n)]
+    assert swept == FLAGGED[:4] and all(h.orch.state_of(n) == "repair" for n in swept)
+    why = "4 of the last 4 sweeps within 3600 s failed (over 50 %)"
+    assert h.orch.sweeps_stopped == why and told == [(True, why)]
+    assert h.orch.held_back == FLAGGED[4:]
+    assert f"sweeping stopped: {why}" in h.orch.snapshot()["node-005"].reason
+    assert not any(
+        m.node in FLAGGED[4:] and m.state == "cordoned" for m in h.out if isinstance(m, NodeState)
+    )
+
+    # A restarted orchestrator stops too: the failures are on the node-state topic.
+    again = Harness(executor=CommandExecutor([BROKEN_GEMM]), cluster_size=40,
+                    max_cordoned_fraction=0.5, sweep_stop_min_sweeps=4)  # fmt: skip
+    again.orch.resume(again.orch.recover(m for m in h.out if isinstance(m, NodeState)))
+    again.orch.tick()
+    assert again.orch.sweeps_stopped == why and again.sweeps("node-005") == []
+
+    # Once the failures age out of the window, sweeping goes on, and stops again.
+    h.clock.now = T0 + 3601
+    h.orch.tick()
+    assert told[1] == (False, why)
+    assert [n for n in FLAGGED if h.sweeps(n)] == FLAGGED[:8]
+    assert h.orch.sweeps_stopped == why and told[2] == (True, why)
+
+
+def test_sweeps_wait_cordoned_for_a_free_worker_and_stop_when_too_many_fail() -> None:
+    h = Harness(
+        executor=CommandExecutor([BROKEN_GEMM]),
+        inline=False,
+        cluster_size=40,
+        max_cordoned_fraction=0.5,
+        sweep_workers=2,
+        sweep_stop_min_sweeps=4,
+    )
+    try:
+        for i, node in enumerate(FLAGGED):
+            h.orch.handle_flag(flag(node, f"b{i}", T0 - 20 + i))
+        h.orch.tick()
+        assert len(h.orch.sweeping()) == 2  # the others wait cordoned, not "sweeping"
+        assert sum(h.orch.state_of(n) == "cordoned" for n in FLAGGED) == 10
+        wait_until(lambda: h.orch.sweeps_stopped and not h.orch.sweeping(), tick=h.orch.tick)
+        failed = [n for n in FLAGGED if h.sweeps(n)]
+        # Stopped at 4 failures; a sweep already running when it stopped may finish (5).
+        assert 4 <= len(failed) <= 5 and all(not h.sweeps(n)[0].passed for n in failed)
+        h.orch.tick()
+        assert [n for n in FLAGGED if h.sweeps(n)] == failed  # nothing more starts
+    finally:
+        h.orch.close()

@@ -268,6 +268,20 @@ class OrchestratorSettings(Section):
     sweep_stop_min_sweeps: int = Field(
         4, ge=1, description="sweeps in the window before the failed share can stop sweeping"
     )
+    operator_holdoff_s: float = Field(
+        86400,
+        ge=0,
+        description="after an operator puts a node Guard holds back in service (kubectl "
+        "uncordon, scontrol update State=RESUME), Guard does not cordon it again for this long",
+    )
+    operator_check_s: float = Field(
+        30, gt=0, description="how often the nodes Guard holds are checked for an operator's undo"
+    )
+    opt_out_nodes: list[str] = Field(
+        default_factory=list,
+        description="nodes Guard never cordons, sweeps or marks (also: the Kubernetes label "
+        "kube_opt_out_label=true, the Slurm node feature slurm_opt_out_feature)",
+    )
     cluster_size: int | None = Field(
         None,
         ge=1,
@@ -323,6 +337,9 @@ class OrchestratorSettings(Section):
         default_factory=dict,
         description="agent node name -> Slurm NodeName, where they differ (unmapped: the same)",
     )
+    slurm_opt_out_feature: str = Field(
+        "guard_opt_out", description="a node with this Slurm feature is never touched by Guard"
+    )
     slurm_user: str | None = Field(
         None, description="user of Guard's sweep reservation; default: the orchestrator's user"
     )
@@ -340,6 +357,9 @@ class OrchestratorSettings(Section):
     kubeconfig: str | None = Field(None, description="default: in-cluster, else ~/.kube/config")
     kube_context: str | None = None
     kube_taint_key: str = "guard.io/suspect"
+    kube_opt_out_label: str = Field(
+        "guard.io/opt-out", description="a node labelled <this>=true is never touched by Guard"
+    )
     kube_namespace: str = Field(
         "guard", description="namespace of the sweep Jobs and of the node Events"
     )

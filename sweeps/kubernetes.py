@@ -10,6 +10,20 @@ Cordon (:meth:`KubernetesScheduler.cordon`):
 - a node condition ``GuardSuspect=True`` (reason ``GuardCordoned`` or ``GuardRepair``) and a
   ``Warning`` Event on the node carry the reason into ``kubectl describe node``.
 
+Every change to a node is a patch that carries the ``resourceVersion`` Guard read: when anyone
+changed the node in between (another controller adding a taint: the taint list is sent whole),
+the API server answers 409 and Guard reads again and rebuilds the patch (optimistic
+concurrency). Guard's writes carry the field manager ``guard-orchestrator``.
+
+The operator's word wins: a node Guard holds that someone uncordoned (``kubectl uncordon``:
+``spec.unschedulable`` cleared while Guard's annotations are on it) is reported by
+:meth:`KubernetesScheduler.overridden`, with the last writer other than Guard and when from
+the node's ``managedFields`` (who exactly is in the audit log only), and
+:meth:`KubernetesScheduler.lift` then removes Guard's taint and annotations without touching
+``spec.unschedulable``. A node labelled ``guard.io/opt-out=true`` is never touched. At start
+every watched node gets the condition ``GuardSuspect=False`` (:meth:`watch`), as
+node-problem-detector does for its conditions.
+
 Uncordon removes Guard's taint and annotations, sets the condition ``False``, and makes the
 node schedulable again only if it was schedulable before Guard came. A node without Guard's
 taint is not Guard's: uncordon leaves it alone, and a restart does not cordon again a node
@@ -41,7 +55,7 @@ import re
 import shlex
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -68,6 +82,8 @@ ANNOTATION_BEFORE = "guard.io/cordon-before"
 ANNOTATION_REASON = "guard.io/reason"
 _CONTROL_PLANE = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
 _STRATEGIC = "application/strategic-merge-patch+json"
+#: Patches in a row refused with 409 (the node changed meanwhile) before Guard gives up for now.
+CONFLICT_RETRIES = 5
 SWEEP_LABEL = "guard-sweep"  # app.kubernetes.io/name of the sweep Jobs and their pods
 
 
@@ -115,6 +131,10 @@ def _load_api_client(kubeconfig: str | None, context: str | None) -> Any:
     return client.ApiClient()
 
 
+class Conflict(SchedulerError):
+    """409: the node changed since Guard read it (its patch carried the old resourceVersion)."""
+
+
 class KubernetesScheduler:
     """Cordons, taints and annotates Kubernetes GPU nodes; undoes only what Guard added."""
 
@@ -130,6 +150,7 @@ class KubernetesScheduler:
         namespace: str = "default",
         gpu_resource: str = "nvidia.com/gpu",
         actor: str = "guard-orchestrator",
+        opt_out_label: str = "guard.io/opt-out",
     ) -> None:
         if api_client is None:
             api_client = _load_api_client(kubeconfig, context)
@@ -141,6 +162,7 @@ class KubernetesScheduler:
         self.namespace = namespace
         self.gpu_resource = gpu_resource
         self.actor = actor
+        self.opt_out_label = opt_out_label
 
     @classmethod
     def from_settings(cls, o: OrchestratorSettings) -> KubernetesScheduler:
@@ -150,6 +172,7 @@ class KubernetesScheduler:
             taint_key=o.kube_taint_key,
             namespace=o.kube_namespace,
             gpu_resource=o.kube_gpu_resource,
+            opt_out_label=o.kube_opt_out_label,
         )
 
     # --- API calls with clear errors -----------------------------------------------------------
@@ -160,6 +183,8 @@ class KubernetesScheduler:
         try:
             return fn(*args, **kwargs)
         except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(f"{what}: 409 {exc.reason}") from exc
             raise SchedulerError(f"{what}: {exc.status} {exc.reason}") from exc
         except Exception as exc:  # urllib3 connection errors and the like
             raise SchedulerError(f"{what}: {exc}") from exc
@@ -171,7 +196,36 @@ class KubernetesScheduler:
 
     def _patch(self, node: str, body: dict[str, Any]) -> None:
         self._call(
-            f"patching node {node}", self.api.patch_node, node, body, _content_type=_STRATEGIC
+            f"patching node {node}",
+            self.api.patch_node,
+            node,
+            body,
+            _content_type=_STRATEGIC,
+            field_manager=self.actor,
+        )
+
+    def _patch_read(
+        self, node: str, build: Callable[[dict[str, Any]], tuple[dict[str, Any] | None, str]]
+    ) -> tuple[dict[str, Any], str]:
+        """Read the node, build a patch from what was read (``None``: nothing to change) and
+        send it with the ``resourceVersion`` read; on 409 read again and rebuild. Returns the
+        node as read and ``build``'s word."""
+        for _ in range(CONFLICT_RETRIES):
+            current = self._read(node)
+            body, word = build(current)
+            if body is None:
+                return current, word
+            version = (current.get("metadata") or {}).get("resourceVersion")
+            if version:
+                body.setdefault("metadata", {})["resourceVersion"] = version
+            try:
+                self._patch(node, body)
+                return current, word
+            except Conflict:
+                log.info("node %s changed while Guard patched it: reading it again", node)
+        raise SchedulerError(
+            f"node {node} changed under Guard {CONFLICT_RETRIES} times in a row (409 Conflict); "
+            "retried later"
         )
 
     def _condition(self, node: str, status: str, reason: str, message: str) -> None:
@@ -225,9 +279,11 @@ class KubernetesScheduler:
     # --- node ownership ------------------------------------------------------------------------
 
     def eligible(self, node: dict[str, Any]) -> bool:
-        """A GPU node (allocatable GPUs) that is not a control-plane node."""
+        """A GPU node (allocatable GPUs) that is not a control-plane node nor opted out."""
         labels = node.get("metadata", {}).get("labels") or {}
         if any(key in labels for key in _CONTROL_PLANE):
+            return False
+        if str(labels.get(self.opt_out_label, "")).lower() == "true":
             return False
         taints = node.get("spec", {}).get("taints") or []
         if any(t.get("key") in _CONTROL_PLANE for t in taints):
@@ -243,24 +299,28 @@ class KubernetesScheduler:
         return next((t for t in taints if t.get("key") == self.taint_key), None)
 
     def cordon(self, node: str, reason: str) -> str:
-        current = self._read(node)
-        if not self.eligible(current):
-            log.warning("%s is not a GPU worker node: Guard does not cordon it", node)
-            return "ineligible"
-        spec = current.get("spec") or {}
-        annotations = current.get("metadata", {}).get("annotations") or {}
-        before = annotations.get(ANNOTATION_BEFORE)
-        if before is None or self._guard_taint(current) is None:
-            before = json.dumps({"unschedulable": bool(spec.get("unschedulable"))})
-        taints = [t for t in spec.get("taints") or [] if t.get("key") != self.taint_key]
-        taints.append({"key": self.taint_key, "value": reason_tag(reason), "effect": "NoSchedule"})
-        self._patch(
-            node,
-            {
-                "metadata": {"annotations": {ANNOTATION_BEFORE: before, ANNOTATION_REASON: reason}},
-                "spec": {"unschedulable": True, "taints": taints},
-            },
-        )
+        def build(current: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+            if not self.eligible(current):
+                return None, "ineligible"
+            spec = current.get("spec") or {}
+            annotations = current.get("metadata", {}).get("annotations") or {}
+            before = annotations.get(ANNOTATION_BEFORE)
+            if before is None or self._guard_taint(current) is None:
+                before = json.dumps({"unschedulable": bool(spec.get("unschedulable"))})
+            taints = [t for t in spec.get("taints") or [] if t.get("key") != self.taint_key]
+            mark = {"key": self.taint_key, "value": reason_tag(reason), "effect": "NoSchedule"}
+            annotated = {ANNOTATION_BEFORE: before, ANNOTATION_REASON: reason}
+            return {
+                "metadata": {"annotations": annotated},
+                "spec": {"unschedulable": True, "taints": [*taints, mark]},
+            }, "cordoned"
+
+        current, word = self._patch_read(node, build)
+        if word == "ineligible":
+            log.warning(
+                "%s is not a GPU worker node (or opted out): Guard does not cordon it", node
+            )
+            return word
         why = "GuardRepair" if "repair" in reason else "GuardCordoned"
         self._condition(node, "True", why, reason)
         self._event(current, why, reason, "Warning")
@@ -275,27 +335,103 @@ class KubernetesScheduler:
         return "resumed-by-other"
 
     def uncordon(self, node: str) -> str:
-        current = self._read(node)
-        if self._guard_taint(current) is None:
-            return "in-service"  # not Guard's cordon (or already undone): leave it
-        spec = current.get("spec") or {}
-        annotations = current.get("metadata", {}).get("annotations") or {}
-        try:
-            was = bool(json.loads(annotations.get(ANNOTATION_BEFORE) or "{}").get("unschedulable"))
-        except (ValueError, AttributeError):
-            was = False
-        others = [t for t in spec.get("taints") or [] if t.get("key") != self.taint_key]
-        self._patch(
-            node,
-            {
-                "metadata": {"annotations": {ANNOTATION_BEFORE: None, ANNOTATION_REASON: None}},
-                "spec": {"unschedulable": was, "taints": others or None},
-            },
-        )
+        def build(current: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+            if self._guard_taint(current) is None:
+                return None, "in-service"  # not Guard's cordon (or already undone): leave it
+            annotations = current.get("metadata", {}).get("annotations") or {}
+            try:
+                before = json.loads(annotations.get(ANNOTATION_BEFORE) or "{}")
+                was = bool(before.get("unschedulable"))
+            except (ValueError, AttributeError):
+                was = False
+            body = self._unmarked(current)
+            body["spec"]["unschedulable"] = was
+            return body, "foreign" if was else "resumed"
+
+        current, word = self._patch_read(node, build)
+        if word == "in-service":
+            return word
+        was = word == "foreign"
         note = "released by Guard" + ("; the earlier cordon stays" if was else "")
         self._condition(node, "False", "GuardReleased", note)
         self._event(current, "GuardReleased", note, "Normal")
-        return "foreign" if was else "resumed"
+        return word
+
+    def _unmarked(self, current: dict[str, Any]) -> dict[str, Any]:
+        """The patch that removes Guard's taint and annotations (and nothing else)."""
+        spec = current.get("spec") or {}
+        others = [t for t in spec.get("taints") or [] if t.get("key") != self.taint_key]
+        return {
+            "metadata": {"annotations": {ANNOTATION_BEFORE: None, ANNOTATION_REASON: None}},
+            "spec": {"taints": others or None},
+        }
+
+    # --- the operator's word -------------------------------------------------------------------
+
+    def opted_out(self, node: str) -> str | None:
+        labels = self._read(node).get("metadata", {}).get("labels") or {}
+        if str(labels.get(self.opt_out_label, "")).lower() == "true":
+            return f"label {self.opt_out_label}=true"
+        return None
+
+    def overridden(self, node: str) -> str | None:
+        """A note when someone made a node Guard holds schedulable again (kubectl uncordon):
+        who last changed the node's spec and when, from its managedFields."""
+        current = self._read(node)
+        annotations = current.get("metadata", {}).get("annotations") or {}
+        if ANNOTATION_REASON not in annotations or (current.get("spec") or {}).get("unschedulable"):
+            return None
+        return f"uncordoned: {self._last_writer(current)}"
+
+    def _last_writer(self, current: dict[str, Any]) -> str:
+        """The latest spec writer other than Guard, as the node's managedFields say."""
+        fields = current.get("metadata", {}).get("managedFields") or []
+        others = [
+            f
+            for f in fields
+            if f.get("manager") != self.actor and "f:spec" in (f.get("fieldsV1") or {})
+        ]
+        if not others:
+            return "the API does not say who (no other writer of the node's spec in managedFields)"
+        last = max(others, key=lambda f: str(f.get("time") or ""))
+        return (
+            f"last spec change by {last.get('manager') or 'an unnamed manager'} at "
+            f"{last.get('time') or 'an unknown time'} (managedFields; the user is in the audit log)"
+        )
+
+    def lift(self, node: str) -> None:
+        """Remove Guard's taint and annotations; ``spec.unschedulable`` stays as the operator
+        left it. The condition goes False."""
+        current, word = self._patch_read(
+            node,
+            lambda c: (
+                (None, "none")
+                if ANNOTATION_REASON not in (c.get("metadata", {}).get("annotations") or {})
+                and self._guard_taint(c) is None
+                else (self._unmarked(c), "lifted")
+            ),
+        )
+        note = "put back in service by an operator: Guard lifted its taint and stands back"
+        self._condition(node, "False", "GuardCancelled", note)
+        if word == "lifted":
+            self._event(current, "GuardCancelled", note, "Normal")
+
+    def watch(self, held: set[str]) -> int:
+        """Set ``GuardSuspect=False`` on every watched node that shows no such condition or a
+        stale True (Guard holds none of them); returns how many were set."""
+        nodes = self._call("listing nodes", self.api.list_node).items
+        marked = 0
+        for item in nodes:
+            node = self._api_client.sanitize_for_serialization(item)
+            name = node["metadata"]["name"]
+            if name in held or not self.eligible(node):
+                continue
+            conditions = (node.get("status") or {}).get("conditions") or []
+            ours = next((c for c in conditions if c.get("type") == CONDITION_TYPE), None)
+            if ours is None or ours.get("status") != "False":
+                self._condition(name, "False", "GuardWatching", "watched by Guard: no suspicion")
+                marked += 1
+        return marked
 
     def inventory(self) -> list[str] | None:
         try:

@@ -70,6 +70,7 @@ from .states import (
     REASON_AWAITING_CORDON,
     REASON_AWAITING_REPAIR,
     REASON_CORDONED_FOR_REPAIR,
+    REASON_PUT_BACK,
     InvalidTransition,
     NodeRecord,
     is_operator,
@@ -199,6 +200,7 @@ class Orchestrator:
         #: why Guard stopped cordoning and sweeping (as of the last tick), None while it sweeps
         self.sweeps_stopped: str | None = None
         self.sweeps_stopped_since: float | None = None
+        self._next_operator_check = 0.0
         self._warned_time_base = False
         if executor is None:
             log.warning("%s", NO_EXECUTOR_HINT)
@@ -218,7 +220,9 @@ class Orchestrator:
                     self.failure_stop.record(state.ts, state.state == "healthy")
             for node, view in recover_views(states).items():
                 if view.state is not None:
-                    self.records[node] = NodeRecord.from_state(view.state)
+                    rec = self.records[node] = NodeRecord.from_state(view.state)
+                    if rec.state == "healthy" and rec.reason.startswith(REASON_PUT_BACK):
+                        rec.hold_off_until = rec.since + self.settings.operator_holdoff_s
                 if view.pending is not None:
                     pending.append(view.pending)
             self.stats["recovered_nodes"] = len(self.records)
@@ -227,11 +231,12 @@ class Orchestrator:
     def resume(self, pending: Iterable[NodeState] = ()) -> None:
         """After :meth:`recover`: re-assert cordons, carry interrupted work on, apply requests."""
         with self._lock:
+            self._watch_start()
             for rec in list(self.records.values()):
                 if rec.state in OUT_OF_POOL:
                     done = self._call_scheduler(rec.node, "reassert", rec.reason)
                     if done == "resumed-by-other":
-                        self._put_back_by_other(rec)
+                        self._put_back_by_operator(rec, "while Guard was away")
                         continue
                 if rec.state == "sweeping":
                     self._start_sweep(rec, "single", [], restarted=True)
@@ -276,6 +281,10 @@ class Orchestrator:
             return "stale"
         if rec.state in OUT_OF_POOL:
             return "evidence"
+        if rec.hold_off_until is not None:
+            if now < rec.hold_off_until:
+                return "held-off"  # an operator put it back in service: their word wins
+            rec.hold_off_until = None
         self._add_claim(rec, flag)
         if rec.state == "healthy":
             if (
@@ -349,6 +358,7 @@ class Orchestrator:
             now = self.clock()
             self._retry_scheduler()
             self._collect_sweeps()
+            self._check_operator_undo()
             self._judge_failure_rate(now)
             for rec in list(self.records.values()):
                 if rec.state == "cordoned" and rec.node not in self._jobs:
@@ -479,18 +489,74 @@ class Orchestrator:
             self.stats["scheduler_foreign"] += 1
         return done or "done"
 
-    def _put_back_by_other(self, rec: NodeRecord) -> None:
-        """A restart found the node back in service, put there by someone else: adopt that."""
+    def _watch_start(self) -> None:
+        """At start: the scheduler marks every node Guard watches (Kubernetes: the condition
+        False, as node-problem-detector does), the nodes Guard holds excepted."""
+        watch = getattr(self.scheduler, "watch", None)
+        if watch is None:
+            return
+        held = {n for n, r in self.records.items() if r.state in OUT_OF_POOL}
+        try:
+            watch(held)
+        except SchedulerError as exc:
+            log.warning("could not mark the watched nodes in %s: %s", self.scheduler.name, exc)
+
+    def _check_operator_undo(self) -> None:
+        """Every ``operator_check_s``: has an operator put a node Guard holds back in service
+        (kubectl uncordon, scontrol update State=RESUME)? That is a cancel."""
+        overridden = getattr(self.scheduler, "overridden", None)
+        if overridden is None or time.monotonic() < self._next_operator_check:
+            return
+        self._next_operator_check = time.monotonic() + self.settings.operator_check_s
+        for rec in list(self.records.values()):
+            if rec.state not in OUT_OF_POOL or rec.node in self._scheduler_todo:
+                continue
+            try:
+                note = overridden(rec.node)
+            except SchedulerError as exc:
+                log.warning("could not read %s from %s: %s", rec.node, self.scheduler.name, exc)
+                continue
+            if note:
+                self._put_back_by_operator(rec, note)
+
+    def _put_back_by_operator(self, rec: NodeRecord, note: str) -> None:
+        """An operator put a node Guard holds back in service: a cancel. Guard lifts its own
+        marks (never the operator's change), records what the scheduler says of who and when,
+        and does not cordon the node again for ``operator_holdoff_s``."""
         self._abandon_sweep(rec.node)
+        lift = getattr(self.scheduler, "lift", None)
+        if lift is not None:
+            try:
+                lift(rec.node)
+            except SchedulerError as exc:  # its marks stay; the node is in service anyway
+                log.warning("%s: could not lift Guard's marks: %s", rec.node, exc)
         rec.reset_claims()
+        rec.passed_sweep_ts = None
+        holdoff = self.settings.operator_holdoff_s
+        self.stats["operator_put_back"] += 1
         self._transition(
             rec,
             "healthy",
-            f"back in service in {self.scheduler.name} (put back by someone else while Guard "
-            "was away); not taken out again",
+            f"{REASON_PUT_BACK} in {self.scheduler.name} ({note}): Guard lifted its marks and "
+            f"does not cordon it again for {holdoff:g} s",
             operator=True,
         )
         rec.released_ts = rec.since
+        rec.hold_off_until = rec.since + holdoff
+
+    def _opted_out(self, node: str) -> str | None:
+        """Why Guard must never touch the node (config, or the scheduler's per-node mark)."""
+        if node in self.settings.opt_out_nodes:
+            return "listed in orchestrator.opt_out_nodes"
+        opted_out = getattr(self.scheduler, "opted_out", None)
+        if opted_out is None:
+            return None
+        try:
+            why: str | None = opted_out(node)
+        except SchedulerError as exc:  # cannot tell: the cordon itself will fail and be retried
+            log.warning("could not read %s from %s: %s", node, self.scheduler.name, exc)
+            return None
+        return why
 
     def _isolate(self, node: str) -> str:
         """Apply ``isolate_policy`` to the jobs on a node just taken out; a note for its state."""
@@ -587,6 +653,14 @@ class Orchestrator:
                 held.append(rec.node)
                 continue
             evidence = _without_hold_note(rec.reason.split(": ", 1)[-1])
+            opted_out = self._opted_out(rec.node)
+            if opted_out:
+                rec.reset_claims()
+                self.stats["opted_out"] += 1
+                self._transition(
+                    rec, "healthy", f"opted out of Guard ({opted_out}): left alone; {evidence}"
+                )
+                continue
             prefix = REASON_CORDONED_FOR_REPAIR if rec.to_repair else "cordoned for sweep"
             unswept = "" if rec.to_repair or self.executor is not None else f"; {NO_EXECUTOR_HINT}"
             self._transition(rec, "cordoned", f"{prefix}: {evidence}{unswept}")

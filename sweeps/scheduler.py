@@ -7,6 +7,14 @@ someone else took out stays exactly as they left it. After a restart the orchest
 ``reassert``, which takes a node out again only when Guard's own mark is still on it (a node
 an administrator put back is not taken out again).
 
+An operator's word wins (design rule 5): an adapter may also offer ``overridden(node)`` (a
+note saying who put a node Guard holds back in service and when, as far as the scheduler
+says, or ``None``), ``lift(node)`` (remove Guard's own marks, and nothing the operator set),
+``opted_out(node)`` (why Guard must never touch the node, or ``None``) and ``watch(held)``
+(at start: mark every watched node, those Guard holds excepted). The orchestrator calls them
+when present: a node put back by an operator is a cancel, not cordoned again for
+``operator_holdoff_s``.
+
 ``cordon``/``reassert``/``uncordon`` return what they did (a word such as ``drained``,
 ``foreign`` for someone else's node, ``resumed-by-other`` when a restart finds the node back
 in service), or ``None`` when the adapter cannot tell.

@@ -41,6 +41,7 @@ __all__ = [
     "REASON_AWAITING_CORDON",
     "REASON_AWAITING_REPAIR",
     "REASON_CORDONED_FOR_REPAIR",
+    "REASON_PUT_BACK",
     "InvalidTransition",
     "NodeRecord",
     "NodeView",
@@ -65,6 +66,8 @@ OUT_OF_POOL = frozenset({"cordoned", "sweeping", "failed", "repair"})
 REASON_AWAITING_CORDON = "awaiting cordon"
 REASON_AWAITING_REPAIR = "awaiting cordon for repair"
 REASON_CORDONED_FOR_REPAIR = "cordoned for repair"
+#: An operator put a node Guard held back in service in the scheduler: a cancel (hold-off).
+REASON_PUT_BACK = "put back in service by an operator"
 
 OPERATOR_PREFIX = "operator"
 
@@ -97,6 +100,8 @@ class NodeRecord:
     #: when the node last passed a sweep (the cooldown clock) and last went back to the pool
     passed_sweep_ts: float | None = None
     released_ts: float | None = None
+    #: an operator put the node back in service: no cordon before this time
+    hold_off_until: float | None = None
 
     def reset_claims(self) -> None:
         self.claims.clear()

@@ -3,6 +3,10 @@
 client's model (V1Node, V1Taint, V1NodeCondition, CoreV1Event, V1Eviction, V1Job) and must
 keep every field it carried (a misspelt field would be dropped by the model).
 
+Like the API server, the stand-in bumps a node's ``resourceVersion`` on every write, answers
+409 to a patch that carries an older one, and records each writer (the ``fieldManager`` of
+the request) in the node's ``managedFields``.
+
 What the stand-in plays besides the API server, and says so: the Job controller and kubelet of
 a sweep Job (the Job succeeds at once, its pod logs the ``sweep`` line the test sets), and a
 training Job's controller (an evicted pod is recreated on another node).
@@ -63,7 +67,13 @@ def gpu_node(name: str, gpus: str = "8", **extra: Any) -> dict[str, Any]:
     node: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "uid": f"uid-{name}", "labels": {}, "annotations": {}},
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "labels": {},
+            "annotations": {},
+            "resourceVersion": "1",
+        },
         "spec": {},
         "status": {"allocatable": {"cpu": "96", "nvidia.com/gpu": gpus}, "conditions": []},
     }
@@ -119,6 +129,8 @@ class StandInApiServer:
         self.jobs: dict[str, dict[str, Any]] = {}
         self.sweep_line = ""
         self.recreated: dict[str, float] = {}
+        #: run once before the next node patch is applied (another writer at the same moment)
+        self.race: Any = None
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
@@ -147,6 +159,18 @@ class StandInApiServer:
             node = self.nodes.get(parts[3])
             if node is None:
                 return 404, {"kind": "Status", "code": 404, "reason": "NotFound"}
+            if method == "PATCH" and self.race is not None:
+                race, self.race = self.race, None
+                race(node)
+                self._written(node, "other-controller", "f:spec")
+            wanted = ((body or {}).get("metadata") or {}).get("resourceVersion")
+            if method == "PATCH" and wanted and wanted != node["metadata"]["resourceVersion"]:
+                return 409, {"kind": "Status", "code": 409, "reason": "Conflict"}
+            if method == "PATCH":
+                written = (
+                    "f:status" if len(parts) == 5 else "f:spec" if "spec" in body else "f:metadata"
+                )
+                self._written(node, query.get("fieldManager", ["unknown"])[0], written)
             if method == "PATCH" and len(parts) == 5:  # status: conditions merge by type
                 conditions = {c["type"]: c for c in node["status"]["conditions"]}
                 conditions.update({c["type"]: c for c in body["status"]["conditions"]})
@@ -181,6 +205,21 @@ class StandInApiServer:
         if parts[-1] == "log":
             return 200, self.sweep_line
         return 404, {"kind": "Status", "code": 404, "reason": f"no route {method} {path}"}
+
+    @staticmethod
+    def _written(node: dict[str, Any], manager: str, fields: str) -> None:
+        meta = node["metadata"]
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+        entries = [
+            e
+            for e in meta.get("managedFields", [])
+            if (e["manager"], *e["fieldsV1"]) != (manager, fields)
+        ]
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        entries.append({"manager": manager, "operation": "Update", "apiVersion": "v1",
+                        "time": stamp, "fieldsType": "FieldsV1",
+                        "fieldsV1": {fields: {}}})  # fmt: skip
+        meta["managedFields"] = entries
 
     def _evict(self, name: str) -> tuple[int, Any]:
         victim = self.pods[name]
@@ -595,3 +634,119 @@ def test_the_shipped_rbac_allows_every_request_guard_makes(
         seen.add((resource, verb))
     assert {("nodes", "patch"), ("nodes/status", "patch"), ("events", "create")} <= seen
     assert {("pods/eviction", "create"), ("jobs", "create"), ("pods/log", "get")} <= seen
+
+
+def test_a_taint_another_controller_adds_meanwhile_is_kept(
+    apiserver: StandInApiServer, kube: KubernetesScheduler
+) -> None:
+    def other_controller(node: dict[str, Any]) -> None:  # writes between Guard's read and patch
+        maintenance = {"key": "example.io/maintenance", "value": "bios", "effect": "NoSchedule"}
+        node["spec"]["taints"] = [*node["spec"]["taints"], maintenance]
+
+    apiserver.race = other_controller
+    assert kube.cordon("gpu-a", REASON) == "cordoned"
+    first, second = apiserver.bodies("PATCH", "/nodes/gpu-a")
+    assert first["metadata"]["resourceVersion"] == "1"  # refused: 409, read again
+    assert second["metadata"]["resourceVersion"] == "2"
+    assert [t["key"] for t in apiserver.nodes["gpu-a"]["spec"]["taints"]] == [
+        "nvidia.com/gpu",
+        "example.io/maintenance",
+        "guard.io/suspect",
+    ]
+    apiserver.race = other_controller  # again on the way out: Guard removes only its own
+    apiserver.nodes["gpu-a"]["spec"]["taints"].pop(1)
+    assert kube.uncordon("gpu-a") == "resumed"
+    assert [t["key"] for t in apiserver.nodes["gpu-a"]["spec"]["taints"]] == [
+        "nvidia.com/gpu",
+        "example.io/maintenance",
+    ]
+
+
+def kubectl(apiserver: StandInApiServer, node: str, body: dict[str, Any]) -> None:
+    """A patch as kubectl sends it (``kubectl uncordon``: field manager kubectl-cordon)."""
+    api = client.CoreV1Api(client.ApiClient(client.Configuration(host=apiserver.url)))
+    api.patch_node(node, body, field_manager="kubectl-cordon")
+
+
+def held_off_orchestrator(
+    kube: KubernetesScheduler, out: list[GuardMessage], clock: Any
+) -> Orchestrator:
+    return Orchestrator(
+        OrchestratorSettings(operator_holdoff_s=3600, operator_check_s=0.01),
+        scheduler=kube,
+        executor=None,  # no sweep: the node stays cordoned until someone acts
+        publish=out.append,
+        clock=clock,
+        inline_sweeps=True,
+    )
+
+
+def thermal(node: str, fid: str, ts: float) -> Flag:
+    return Flag(id=fid, ts=ts, node=node, gpu=3, detector="thermal", category="thermal",
+                severity="critical", score=3.0)  # fmt: skip
+
+
+def test_a_manual_uncordon_is_a_cancel_that_guard_does_not_fight(
+    apiserver: StandInApiServer, kube: KubernetesScheduler
+) -> None:
+    now = [time.time()]
+    out: list[GuardMessage] = []
+    orch = held_off_orchestrator(kube, out, lambda: now[0])
+    assert orch.handle_flag(thermal("gpu-b", "f1", now[0] - 1)) == "qualified"
+    orch.tick()
+    assert orch.state_of("gpu-b") == "cordoned"
+    assert apiserver.nodes["gpu-b"]["spec"]["unschedulable"] is True
+
+    kubectl(apiserver, "gpu-b", {"spec": {"unschedulable": None}})  # kubectl uncordon gpu-b
+    time.sleep(0.02)
+    orch.tick()
+    last = [m for m in out if isinstance(m, NodeState)][-1]
+    assert (last.prev, last.state) == ("cordoned", "healthy")
+    assert last.reason.startswith(
+        "put back in service by an operator in kubernetes (uncordoned: last spec change by "
+        "kubectl-cordon at 20"
+    )
+    assert "does not cordon it again for 3600 s" in last.reason
+    node = apiserver.nodes["gpu-b"]
+    assert "taints" not in node["spec"] and "unschedulable" not in node["spec"]  # as they left it
+    assert ANNOTATION_REASON not in node["metadata"]["annotations"]
+    (condition,) = node["status"]["conditions"]
+    assert (condition["status"], condition["reason"]) == ("False", "GuardCancelled")
+    assert apiserver.events[-1]["reason"] == "GuardCancelled"
+
+    # New evidence within the hold-off changes nothing, also after a restart.
+    now[0] += 60
+    assert orch.handle_flag(thermal("gpu-b", "f2", now[0] - 1)) == "held-off"
+    again = held_off_orchestrator(kube, [], lambda: now[0])
+    again.resume(again.recover(m for m in out if isinstance(m, NodeState)))
+    assert again.handle_flag(thermal("gpu-b", "f3", now[0] - 1)) == "held-off"
+    assert apiserver.nodes["gpu-b"]["spec"] == {}
+    now[0] += 3600  # the hold-off is over: a new flag is a claim again
+    assert again.handle_flag(thermal("gpu-b", "f4", now[0] - 1)) == "qualified"
+
+
+def test_an_opted_out_node_is_never_touched_and_watched_nodes_get_the_condition_false(
+    apiserver: StandInApiServer, kube: KubernetesScheduler
+) -> None:
+    apiserver.nodes["gpu-b"]["metadata"]["labels"]["guard.io/opt-out"] = "true"
+    out: list[GuardMessage] = []
+    orch = held_off_orchestrator(kube, out, time.time)
+    orch.resume([])  # start: every watched node's condition False, as node-problem-detector
+    assert apiserver.nodes["gpu-a"]["status"]["conditions"] == [
+        {**apiserver.nodes["gpu-a"]["status"]["conditions"][0], "status": "False",
+         "reason": "GuardWatching", "type": "GuardSuspect"}
+    ]  # fmt: skip
+    for untouched in ("gpu-b", "cpu-1", "cp-1"):
+        assert apiserver.nodes[untouched]["status"]["conditions"] == []
+    assert kube.inventory() == ["gpu-a"]
+
+    writes = len([r for r in apiserver.requests if r["method"] != "GET"])
+    assert orch.handle_flag(thermal("gpu-b", "f1", time.time() - 1)) == "qualified"
+    orch.tick()
+    assert [m.state for m in out if isinstance(m, NodeState)] == ["suspect", "healthy"]
+    assert out[-1].reason.startswith(  # type: ignore[union-attr]
+        "opted out of Guard (label guard.io/opt-out=true): left alone"
+    )
+    assert len([r for r in apiserver.requests if r["method"] != "GET"]) == writes
+    orch.resume([])  # a second start finds the condition already False: no write
+    assert len([r for r in apiserver.requests if r["method"] != "GET"]) == writes

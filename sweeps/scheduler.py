@@ -5,7 +5,7 @@ Every adapter is idempotent — cordoning a cordoned node updates its reason, un
 a node Guard did not cordon changes nothing — and touches only what Guard did: a node
 someone else took out stays exactly as they left it. After a restart the orchestrator calls
 ``reassert``, which takes a node out again only when Guard's own mark is still on it (a node
-an administrator put back is not taken out again).
+an administrator put back is not taken out again: a cancel, see below).
 
 An operator's word wins (design rule 5): an adapter may also offer ``overridden(node)`` (a
 note saying who put a node Guard holds back in service and when, as far as the scheduler

@@ -24,6 +24,14 @@ change and leaves such a node exactly as it is (State and Reason), also after a 
 that is in service with no reservation of Guard's was resumed by someone else, and Guard does
 not drain it again on a restart.
 
+The operator's word wins: a node Guard holds that someone resumes (``scontrol update
+NodeName=X State=RESUME``) is a cancel (:meth:`SlurmScheduler.overridden`; Guard drops its
+reservation and does not drain the node again for ``operator_holdoff_s``). Slurm clears the
+Reason on a resume and keeps no user or time for it (checked on 22.05), so the note says when
+Guard saw it, not who. A node with the feature ``guard_opt_out`` (``scontrol update
+NodeName=X AvailableFeatures=guard_opt_out ActiveFeatures=guard_opt_out``, or ``Feature=`` in
+slurm.conf) is never touched.
+
 Example
 -------
 >>> line = ("NodeName=gpu-001 Arch=x86_64 CPUAlloc=0 State=IDLE+DRAIN ThreadsPerCore=1 "
@@ -90,6 +98,8 @@ class SlurmNode:
     reason: str
     #: GPUs the node's ``Gres=`` declares (``gpu:8``, ``gpu:h100:4(S:0),...``): what it has.
     gpus: int = 0
+    #: the node's AvailableFeatures and ActiveFeatures
+    features: frozenset[str] = frozenset()
 
     @classmethod
     def parse(cls, line: str) -> SlurmNode:
@@ -103,6 +113,12 @@ class SlurmNode:
             flags=frozenset(state[1:]),
             reason=_REASON_STAMP.sub("", reason).strip(),
             gpus=sum(int(m.group(1)) for m in _GRES_GPU.finditer(gres)),
+            features=frozenset(
+                f
+                for key in ("AvailableFeatures", "ActiveFeatures")
+                for f in fields.get(key, "").split(",")
+                if f and f != "(null)"
+            ),
         )
 
     @property
@@ -217,15 +233,22 @@ class SlurmScheduler:
         *,
         node_map: Mapping[str, str] | None = None,
         user: str | None = None,
+        opt_out_feature: str = "guard_opt_out",
     ) -> None:
         self.cli = cli or SlurmCli()
         self.names = _Names(dict(node_map or {}))
         self.user = user or getpass.getuser()
+        self.opt_out_feature = opt_out_feature
 
     @classmethod
     def from_settings(cls, o: OrchestratorSettings) -> SlurmScheduler:
         cli = SlurmCli(o.slurm_scontrol, o.slurm_squeue, o.slurm_srun)
-        return cls(cli, node_map=o.slurm_node_map, user=o.slurm_user)
+        return cls(
+            cli,
+            node_map=o.slurm_node_map,
+            user=o.slurm_user,
+            opt_out_feature=o.slurm_opt_out_feature,
+        )
 
     @staticmethod
     def reservation_name(slurm_node: str) -> str:
@@ -293,6 +316,33 @@ class SlurmScheduler:
 
     def jobs_on(self, node: str) -> list[str]:
         return self.cli.jobs_on(self.names.slurm(node))
+
+    # --- the operator's word -------------------------------------------------------------------
+
+    def opted_out(self, node: str) -> str | None:
+        if self.opt_out_feature in self.state(node).features:
+            return f"Slurm feature {self.opt_out_feature}"
+        return None
+
+    def overridden(self, node: str) -> str | None:
+        """A note when a node Guard holds is in service again and Guard did not put it there
+        (no drain, no reservation of Guard's): someone resumed it."""
+        slurm_node = self.names.slurm(node)
+        current = self.cli.node(slurm_node)
+        if current.drain or current.drained_by_other:
+            return None
+        if self.cli.reservation_exists(self.reservation_name(slurm_node)):
+            return None  # Guard's own sweep window: resumed by Guard inside its reservation
+        seen = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        flags = "".join(f"+{f}" for f in sorted(current.flags - {"NOT_RESPONDING"}))
+        return (
+            f"resumed: State={current.base}{flags}, seen by Guard at {seen}; Slurm clears the "
+            "Reason on a resume and does not say who"
+        )
+
+    def lift(self, node: str) -> None:
+        """Drop Guard's reservation; the node's State stays as the operator left it."""
+        self._drop_reservation(self.names.slurm(node))
 
     def isolate(self, node: str, policy: str) -> list[str]:
         """The jobs on the node; ``requeue`` also requeues each (the drained node is excluded

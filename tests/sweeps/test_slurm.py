@@ -291,7 +291,51 @@ def test_a_restart_does_not_drain_again_a_node_someone_resumed(node: str) -> Non
     restarted = make_orchestrator(node, after)
     restarted.resume(restarted.recover(m for m in out if isinstance(m, NodeState)))
     assert not node_line(node).drain
-    assert states(after) == ["healthy"] and "not taken out again" in after[-1].reason
+    assert states(after) == ["healthy"]
+    assert after[-1].reason.startswith(  # type: ignore[union-attr]
+        "put back in service by an operator in slurm (while Guard was away)"
+    )
+    assert restarted.handle_flag(critical_flag(node)) == "held-off"  # not drained again
+
+
+def test_a_manual_resume_is_a_cancel_that_guard_does_not_fight(node: str) -> None:
+    out: list[GuardMessage] = []
+    orch = make_orchestrator(node, out, fail=True)
+    orch.settings.operator_check_s = 0.05  # how often held nodes are read (default 30 s)
+    orch.handle_flag(critical_flag(node))
+    orch.tick()
+    assert node_line(node).drained_by_guard and states(out)[-1] == "repair"
+
+    sh("scontrol", "update", f"NodeName={node}", "State=RESUME")  # the operator's word
+    time.sleep(0.1)
+    orch.tick()
+    assert states(out)[-1] == "healthy"
+    reason = out[-1].reason  # type: ignore[union-attr]
+    assert reason.startswith("put back in service by an operator in slurm (resumed: State=IDLE")
+    assert "Slurm clears the Reason on a resume and does not say who" in reason
+    assert "does not cordon it again for 86400 s" in reason
+    assert orch.handle_flag(critical_flag(node)) == "held-off"
+    orch.tick()
+    assert not node_line(node).drain and states(out)[-1] == "healthy"
+    assert "guard-" not in sh("scontrol", "show", "reservation")
+
+
+def test_a_node_with_the_opt_out_feature_is_never_drained(node: str) -> None:
+    feature = ("AvailableFeatures=guard_opt_out", "ActiveFeatures=guard_opt_out")
+    sh("scontrol", "update", f"NodeName={node}", *feature)
+    try:
+        before = state_and_reason(node)
+        out: list[GuardMessage] = []
+        orch = make_orchestrator(node, out)
+        orch.handle_flag(critical_flag(node))
+        orch.tick()
+        assert states(out) == ["suspect", "healthy"]
+        assert out[-1].reason.startswith(  # type: ignore[union-attr]
+            "opted out of Guard (Slurm feature guard_opt_out): left alone"
+        )
+        assert state_and_reason(node) == before
+    finally:
+        sh("scontrol", "update", f"NodeName={node}", "AvailableFeatures=", "ActiveFeatures=")
 
 
 def test_the_sweep_waits_for_the_drain_and_a_job_that_stays_sends_the_node_to_repair(

@@ -206,6 +206,21 @@ class OrchestratorSettings(Section):
     webhook_url: str | None = Field(
         None, description="receiver of node-health notifications (Alertmanager: its base URL)"
     )
+    webhook_urls: list[str] = Field(
+        default_factory=list,
+        description="more receivers; every notification goes to each (an Alertmanager HA "
+        "cluster: list every peer, as Prometheus does)",
+    )
+    webhook_bearer_token: SecretStr | None = Field(
+        None, description="sent as Authorization: Bearer <token> to the webhook URLs"
+    )
+    webhook_username: str | None = Field(
+        None, description="basic auth to the webhook URLs (with webhook_password)"
+    )
+    webhook_password: SecretStr | None = None
+    webhook_ca_file: str | None = Field(
+        None, description="CA bundle (PEM) that verifies the webhook URLs' HTTPS certificates"
+    )
     webhook_secret: SecretStr | None = Field(
         None, description="signs each request: X-Guard-Signature: t=<unix>,v1=<HMAC-SHA256>"
     )

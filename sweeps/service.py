@@ -46,7 +46,7 @@ from .executors import SweepExecutor, make_executor
 from .orchestrator import Orchestrator
 from .scheduler import SchedulerAdapter, make_scheduler
 from .states import NodeView, is_operator, recover_views
-from .webhook import WebhookNotifier
+from .webhook import WebhookNotifier, open_episodes
 
 __all__ = [
     "KafkaOrchestrator",
@@ -226,8 +226,12 @@ class KafkaOrchestrator:
         listeners = list(listeners)
         stop_listeners = []
         if o.webhook_url:
+            basic = None
+            if o.webhook_username is not None:
+                password = o.webhook_password.get_secret_value() if o.webhook_password else ""
+                basic = (o.webhook_username, password)
             self.webhook = WebhookNotifier(
-                o.webhook_url,
+                [o.webhook_url, *o.webhook_urls],
                 o.webhook_secret.get_secret_value() if o.webhook_secret else None,
                 retries=o.webhook_retries,
                 backoff_s=o.webhook_backoff_s,
@@ -236,6 +240,11 @@ class KafkaOrchestrator:
                 mode=o.webhook_mode,
                 generator_url=o.grafana_node_url,
                 resend_s=o.webhook_resend_s,
+                bearer_token=(
+                    o.webhook_bearer_token.get_secret_value() if o.webhook_bearer_token else None
+                ),
+                basic_auth=basic,
+                ca_file=o.webhook_ca_file,
             )
             listeners.append(self.webhook)
             stop_listeners.append(self.webhook.sweeps_stopped)
@@ -326,6 +335,8 @@ class KafkaOrchestrator:
                 good.append(decode(record.value() or b"", "node_state"))
             except SchemaError as exc:
                 self._dead_letter(record, exc)
+        if self.webhook is not None:  # a node still out keeps its alert (and its resends)
+            self.webhook.restore(open_episodes(good))
         pending = self.core.recover(good)
         log.info(
             "recovered %d node states, %d operator requests pending",

@@ -1,26 +1,37 @@
 """Node-health notifications: signed webhooks, or alerts posted to Alertmanager's API.
 
 Each node that leaves the healthy state opens an *episode* that lasts until it is healthy
-again. The episode is one alert whose identity never changes: labels
-``{alertname="GuardNodeHealth", node, category}``, the category being that of the flag that
-made the node suspect (``operator`` for an operator's request, ``unknown`` when the
-orchestrator restarted mid-episode and the reason no longer names one). Everything that
-changes — state, previous state, severity, reason, actor — travels in annotations;
-``startsAt`` is the episode's start and is kept on every update; ``endsAt`` is set when the
-node is healthy again (resolved); ``generatorURL`` is the node's Grafana view (a URL template
-with ``{node}``).
+again: an alert with the labels ``{alertname="GuardNodeHealth", node, category, severity}``,
+the category being that of the flag that made the node suspect (``operator`` for an
+operator's request, ``unknown`` when the reason no longer names one), the severity
+``warning`` while the node is suspect and ``critical`` once it is out of the pool — a label,
+so that Alertmanager can route and inhibit by it. A severity change is a new alert (labels
+are an alert's identity): the warning one is sent resolved, the critical one firing.
+Everything else that changes — state, previous state, reason, actor — travels in
+annotations; ``startsAt`` is the episode's start; ``endsAt`` is set when the node is healthy
+again (resolved); ``generatorURL`` is the node's Grafana view (a URL template with ``{node}``).
 
 Two modes (``orchestrator.webhook_mode``):
 
 * ``webhook`` — one Alertmanager-v4 *webhook receiver* message per state change, to
   ``webhook_url``, so existing receivers (PagerDuty bridges, chat relays) understand it;
-* ``alertmanager`` — the alert itself posted to ``<webhook_url>/api/v2/alerts`` (a JSON list,
-  Alertmanager's API v2), and active alerts re-sent every ``webhook_resend_s``: Alertmanager
-  ends an alert that is not re-sent within its ``resolve_timeout``.
+* ``alertmanager`` — the alerts themselves posted to ``<webhook_url>/api/v2/alerts`` (a JSON
+  list, Alertmanager's API v2), and active alerts re-sent every ``webhook_resend_s``:
+  Alertmanager ends an alert that is not re-sent within its ``resolve_timeout``.
+
+Every notification goes to each of ``webhook_url`` and ``webhook_urls`` (an Alertmanager HA
+cluster: to every peer, as Prometheus does; they deduplicate), at once; it counts delivered
+when one of them took it. Requests carry a bearer token or basic auth when configured, and
+HTTPS is verified against ``webhook_ca_file`` when given.
+
+After a restart the orchestrator hands the notifier the open episodes it finds on the
+node-state topic (:func:`open_episodes`, :meth:`WebhookNotifier.restore`), so a node that is
+still out keeps its alert (same labels, same start) and keeps being re-sent instead of
+resolving by timeout.
 
 When too many recent sweeps failed and the orchestrator stops sweeping, one more alert fires,
-``{alertname="GuardSweepsStopped"}`` (the failed share in its description), and resolves when
-sweeping goes on (:meth:`WebhookNotifier.sweeps_stopped`, an orchestrator stop listener).
+``{alertname="GuardSweepsStopped", severity="critical"}`` (the failed share in its
+description), and resolves when sweeping goes on (:meth:`WebhookNotifier.sweeps_stopped`).
 
 With a secret, every request carries ``X-Guard-Signature: t=<unix time>,v1=<hex>``, the
 HMAC-SHA256 of ``"<t>." + body``: a receiver that checks the signature and that ``t`` is
@@ -41,10 +52,18 @@ Example
 True
 >>> verify_signature(b"s3cret", body, header, now=1767225600 + 3600)  # replayed an hour later
 False
+>>> from guard.schemas import NodeState
+>>> [e.node for e in open_episodes([
+...     NodeState(ts=1, node="a", state="suspect", prev="healthy", reason="warning nic flag x"),
+...     NodeState(ts=2, node="b", state="suspect", prev="healthy"),
+...     NodeState(ts=3, node="b", state="healthy", prev="suspect"),
+... ])]
+['a']
 """
 
 from __future__ import annotations
 
+import base64
 import collections
 import email.utils
 import hashlib
@@ -52,10 +71,13 @@ import hmac
 import json
 import logging
 import re
+import ssl
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -70,6 +92,9 @@ __all__ = [
     "alert",
     "alertmanager_payload",
     "episode_category",
+    "open_episodes",
+    "receiver_message",
+    "severity_of",
     "sign",
     "stop_alert",
     "verify_signature",
@@ -132,33 +157,62 @@ def episode_category(state: NodeState) -> str:
     return "unknown"
 
 
+def severity_of(state: NodeState) -> str:
+    """The severity label of a node state: warning while suspect, critical once out."""
+    return "warning" if state.state in ("suspect", "healthy") else "critical"
+
+
 @dataclass
 class Episode:
-    """One node's time out of the healthy state: one alert, fixed labels."""
+    """One node's time out of the healthy state: one alert per severity, fixed labels."""
 
     node: str
     category: str
     starts_at: float
     last: NodeState
+    severity: str = "warning"
 
 
-def alert(episode: Episode, generator_url: str = "") -> dict[str, Any]:
-    """The episode as an Alertmanager alert (API v2 fields, plus ``status``)."""
+def open_episodes(states: Iterable[NodeState]) -> list[Episode]:
+    """The episodes still open after ``states`` (the node-state topic, in order): what a
+    restarted notifier goes on sending. Operator requests are not states of Guard's."""
+    episodes: dict[str, Episode] = {}
+    for state in states:
+        if state.actor.startswith("operator"):
+            continue
+        if state.state == "healthy":
+            episodes.pop(state.node, None)
+            continue
+        episode = episodes.get(state.node)
+        if episode is None:
+            episode = episodes[state.node] = Episode(
+                state.node, episode_category(state), state.ts, state
+            )
+        episode.last, episode.severity = state, severity_of(state)
+    return list(episodes.values())
+
+
+def alert(
+    episode: Episode, generator_url: str = "", ended_at: float | None = None
+) -> dict[str, Any]:
+    """The episode as an Alertmanager alert (API v2 fields, plus ``status``); ``ended_at``:
+    resolved then (the alert of a severity the episode left)."""
     state = episode.last
-    resolved = state.state == "healthy"
+    if ended_at is None and state.state == "healthy":
+        ended_at = state.ts
+    labels = {"alertname": ALERTNAME, "node": episode.node, "category": episode.category}
     return {
-        "status": "resolved" if resolved else "firing",
-        "labels": {"alertname": ALERTNAME, "node": episode.node, "category": episode.category},
+        "status": "firing" if ended_at is None else "resolved",
+        "labels": {**labels, "severity": episode.severity},
         "annotations": {
             "state": state.state,
             "prev": state.prev or "",
-            "severity": {"suspect": "warning", "healthy": "info"}.get(state.state, "critical"),
             "summary": f"node {state.node}: {state.prev or 'unknown'} -> {state.state}",
             "description": state.reason,
             "actor": state.actor,
         },
         "startsAt": _rfc3339(episode.starts_at),
-        "endsAt": _rfc3339(state.ts) if resolved else _ZERO_TIME,
+        "endsAt": _ZERO_TIME if ended_at is None else _rfc3339(ended_at),
         "generatorURL": generator_url.replace("{node}", episode.node),
     }
 
@@ -177,9 +231,8 @@ def stop_alert(episode: StopEpisode) -> dict[str, Any]:
     resolved = episode.ended_at is not None
     return {
         "status": "resolved" if resolved else "firing",
-        "labels": {"alertname": STOP_ALERTNAME},
+        "labels": {"alertname": STOP_ALERTNAME, "severity": "critical"},
         "annotations": {
-            "severity": "critical",
             "summary": "Guard stopped cordoning and sweeping: too many sweeps failed",
             "description": f"{episode.reason}; a check that fails healthy nodes must not "
             "drain the fleet: look at the failing checks (guard node show NODE)",
@@ -192,25 +245,31 @@ def stop_alert(episode: StopEpisode) -> dict[str, Any]:
 
 def alertmanager_payload(episode: Episode, generator_url: str = "") -> dict[str, Any]:
     """The episode's latest change as an Alertmanager v4 webhook-receiver message."""
-    body = alert(episode, generator_url)
-    return _receiver_message(body, {"alertname": ALERTNAME, "node": episode.node})
+    return receiver_message(
+        [alert(episode, generator_url)], {"alertname": ALERTNAME, "node": episode.node}
+    )
 
 
-def _receiver_message(body: dict[str, Any], group: dict[str, str]) -> dict[str, Any]:
-    """One alert as an Alertmanager v4 webhook-receiver message grouped by ``group``."""
-    body["fingerprint"] = stable_id(*sorted(body["labels"].items()))[:16]
+def receiver_message(alerts: list[dict[str, Any]], group: dict[str, str]) -> dict[str, Any]:
+    """Alerts as one Alertmanager v4 webhook-receiver message grouped by ``group``."""
+    for body in alerts:
+        body["fingerprint"] = stable_id(*sorted(body["labels"].items()))[:16]
     grouped = ", ".join(f'{k}="{v}"' for k, v in group.items())
+    common = dict(alerts[-1]["labels"])
+    for body in alerts:
+        common = {k: v for k, v in common.items() if body["labels"].get(k) == v}
+    firing = any(body["status"] == "firing" for body in alerts)
     return {
         "version": "4",
         "groupKey": f"{{}}:{{{grouped}}}",
         "truncatedAlerts": 0,
-        "status": body["status"],
+        "status": "firing" if firing else "resolved",
         "receiver": "guard",
         "groupLabels": group,
-        "commonLabels": body["labels"],
-        "commonAnnotations": body["annotations"],
+        "commonLabels": common,
+        "commonAnnotations": alerts[-1]["annotations"] if len(alerts) == 1 else {},
         "externalURL": "",
-        "alerts": [body],
+        "alerts": alerts,
     }
 
 
@@ -230,11 +289,12 @@ def _retry_after(value: str | None) -> float | None:
 
 class WebhookNotifier:
     """Delivers node-health notifications from a background thread (``notify`` never
-    blocks). ``mode``: ``webhook`` or ``alertmanager`` (see the module doc)."""
+    blocks). ``url``: one receiver or several (each gets every notification); ``mode``:
+    ``webhook`` or ``alertmanager`` (see the module doc)."""
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         secret: str | bytes | None = None,
         retries: int = 5,
         backoff_s: float = 0.5,
@@ -243,18 +303,39 @@ class WebhookNotifier:
         mode: Literal["webhook", "alertmanager"] = "webhook",
         generator_url: str = "",
         resend_s: float = 60.0,
+        *,
+        bearer_token: str | None = None,
+        basic_auth: tuple[str, str] | None = None,
+        ca_file: str | None = None,
     ) -> None:
         self.mode = mode
-        self.url = url
-        if mode == "alertmanager" and not url.rstrip("/").endswith(ALERTS_PATH):
-            self.url = url.rstrip("/") + ALERTS_PATH
+        urls = [url] if isinstance(url, str) else list(url)
+        if not urls:
+            raise ValueError("the webhook notifier needs at least one URL")
+        if mode == "alertmanager":
+            urls = [u if u.rstrip("/").endswith(ALERTS_PATH) else u.rstrip("/") + ALERTS_PATH
+                    for u in urls]  # fmt: skip
+        self.urls = urls
+        self.url = urls[0]
         self.secret = secret.encode() if isinstance(secret, str) else secret
         self.retries = retries
         self.backoff_s = backoff_s
         self.timeout_s = timeout_s
         self.generator_url = generator_url
         self.resend_s = resend_s
-        self._queue: collections.deque[NodeState | StopEpisode] = collections.deque(
+        self._auth: str | None = None
+        if bearer_token:
+            self._auth = f"Bearer {bearer_token}"
+        elif basic_auth is not None:
+            pair = f"{basic_auth[0]}:{basic_auth[1]}".encode()
+            self._auth = "Basic " + base64.b64encode(pair).decode()
+        self._tls = ssl.create_default_context(cafile=ca_file) if ca_file else None
+        self._senders = (
+            ThreadPoolExecutor(len(urls), thread_name_prefix="guard-webhook-post")
+            if len(urls) > 1
+            else None
+        )
+        self._queue: collections.deque[NodeState | StopEpisode | list[Episode]] = collections.deque(
             maxlen=max_queue
         )
         self._wake = threading.Condition()
@@ -275,7 +356,7 @@ class WebhookNotifier:
             self._thread.start()
         return self
 
-    def notify(self, state: NodeState | StopEpisode) -> None:
+    def notify(self, state: NodeState | StopEpisode | list[Episode]) -> None:
         with self._wake:
             if len(self._queue) == self._queue.maxlen:
                 self.dropped += 1
@@ -287,6 +368,11 @@ class WebhookNotifier:
         """As an orchestrator listener: notify on node states, ignore the rest."""
         if isinstance(message, NodeState):
             self.notify(message)
+
+    def restore(self, episodes: Iterable[Episode]) -> None:
+        """Open episodes from before a restart (:func:`open_episodes`): kept and, in
+        ``alertmanager`` mode, sent again at once and then with every re-send."""
+        self.notify(list(episodes))
 
     def sweeps_stopped(self, stopped: bool, reason: str) -> None:
         """As an orchestrator stop listener: the fleet alert fires, or resolves."""
@@ -300,6 +386,8 @@ class WebhookNotifier:
             self._wake.notify()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        if self._senders is not None:
+            self._senders.shutdown(wait=False, cancel_futures=True)
 
     def pending(self) -> int:
         return len(self._queue)
@@ -318,20 +406,23 @@ class WebhookNotifier:
                     self._wake.wait(remaining)
                 if not self._queue and self._stop.is_set():
                     return
-                state = self._queue.popleft() if self._queue else None
-            if isinstance(state, StopEpisode):
-                self._deliver_stop(state)
-                continue
-            if state is not None:
-                self._deliver(self._episode(state))
-                continue
-            resend_at = time.monotonic() + self.resend_s
-            alerts = [alert(e, self.generator_url) for e in self.episodes.values()]
-            if self.stopped is not None:
-                alerts.append(stop_alert(self.stopped))
-            if alerts:  # Alertmanager ends alerts that are not sent again
-                self._post(alerts)
-                self.resent += 1
+                item = self._queue.popleft() if self._queue else None
+            if isinstance(item, StopEpisode):
+                self._deliver_stop(item)
+            elif isinstance(item, NodeState):
+                self._deliver(item)
+            elif isinstance(item, list):
+                self.episodes.update((e.node, e) for e in item)
+                if item and self.mode == "alertmanager":
+                    self._post([alert(e, self.generator_url) for e in item])
+            else:
+                resend_at = time.monotonic() + self.resend_s
+                alerts = [alert(e, self.generator_url) for e in self.episodes.values()]
+                if self.stopped is not None:
+                    alerts.append(stop_alert(self.stopped))
+                if alerts:  # Alertmanager ends alerts that are not sent again
+                    self._post(alerts)
+                    self.resent += 1
 
     def _deliver_stop(self, news: StopEpisode) -> None:
         if news.ended_at is None:
@@ -339,68 +430,82 @@ class WebhookNotifier:
         elif self.stopped is not None:
             news = StopEpisode(self.stopped.starts_at, self.stopped.reason, news.ended_at)
             self.stopped = None
-        body = stop_alert(news)
-        payload = (
-            [body]
-            if self.mode == "alertmanager"
-            else _receiver_message(body, {"alertname": STOP_ALERTNAME})
-        )
-        if self._post(payload):
-            self.delivered += 1
-        else:
-            self.failed += 1
+        self._count(self._send([stop_alert(news)], {"alertname": STOP_ALERTNAME}))
 
-    def _episode(self, state: NodeState) -> Episode:
+    def _alerts(self, state: NodeState) -> list[dict[str, Any]]:
+        """The alerts a state change sends: the episode's, after the alert of a severity it
+        left (resolved: labels are an alert's identity)."""
         episode = self.episodes.get(state.node)
+        out = []
         if episode is None:
             episode = Episode(state.node, episode_category(state), state.ts, state)
+        elif state.state != "healthy" and severity_of(state) != episode.severity:
+            out.append(alert(episode, self.generator_url, ended_at=state.ts))
+        if state.state != "healthy":
+            episode.severity = severity_of(state)
         episode.last = state
         if state.state == "healthy":
             self.episodes.pop(state.node, None)
         else:
             self.episodes[state.node] = episode
-        return episode
+        out.append(alert(episode, self.generator_url))
+        return out
 
-    def _deliver(self, episode: Episode) -> bool:
-        if self.mode == "alertmanager":
-            payload: Any = [alert(episode, self.generator_url)]
-        else:
-            payload = alertmanager_payload(episode, self.generator_url)
-        if self._post(payload):
+    def _deliver(self, state: NodeState) -> bool:
+        delivered = self._send(self._alerts(state), {"alertname": ALERTNAME, "node": state.node})
+        if not self._count(delivered):
+            log.warning("webhook to %s gave up on %s -> %s", self.url, state.node, state.state)
+        return delivered
+
+    def _send(self, alerts: list[dict[str, Any]], group: dict[str, str]) -> bool:
+        payload = alerts if self.mode == "alertmanager" else receiver_message(alerts, group)
+        return self._post(payload)
+
+    def _count(self, delivered: bool) -> bool:
+        if delivered:
             self.delivered += 1
-            return True
-        self.failed += 1
-        state = episode.last
-        log.warning("webhook to %s gave up on %s -> %s", self.url, state.node, state.state)
-        return False
+        else:
+            self.failed += 1
+        return delivered
 
     def _post(self, payload: Any) -> bool:
+        """POST to every URL at once; delivered when one of them took it."""
         body = json.dumps(payload, separators=(",", ":")).encode()
+        if self._senders is None:
+            return self._post_one(self.url, body)
+        futures = [self._senders.submit(self._post_one, url, body) for url in self.urls]
+        return any([f.result() for f in futures])
+
+    def _post_one(self, url: str, body: bytes) -> bool:
         delay = self.backoff_s
         for attempt in range(self.retries + 1):
-            error, wait = self._attempt(body)
+            error, wait = self._attempt(url, body)
             if error is None:
                 return True
             if wait is None or attempt == self.retries:
-                log.warning("webhook to %s failed: %s", self.url, error)
+                log.warning("webhook to %s failed: %s", url, error)
                 return False
             wait = max(wait, delay)
             log.info("webhook attempt %d to %s failed (%s); again in %.3g s", attempt + 1,
-                     self.url, error, wait)  # fmt: skip
+                     url, error, wait)  # fmt: skip
             # Waiting on the stop event keeps shutdown prompt: after stop() retries go at once.
             self._stop.wait(wait)
             delay *= 2
         return False
 
-    def _attempt(self, body: bytes) -> tuple[str | None, float | None]:
+    def _attempt(self, url: str, body: bytes) -> tuple[str | None, float | None]:
         """One POST: (None, None) when delivered, else (the error, the least wait before a
         retry, or None when retrying cannot help)."""
         headers = {"Content-Type": "application/json", "User-Agent": "guard-orchestrator"}
         if self.secret:
             headers[SIGNATURE_HEADER] = sign(self.secret, body)  # fresh time on every attempt
-        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        if self._auth:
+            headers["Authorization"] = self._auth
+        request = urllib.request.Request(url, data=body, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with urllib.request.urlopen(
+                request, timeout=self.timeout_s, context=self._tls
+            ) as response:
                 if 200 <= response.status < 300:
                     return None, None
                 return f"HTTP {response.status}", 0.0

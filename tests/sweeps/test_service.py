@@ -181,7 +181,7 @@ def test_a_restarted_orchestrator_resumes_an_interrupted_sweep(kafka_settings: S
     assert second.core.stats["recovered_nodes"] == 2
     published = [m for m in first_events + events if isinstance(m, NodeState)]
     hooked = [
-        (a["alerts"][0]["labels"]["node"], a["alerts"][0]["annotations"]["state"])
+        (a["alerts"][-1]["labels"]["node"], a["alerts"][-1]["annotations"]["state"])
         for a in receiver.accepted
     ]
     assert hooked == [(m.node, m.state) for m in published]

@@ -45,7 +45,7 @@ def run_orchestrator(hook: WebhookNotifier, node: str = "node-004") -> None:
     orch.tick()
 
 
-def test_one_episode_is_one_alert_with_fixed_labels_start_and_an_end(
+def test_one_episode_is_an_alert_per_severity_with_fixed_labels_start_and_an_end(
     receiver: Receiver,
 ) -> None:
     hook = WebhookNotifier(
@@ -58,16 +58,24 @@ def test_one_episode_is_one_alert_with_fixed_labels_start_and_an_end(
         hook.stop()
     assert receiver.bad_signatures == 0 and hook.failed == 0
     assert len(receiver.attempts) == len(receiver.accepted) + 1  # the first got a 503
-    alerts = [m["alerts"][0] for m in receiver.accepted]
-    states = [a["annotations"]["state"] for a in alerts]
-    assert states == ["suspect", "cordoned", "sweeping", "healthy"]
+    alerts = [a for m in receiver.accepted for a in m["alerts"]]
+    # The severity is a label: going out of the pool resolves the warning alert and fires a
+    # critical one (labels are an alert's identity in Alertmanager).
+    assert [(a["annotations"]["state"], a["labels"]["severity"], a["status"]) for a in alerts] == [
+        ("suspect", "warning", "firing"),
+        ("suspect", "warning", "resolved"),
+        ("cordoned", "critical", "firing"),
+        ("sweeping", "critical", "firing"),
+        ("healthy", "critical", "resolved"),
+    ]
+    assert [len(m["alerts"]) for m in receiver.accepted] == [1, 2, 1, 1]
     labels = {"alertname": "GuardNodeHealth", "node": "node-004", "category": "thermal"}
-    assert all(a["labels"] == labels for a in alerts)
-    assert len({a["fingerprint"] for a in alerts}) == 1
+    assert all({k: a["labels"][k] for k in labels} == labels for a in alerts)
+    assert len({a["fingerprint"] for a in alerts}) == 2  # one per severity
     assert {a["startsAt"] for a in alerts} == {"2026-01-01T00:06:40Z"}
-    assert [a["status"] for a in alerts] == ["firing"] * (len(alerts) - 1) + ["resolved"]
-    assert all(a["endsAt"] == "0001-01-01T00:00:00Z" for a in alerts[:-1])
-    assert alerts[-1]["endsAt"] != "0001-01-01T00:00:00Z"
+    firing = [a for a in alerts if a["status"] == "firing"]
+    assert all(a["endsAt"] == "0001-01-01T00:00:00Z" for a in firing)
+    assert alerts[1]["endsAt"] == alerts[-1]["endsAt"] != "0001-01-01T00:00:00Z"
     assert {a["generatorURL"] for a in alerts} == {
         "https://grafana.example/d/guard-node?var-node=node-004"
     }
@@ -142,10 +150,15 @@ def test_alertmanager_mode_posts_alerts_and_resends_the_active_ones(receiver: Re
     posted = [a for body in receiver.accepted for a in body]
     assert all(isinstance(body, list) for body in receiver.accepted)
     labels = {"alertname": "GuardNodeHealth", "node": "node-7", "category": "nic"}
-    assert all(a["labels"] == labels for a in posted)
+    assert all(a["labels"] == {**labels, "severity": a["labels"]["severity"]} for a in posted)
     assert {a["startsAt"] for a in posted} == {"2026-01-01T00:06:40Z"}
+    assert (posted[1]["labels"]["severity"], posted[1]["endsAt"]) == (
+        "warning",
+        "2026-01-01T00:06:45Z",  # the warning alert ends when the node goes out
+    )
     assert posted[-1]["endsAt"] == "2026-01-01T00:07:40Z"
-    assert all(a["endsAt"] == "0001-01-01T00:00:00Z" for a in posted[:-1])
+    assert {a["labels"]["severity"] for a in posted[2:]} == {"critical"}  # only it is resent
+    assert all(a["endsAt"] == "0001-01-01T00:00:00Z" for a in posted[2:-1])
     assert posted[-1]["generatorURL"].endswith("var-node=node-7")
     assert [a["annotations"]["state"] for a in posted][-1] == "healthy"
 

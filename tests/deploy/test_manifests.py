@@ -145,6 +145,33 @@ def test_workloads_are_unprivileged_and_read_the_configmap() -> None:
     ]
 
 
+def test_a_kubernetes_install_sweeps_and_releases_in_jobs_of_the_shipped_image(
+    tmp_path: Path,
+) -> None:
+    from guard.sweeps.executors import make_executor
+    from guard.sweeps.kubernetes import KubernetesSweepExecutor
+
+    config = _configured()
+    kustomization = yaml.safe_load((KUBE / "kustomization.yaml").read_text())
+    [image] = kustomization["images"]
+    assert config.orchestrator.kube_sweep_image == f"{image['newName']}:{image['newTag']}"
+    rbac = [d for d in yaml.safe_load_all((KUBE / "orchestrator-rbac.yaml").read_text()) if d]
+    job_roles = [d for d in rbac if d["kind"] == "Role"
+                 and any("jobs" in r["resources"] for r in d["rules"])]  # fmt: skip
+    assert {d["metadata"]["namespace"] for d in job_roles} == {config.orchestrator.kube_namespace}
+    # The shipped settings build the executor (credentials: any kubeconfig; nothing is called).
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        '{"apiVersion": "v1", "kind": "Config", "current-context": "t", '
+        '"clusters": [{"name": "t", "cluster": {"server": "https://127.0.0.1:1"}}], '
+        '"users": [{"name": "t", "user": {"token": "x"}}], '
+        '"contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}]}'
+    )
+    config.orchestrator.kubeconfig = str(kubeconfig)
+    executor = make_executor(config)
+    assert isinstance(executor, KubernetesSweepExecutor)
+
+
 def test_servicemonitor_scrapes_every_service() -> None:
     [monitor] = _of_kind("ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"

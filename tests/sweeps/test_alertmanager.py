@@ -185,6 +185,25 @@ def test_both_alertmanagers_get_the_alerts_and_route_them_by_the_severity_label(
         paged = {a["labels"]["node"] for body in pager.bodies for a in body["alerts"]}
         assert paged == {"node-004"}
         assert {a["labels"]["severity"] for b in pager.bodies for a in b["alerts"]} == {"critical"}
+
+        # Too many failed sweeps: the fleet alert fires, pages, and resolves when sweeping goes on.
+        why = "4 of the last 4 sweeps within 3600 s failed (over 50 %)"
+        hook.sweeps_stopped(True, why)  # as the orchestrator's stop listener calls it
+        for am in pair:
+            wait_until(lambda am=am: any(a["labels"] == {"alertname": "GuardSweepsStopped",
+                       "severity": "critical"} and why in a["annotations"]["description"]
+                       for a in am.alerts()), timeout_s=30)  # fmt: skip
+
+        def paged_stop(status: str) -> bool:
+            return any(a["labels"]["alertname"] == "GuardSweepsStopped" and a["status"] == status
+                       for body in pager.bodies for a in body["alerts"])  # fmt: skip
+
+        wait_until(lambda: paged_stop("firing"), timeout_s=30)
+        hook.sweeps_stopped(False, why)
+        for am in pair:
+            wait_until(lambda am=am: set(by_node(am.alerts())) == {"node-004", "node-009"}
+                       and len(am.alerts()) == 2, timeout_s=30)  # fmt: skip
+        wait_until(lambda: paged_stop("resolved"), timeout_s=30)
     finally:
         if hook is not None:
             hook.stop()

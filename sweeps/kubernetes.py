@@ -328,9 +328,12 @@ class KubernetesScheduler:
 
     def reassert(self, node: str, reason: str) -> str:
         current = self._read(node)
+        unschedulable = (current.get("spec") or {}).get("unschedulable")
         if self._guard_taint(current) is not None:
+            if not unschedulable:  # kubectl uncordon leaves Guard's taint: not a cordon to redo
+                return "resumed-by-other"
             return self.cordon(node, reason)
-        if (current.get("spec") or {}).get("unschedulable"):
+        if unschedulable:
             return "foreign"  # cordoned again by someone else, without Guard's taint
         return "resumed-by-other"
 

@@ -236,7 +236,7 @@ class Orchestrator:
                 if rec.state in OUT_OF_POOL:
                     done = self._call_scheduler(rec.node, "reassert", rec.reason)
                     if done == "resumed-by-other":
-                        self._put_back_by_operator(rec, "while Guard was away")
+                        self._put_back_by_operator(rec, self._who_put_back(rec.node))
                         continue
                 if rec.state == "sweeping":
                     self._start_sweep(rec, "single", [], restarted=True)
@@ -518,6 +518,15 @@ class Orchestrator:
                 continue
             if note:
                 self._put_back_by_operator(rec, note)
+
+    def _who_put_back(self, node: str) -> str:
+        """What the scheduler says of a node found back in service at start."""
+        overridden = getattr(self.scheduler, "overridden", None)
+        try:
+            note = overridden(node) if overridden is not None else None
+        except SchedulerError:
+            note = None
+        return f"while Guard was away; {note}" if note else "while Guard was away"
 
     def _put_back_by_operator(self, rec: NodeRecord, note: str) -> None:
         """An operator put a node Guard holds back in service: a cancel. Guard lifts its own

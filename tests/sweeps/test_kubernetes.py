@@ -725,6 +725,31 @@ def test_a_manual_uncordon_is_a_cancel_that_guard_does_not_fight(
     assert again.handle_flag(thermal("gpu-b", "f4", now[0] - 1)) == "qualified"
 
 
+def test_an_uncordon_while_guard_was_away_is_a_cancel_too(
+    apiserver: StandInApiServer, kube: KubernetesScheduler
+) -> None:
+    out: list[GuardMessage] = []
+    orch = held_off_orchestrator(kube, out, time.time)
+    orch.handle_flag(thermal("gpu-b", "f1", time.time() - 1))
+    orch.tick()
+    assert orch.state_of("gpu-b") == "cordoned"
+    # The orchestrator is down; kubectl uncordon clears spec.unschedulable and leaves Guard's
+    # taint on the node. A restart must not cordon it again.
+    kubectl(apiserver, "gpu-b", {"spec": {"unschedulable": None}})
+    after: list[GuardMessage] = []
+    again = held_off_orchestrator(kube, after, time.time)
+    again.resume(again.recover(m for m in out if isinstance(m, NodeState)))
+    [back] = [m for m in after if isinstance(m, NodeState)]
+    assert back.state == "healthy"
+    assert back.reason.startswith(
+        "put back in service by an operator in kubernetes (while Guard was away; uncordoned: "
+        "last spec change by kubectl-cordon at "
+    )
+    assert apiserver.nodes["gpu-b"]["spec"] == {}  # Guard's taint lifted, nothing re-cordoned
+    time.sleep(0.05)  # a flag from after the release
+    assert again.handle_flag(thermal("gpu-b", "f2", time.time())) == "held-off"
+
+
 def test_an_opted_out_node_is_never_touched_and_watched_nodes_get_the_condition_false(
     apiserver: StandInApiServer, kube: KubernetesScheduler
 ) -> None:

@@ -293,7 +293,7 @@ def test_a_restart_does_not_drain_again_a_node_someone_resumed(node: str) -> Non
     assert not node_line(node).drain
     assert states(after) == ["healthy"]
     assert after[-1].reason.startswith(  # type: ignore[union-attr]
-        "put back in service by an operator in slurm (while Guard was away)"
+        "put back in service by an operator in slurm (while Guard was away; resumed: State=IDLE"
     )
     assert restarted.handle_flag(critical_flag(node)) == "held-off"  # not drained again
 

@@ -199,7 +199,6 @@ class Orchestrator:
         self.stop_listeners = list(stop_listeners)
         #: why Guard stopped cordoning and sweeping (as of the last tick), None while it sweeps
         self.sweeps_stopped: str | None = None
-        self.sweeps_stopped_since: float | None = None
         self._next_operator_check = 0.0
         self._warned_time_base = False
         if executor is None:
@@ -231,6 +230,7 @@ class Orchestrator:
     def resume(self, pending: Iterable[NodeState] = ()) -> None:
         """After :meth:`recover`: re-assert cordons, carry interrupted work on, apply requests."""
         with self._lock:
+            self._judge_failure_rate(self.clock())  # the recovered failures may stop it at once
             self._watch_start()
             for rec in list(self.records.values()):
                 if rec.state in OUT_OF_POOL:
@@ -623,7 +623,6 @@ class Orchestrator:
         was = self.sweeps_stopped
         self.sweeps_stopped = why
         if why is not None:
-            self.sweeps_stopped_since = now
             self.stats["sweeps_stopped"] += 1
             log.error(
                 "sweeping stopped: %s; a check that fails healthy nodes must not drain the "
@@ -635,7 +634,6 @@ class Orchestrator:
                 self.failure_stop.fraction * 100,
             )
         else:
-            self.sweeps_stopped_since = None
             log.warning("sweeping goes on: the failed sweeps behind the stop (%s) aged out", was)
         for listener in self.stop_listeners:
             try:

@@ -225,13 +225,14 @@ class KafkaOrchestrator:
         self.webhook: WebhookNotifier | None = None
         listeners = list(listeners)
         stop_listeners = []
-        if o.webhook_url:
+        urls = [u for u in (o.webhook_url, *o.webhook_urls) if u]
+        if urls:
             basic = None
             if o.webhook_username is not None:
                 password = o.webhook_password.get_secret_value() if o.webhook_password else ""
                 basic = (o.webhook_username, password)
             self.webhook = WebhookNotifier(
-                [o.webhook_url, *o.webhook_urls],
+                urls,
                 o.webhook_secret.get_secret_value() if o.webhook_secret else None,
                 retries=o.webhook_retries,
                 backoff_s=o.webhook_backoff_s,

@@ -280,10 +280,13 @@ def test_basic_auth_over_https_with_a_ca_file_and_a_bearer_token(
 def test_a_restarted_orchestrator_keeps_a_cordoned_nodes_alert_firing(
     kafka_settings: Settings, tmp_path: Path, pager: Collector
 ) -> None:
-    # Alertmanager resolves an alert nobody re-sends within 4 s; Guard re-sends every second.
-    am = Alertmanager(tmp_path / "am", routing_config(pager.url, resolve_timeout="4s"))
+    # Alertmanager resolves an alert nobody re-sends within 4 s; Guard re-sends every second,
+    # to both peers of an HA pair (webhook_url and webhook_urls).
+    config = routing_config(pager.url, resolve_timeout="4s")
+    am, peer = (Alertmanager(tmp_path / name, config) for name in ("am", "peer"))
     s = kafka_settings
     s.orchestrator.webhook_url = am.url
+    s.orchestrator.webhook_urls = [peer.url]
     s.orchestrator.webhook_mode = "alertmanager"
     s.orchestrator.webhook_resend_s = 1.0
     s.orchestrator.nodes = NODES
@@ -294,7 +297,7 @@ def test_a_restarted_orchestrator_keeps_a_cordoned_nodes_alert_firing(
         return orch
 
     try:
-        wait_until(am.ready, timeout_s=30)
+        wait_until(lambda: am.ready() and peer.ready(), timeout_s=30)
         first = start()  # executor none: the flagged node is cordoned and stays cordoned
         try:
             send(s, flag("node-006", "t6", time.time() - 1, category="thermal"))
@@ -309,10 +312,13 @@ def test_a_restarted_orchestrator_keeps_a_cordoned_nodes_alert_firing(
             wait_until(lambda: "node-006" in second.webhook.episodes)  # type: ignore[union-attr]
             time.sleep(9)  # twice the resolve timeout: only re-sending keeps it firing
             [after] = am.alerts()
+            [on_peer] = peer.alerts()
         finally:
             second.stop()
     finally:
         am.close()
+        peer.close()
+    assert on_peer["labels"] == after["labels"] and on_peer["startsAt"] == after["startsAt"]
     assert after["labels"] == before["labels"]
     assert after["labels"]["category"] == "thermal"  # rebuilt, not "unknown"
     assert after["startsAt"] == before["startsAt"]  # the same episode

@@ -119,7 +119,7 @@ class SweepFailureStop:
 
     fraction: float = 0.5
     window_s: float = 3600.0
-    min_sweeps: int = 4
+    min_sweeps: int = 10
     #: (when a sweep ended, whether it passed), oldest first
     outcomes: collections.deque[tuple[float, bool]] = field(default_factory=collections.deque)
 

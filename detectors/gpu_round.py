@@ -74,12 +74,25 @@ IMPACTS = (None, "reason_bits", "sm_clock_deficit", "power_deficit", "near_slowd
 _INT64_MAX = 2**63 - 1
 
 
-def _floats(values: Iterable[Any]) -> np.ndarray:
-    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+def _floats(rows: Sequence[Mapping[str, Any]], name: str) -> np.ndarray:
+    """A float field of ``rows`` (NaN: not reported); a field absent from a row is NaN in
+    one C-level conversion, an explicit null (rare) takes the slower path."""
+    values = [r.get(name, np.nan) for r in rows]
+    try:
+        return np.array(values, dtype=np.float64)
+    except TypeError:
+        return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
 
 
-def _ints(values: Iterable[Any], missing: int) -> np.ndarray:
-    return np.array([missing if v is None else min(v, _INT64_MAX) for v in values], dtype=np.int64)
+def _ints(rows: Sequence[Mapping[str, Any]], name: str, missing: int) -> np.ndarray:
+    """An integer field of ``rows`` (``missing``: not reported), capped at int64's largest."""
+    values = [r.get(name, missing) for r in rows]
+    try:
+        return np.array(values, dtype=np.int64)
+    except (TypeError, OverflowError):
+        return np.array(
+            [missing if v is None else min(v, _INT64_MAX) for v in values], dtype=np.int64
+        )
 
 
 @dataclass(slots=True)
@@ -105,18 +118,24 @@ class GpuColumns:
         return len(self.node)
 
     @classmethod
-    def of(cls, rows: Sequence[Mapping[str, Any]]) -> GpuColumns:
-        """Columns of sample dicts (the fields of :class:`~guard.schemas.GpuSample`)."""
-        get = [r.get for r in rows]
+    def of(
+        cls,
+        rows: Sequence[Mapping[str, Any]],
+        node: list[str] | None = None,
+        job: list[str | None] | None = None,
+        ts: list[float] | None = None,
+    ) -> GpuColumns:
+        """Columns of sample dicts (the fields of :class:`~guard.schemas.GpuSample`); a
+        batch's entries get ``node``, ``job`` and ``ts`` from their record's."""
         return cls(
-            node=[r["node"] for r in rows],
-            job=[g("job") for g in get],
+            node=[r["node"] for r in rows] if node is None else node,
+            job=[r.get("job") for r in rows] if job is None else job,
             gpu=np.array([r["gpu"] for r in rows], dtype=np.int64),
-            ts=np.array([r["ts"] for r in rows], dtype=np.float64),
-            **{c: _floats(g(name) for g in get) for c, name in FIELDS.items()},
-            reasons=_ints((g("clock_event_reasons") for g in get), 0),
-            xid=_ints((g("xid") for g in get), -1),
-            dbe=_ints((g("ecc_dbe_total") for g in get), -1),
+            ts=np.array([r["ts"] for r in rows] if ts is None else ts, dtype=np.float64),
+            **{c: _floats(rows, name) for c, name in FIELDS.items()},
+            reasons=_ints(rows, "clock_event_reasons", 0),
+            xid=_ints(rows, "xid", -1),
+            dbe=_ints(rows, "ecc_dbe_total", -1),
         )
 
     @classmethod
@@ -130,17 +149,17 @@ class GpuColumns:
         """Columns of decoded records: each its common fields (``ts``, ``node``, ``job``)
         and its entries (:func:`~guard.schemas.sample_decoder.decode_rows`)."""
         rows: list[Mapping[str, Any]] = []
+        node: list[str] = []
+        job: list[str | None] = []
+        ts: list[float] = []
         for head, items in records:
-            if len(items) == 1 and items[0] is head:
-                rows.append(head)
-                continue
-            common = {"node": head["node"], "job": head.get("job"), "ts": head["ts"]}
-            for e in items:
-                row = {**common, **e}
-                if row["ts"] is None:
-                    row["ts"] = common["ts"]
-                rows.append(row)
-        return cls.of(rows)
+            n = len(items)
+            rows += items
+            node += [head["node"]] * n
+            job += [head.get("job")] * n
+            at = head["ts"]
+            ts += [at if (t := e.get("ts")) is None else t for e in items]
+        return cls.of(rows, node, job, ts)
 
     @classmethod
     def concat(cls, parts: Sequence[GpuColumns]) -> GpuColumns:

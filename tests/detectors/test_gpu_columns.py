@@ -17,7 +17,8 @@ from guard.detectors.engine import NodeDetectors
 from guard.detectors.findings import Finding
 from guard.detectors.gpu_round import GpuColumns
 from guard.detectors.gpu_step import update_gpus
-from guard.schemas import GpuSample
+from guard.schemas import GpuSample, encode
+from guard.schemas.sample_decoder import decode_rows
 
 from .reference_gpu import ReferenceGpuNode
 
@@ -74,10 +75,16 @@ def _key(f: Finding) -> tuple[Any, ...]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(draws=st.lists(SAMPLE, min_size=1, max_size=80), per_step=st.integers(1, 40))
+@given(
+    draws=st.lists(SAMPLE, min_size=1, max_size=80),
+    per_step=st.integers(1, 40),
+    records=st.booleans(),
+)
 def test_columnar_gpu_rules_give_the_reference_findings(
-    draws: list[dict[str, Any]], per_step: int
+    draws: list[dict[str, Any]], per_step: int, records: bool
 ) -> None:
+    """``records``: the columns come from the encoded records through the core's decoder
+    (absent fields absent), else from the samples' own fields (absent fields None)."""
     samples = _samples(draws)
     references = {n: ReferenceGpuNode(n) for n in NODES}
     expected = {n: [] for n in NODES}
@@ -94,7 +101,11 @@ def test_columnar_gpu_rules_give_the_reference_findings(
         step = samples[start : start + per_step]
         present = [n for n in NODES if any(s.node == n for s in step)]
         owner = np.array([present.index(s.node) for s in step], dtype=np.intp)
-        for f in update_gpus([nodes[n] for n in present], owner, GpuColumns.of_samples(step)):
+        if records:
+            cols = GpuColumns.of_records([decode_rows(encode(s), "gpu")[1:] for s in step])
+        else:
+            cols = GpuColumns.of_samples(step)
+        for f in update_gpus([nodes[n] for n in present], owner, cols):
             got[f.node].append(f)  # type: ignore[index]
     for n in NODES:
         got[n] += nodes[n].flush()

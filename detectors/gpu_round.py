@@ -113,6 +113,8 @@ class GpuColumns:
     reasons: np.ndarray  # int64
     xid: np.ndarray  # int64
     dbe: np.ndarray  # int64
+    #: the GPU's row in its node's state (-1: not looked up yet)
+    row: np.ndarray  # intp
 
     def __len__(self) -> int:
         return len(self.node)
@@ -136,6 +138,7 @@ class GpuColumns:
             reasons=_ints(rows, "clock_event_reasons", 0),
             xid=_ints(rows, "xid", -1),
             dbe=_ints(rows, "ecc_dbe_total", -1),
+            row=np.full(len(rows), -1, dtype=np.intp),
         )
 
     @classmethod
@@ -186,7 +189,7 @@ class GpuColumns:
         return cls.of([])
 
 
-_ARRAYS = ("gpu", "ts", *FIELDS, "reasons", "xid", "dbe")
+_ARRAYS = ("gpu", "ts", *FIELDS, "reasons", "xid", "dbe", "row")
 
 
 @dataclass(slots=True)

@@ -136,11 +136,12 @@ def judge_rounds(
         base[k + 1] = base[k] + len(det.holds)
     state = np.concatenate([det.holds for det in nodes])
     cols = rounds.cols
-    rows = np.full(rounds.at.shape, -1, dtype=np.intp)
-    for r in range(len(rounds)):
-        at = rounds.at[r][rounds.valid[r]]
-        k = int(rounds.owner[r])
-        rows[r, : len(at)] = base[k] + np.array(rows_of[k](cols.gpu[at].tolist()), dtype=np.intp)
+    unknown = np.flatnonzero(cols.row < 0)
+    if len(unknown):  # samples judged without the error rules' pass (none from the core)
+        for r in np.unique(np.nonzero(np.isin(rounds.at, unknown))[0]).tolist():
+            at = rounds.at[r][rounds.valid[r]]
+            cols.row[at] = rows_of[int(rounds.owner[r])](cols.gpu[at].tolist())
+    rows = np.where(rounds.valid, base[rounds.owner][:, None] + cols.row[rounds.at], -1)
     cfg = nodes[0]
     rules = ((0, cfg.thermal, 0), (1, cfg.power, 2), (2, cfg.clocks, 4))
     wave = _waves(rounds.owner)

@@ -449,38 +449,19 @@ class _Step:
         rank = np.arange(n) - np.repeat(
             np.flatnonzero(start), np.diff(np.r_[np.flatnonzero(start), n])
         )
-        found = []
-        for j in np.flatnonzero(rise[:, _FLAPS]).tolist():
-            flaps = int(rise[j, _FLAPS])
-            evidence = {"signal": "link_downed", "increase": flaps, "interval_s": float(dt[j])}
-            severity = "critical" if flaps >= 3 else "warning"
-            found.append((order[j], 0, _finding(cols, order[j], "link", severity, t[j], evidence)))
+        found = _flaps(cols, order, rise[:, _FLAPS], dt, t)
+        seq = (cols, order, r, t, rank, iv)  # the step's samples, each port's in order
         found += self._held(
-            cols,
-            order,
-            r,
-            t,
-            rank,
-            iv,
-            down,
-            DOWN,
-            lambda j, i, since, clear: self._down_finding(cols, i, since, clear),
+            *seq, down, DOWN, lambda j, i, since, clear: self._down_finding(cols, i, since, clear)
         )
         judged = (errors, speed, nominal, phys, retrans)
         found += self._held(
-            cols,
-            order,
-            r,
-            t,
-            rank,
-            iv,
+            *seq,
             errors | slow,
             DEGRADED,
             lambda j, i, since, clear: self._degraded_finding(cols, j, i, since, clear, judged),
         )
-        found += self._node_congestion(
-            cols, order, r, t, rank, node, iv, cong, marks / dt, wait / dt
-        )
+        found += self._node_congestion(*seq[:5], node, iv, cong, marks / dt, wait / dt)
         return found
 
     def _held(
@@ -580,22 +561,9 @@ class _Step:
                     "ecn_cnp_per_s": round(float(marks_per_s[j]), 1),
                     "xmit_wait_per_s": round(float(wait_per_s[j]), 1),
                 }
-                found.append(
-                    (
-                        order[j],
-                        3,
-                        _finding(
-                            cols,
-                            order[j],
-                            "nic",
-                            "info",
-                            part[e, 3],
-                            evidence,
-                            clear=events[e] == CLEAR,
-                            device=None,
-                        ),
-                    )
-                )
+                clear = events[e] == CLEAR
+                f = _finding(cols, order[j], "nic", "info", part[e, 3], evidence, clear, None)
+                found.append((order[j], 3, f))
         return found
 
     def nominal(self, cols: NicColumns, owner: np.ndarray) -> np.ndarray:
@@ -734,6 +702,19 @@ class _Step:
                 )
             )
         return found
+
+
+def _flaps(
+    cols: NicColumns, order: np.ndarray, flaps: np.ndarray, dt: np.ndarray, t: np.ndarray
+) -> list[tuple[int, int, Finding]]:
+    """A finding at once for each sample whose ``link_downed`` rose (a link flap)."""
+    found = []
+    for j in np.flatnonzero(flaps).tolist():
+        n = int(flaps[j])
+        evidence = {"signal": "link_downed", "increase": n, "interval_s": float(dt[j])}
+        severity = "critical" if n >= 3 else "warning"
+        found.append((order[j], 0, _finding(cols, order[j], "link", severity, t[j], evidence)))
+    return found
 
 
 def _finding(

@@ -420,22 +420,11 @@ class _Step:
             return None
         node = owner[order]
         nominal = nominal[order]
-        speed = cols.speed[order]
-        known = ~np.isnan(speed)
-        lead = start & ~known  # a port's speed carries over from its last sample
-        speed[lead] = state[r[lead], SPEED]
-        speed = speed[np.maximum.accumulate(np.where(known | start, np.arange(n), -1))]
-        now = cols.counters[order]
-        prev = np.empty_like(now)
-        prev[start] = self.counts[r[start]]
-        prev[~start] = now[np.flatnonzero(~start) - 1]
-        self.counts[r[last]] = now[last]
+        speed = self._speeds(cols.speed[order], r, start)
+        rise = self._rises(cols.counters[order], r, start, last, fresh)
         state[r[last], TS] = t[last]
         state[r[last], SPEED] = speed[last]
         iv = ~fresh
-        rise = np.where(now > np.maximum(prev, 0), now - prev, 0)
-        rise[prev == MISSING] = 0
-        rise[fresh] = 0
         dt = np.where(iv, t - before, 1.0)
         phys, retrans = rise[:, _PHYS].sum(1) / dt, rise[:, _RETRANS].sum(1) / dt
         marks, wait = rise[:, _MARKS].sum(1), rise[:, _WAIT]
@@ -463,6 +452,30 @@ class _Step:
         )
         found += self._node_congestion(*seq[:5], node, iv, cong, marks / dt, wait / dt)
         return found
+
+    def _speeds(self, speed: np.ndarray, r: np.ndarray, start: np.ndarray) -> np.ndarray:
+        """Each sample's link speed, a port's last known one where a sample has none."""
+        known = ~np.isnan(speed)
+        lead = start & ~known  # a port's speed carries over from its last sample
+        speed[lead] = self.state[r[lead], SPEED]
+        out: np.ndarray = speed[
+            np.maximum.accumulate(np.where(known | start, np.arange(len(r)), -1))
+        ]
+        return out
+
+    def _rises(
+        self, now: np.ndarray, r: np.ndarray, start: np.ndarray, last: np.ndarray, fresh: np.ndarray
+    ) -> np.ndarray:
+        """What each sample's counters added to its port's sample before (a reset, a counter
+        missing before, a port's first sample: 0); the ports keep their last counters."""
+        prev = np.empty_like(now)
+        prev[start] = self.counts[r[start]]
+        prev[~start] = now[np.flatnonzero(~start) - 1]
+        self.counts[r[last]] = now[last]
+        rise = np.where(now > np.maximum(prev, 0), now - prev, 0)
+        rise[prev == MISSING] = 0
+        rise[fresh] = 0
+        return rise
 
     def _held(
         self,

@@ -18,7 +18,7 @@ def observe_agent(metrics: Metrics, daemon: Any) -> None:
     m = metrics
     publisher = daemon.publisher
     m.counter(
-        "guard_messages_total",
+        "guard_agent_messages_total",
         "messages published, by kind",
         lambda: {(kind,): n for kind, n in dict(daemon.kinds).items()},
         ("kind",),

@@ -8,9 +8,9 @@ import os
 import sys
 import tomllib
 from collections.abc import Callable, Sequence
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from guard import installed_version
 from guard.config import Settings, load_settings
 from guard.errors import EXIT_FAILURE, EXIT_INTERRUPTED, GuardError
 
@@ -24,13 +24,6 @@ EPILOG = (
 )
 
 
-def _version() -> str:
-    try:
-        return version("guard-telemetry")
-    except PackageNotFoundError:  # a source tree that is not installed
-        return "unknown"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="guard",
@@ -40,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--config", help="TOML config file (default: $GUARD_CONFIG or ./guard.toml)"
     )
-    parser.add_argument("--version", action="version", version=f"guard {_version()}")
+    parser.add_argument("--version", action="version", version=f"guard {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(

@@ -174,6 +174,9 @@ def make_consumer(
         }
     )
     conf.update(overrides)
+    feed = conf.get("stats_cb")
+    if hasattr(feed, "for_group"):  # guard.metrics.LagFeed: the lag is this group's
+        conf["stats_cb"] = feed.for_group(group_id)
     consumer = Consumer(conf)
     if topics is not None:
         callbacks = {"on_assign": on_assign, "on_revoke": on_revoke}

@@ -69,7 +69,7 @@ NIC_ERROR_COUNTERS = (
 #: Metric names the Prometheus panels use (exported by the services, guard/metrics.py).
 PROMETHEUS_METRICS = (
     "guard_consumer_lag",
-    "guard_messages_total",
+    "guard_streams_messages_total",
     "guard_flags_total",
     "guard_dead_letters_total",
     "guard_sweeps_total",
@@ -708,17 +708,17 @@ def guard_metric_panels() -> list[timeseries.Panel]:
     return [
         prom_panel(
             "Consumer lag",
-            "sum by (job, topic) (guard_consumer_lag)",
-            "{{job}} {{topic}}",
+            "sum by (job, group, topic) (guard_consumer_lag)",
+            "{{job}} {{group}} {{topic}}",
             "short",
             "Records the consumers are behind the end of their topics.",
         ),
         prom_panel(
             "Messages handled",
-            f"sum by (job, kind) (rate(guard_messages_total{rate}))",
+            f"sum by (job, kind) (rate(guard_streams_messages_total{rate}))",
             "{{job}} {{kind}}",
             "short",
-            "Messages per second each service handles, by kind.",
+            "Valid telemetry messages per second the streams workers handle, by kind.",
         ),
         prom_panel(
             "Flags raised",

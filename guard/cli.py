@@ -98,10 +98,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from guard.commands.common import own_the_process
 
         own_the_process()
-    if getattr(args, "_main_sets_log_level", False) and args.log_level:
+    if getattr(args, "_main_sets_log_level", False):
         from guard.commands.common import configure_logging
 
-        configure_logging(args.log_level)
+        configure_logging(args.log_level or "warning")  # warnings formatted like the services
     try:
         settings = _load(args.config)
         code: int = args.handler(args, settings)

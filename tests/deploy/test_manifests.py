@@ -231,6 +231,11 @@ def test_compose_grafana_gets_the_provisioning_and_its_variables() -> None:
         for t in s["targets"]
     }
     assert targets == set(SERVICES)
+    # the alerting rules are loaded from where the stack mounts them
+    mounts = dict(v.rsplit(":", 2)[:2] for v in _compose()["services"]["prometheus"]["volumes"])
+    [rules] = prometheus["rule_files"]
+    source = {inside: outside for outside, inside in mounts.items()}[rules]
+    assert (COMPOSE / source).resolve() == ROOT / "deploy" / "prometheus" / "guard-rules.yml"
 
 
 # --- systemd ---------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from guard.metrics import Metrics
+from guard.schemas.topics import JOB_KINDS, NODE_KINDS
 
 __all__ = ["observe_agent"]
 
@@ -22,6 +23,7 @@ def observe_agent(metrics: Metrics, daemon: Any) -> None:
         "messages published, by kind",
         lambda: {(kind,): n for kind, n in dict(daemon.kinds).items()},
         ("kind",),
+        [(kind,) for kind in NODE_KINDS + JOB_KINDS],
     )
     m.counter("guard_agent_cycles_total", "sampling cycles", lambda: daemon.cycles)
     m.counter(

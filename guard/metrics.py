@@ -52,7 +52,7 @@ from prometheus_client.registry import Collector
 from guard import installed_version
 from guard.schemas import SchemaError
 
-__all__ = ["LagFeed", "Metrics", "MetricsServer", "dead_letter_reason"]
+__all__ = ["DEAD_LETTER_REASONS", "LagFeed", "Metrics", "MetricsServer", "dead_letter_reason"]
 
 log = logging.getLogger("guard.metrics")
 
@@ -81,6 +81,10 @@ def dead_letter_reason(error: BaseException | str) -> str:
     return error if isinstance(error, str) else type(error).__name__
 
 
+#: What :func:`dead_letter_reason` answers for a bad message (other failures: their type).
+DEAD_LETTER_REASONS = ("not_json", "invalid_field", "invalid_message", "too_large")
+
+
 @dataclass(frozen=True)
 class _Family:
     name: str
@@ -88,6 +92,7 @@ class _Family:
     kind: str  # counter | gauge
     labels: tuple[str, ...]
     read: Callable[[], Reading]
+    zero: tuple[tuple[str, ...], ...] = ()
 
 
 class Metrics(Collector):
@@ -124,10 +129,17 @@ class Metrics(Collector):
     # -- families ------------------------------------------------------------------------
 
     def counter(
-        self, name: str, doc: str, read: Callable[[], Reading], labels: tuple[str, ...] = ()
+        self,
+        name: str,
+        doc: str,
+        read: Callable[[], Reading],
+        labels: tuple[str, ...] = (),
+        zero: Iterable[tuple[str, ...]] = (),
     ) -> None:
-        """A counter family whose value ``read()`` returns (a running total, never reset)."""
-        self._add(_Family(name, doc, "counter", labels, read))
+        """A counter family whose value ``read()`` returns (a running total, never reset).
+        ``zero``: label values shown as 0 before their first count, so that ``rate()`` and
+        ``increase()`` see that first count (a series born at 1 shows no increase)."""
+        self._add(_Family(name, doc, "counter", labels, read, tuple(zero)))
 
     def gauge(
         self, name: str, doc: str, read: Callable[[], Reading], labels: tuple[str, ...] = ()
@@ -158,8 +170,11 @@ class Metrics(Collector):
                 log.warning("metric %s could not be read: %s", f.name, exc)
                 continue
             if isinstance(reading, Mapping):
-                for values, number in list(reading.items()):
-                    metric.add_metric([str(v) for v in values], float(number))
+                numbers = {tuple(map(str, k)): float(n) for k, n in list(reading.items())}
+                for values in f.zero:
+                    numbers.setdefault(values, 0.0)
+                for values, number in numbers.items():
+                    metric.add_metric(list(values), number)
             else:
                 metric.add_metric([], float(reading))
             yield metric

@@ -15,7 +15,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import Histogram
 
-from guard.metrics import Metrics
+from guard.metrics import DEAD_LETTER_REASONS, Metrics
+from guard.schemas import CATEGORIES, SEVERITIES
+from guard.schemas.tables import TABLES
+from guard.schemas.topics import JOB_KINDS, NODE_KINDS
 
 if TYPE_CHECKING:  # the sink's module imports the ClickHouse client; a worker needs neither
     from guard.schemas import Flag
@@ -101,6 +104,7 @@ def observe_streams(
         "valid telemetry messages handled, by kind",
         lambda: _by(counters.kinds),
         ("kind",),
+        [(kind,) for kind in NODE_KINDS + JOB_KINDS],
     )
     m.counter("guard_findings_total", "detector findings sent to fusion", lambda: counters.findings)
     m.counter(
@@ -108,12 +112,14 @@ def observe_streams(
         "flags raised, by category and severity",
         lambda: _by(counters.flag_classes),
         ("category", "severity"),
+        [(c, s) for c in CATEGORIES for s in SEVERITIES],
     )
     m.counter(
         "guard_dead_letters_total",
         "records sent to the dead-letter topic, by reason",
         lambda: _by(counters.dead_reasons),
         ("reason",),
+        [(reason,) for reason in DEAD_LETTER_REASONS],
     )
     m.counter(
         "guard_checkpoints_restored_total",
@@ -140,6 +146,7 @@ def observe_sink(metrics: Metrics, stats: SinkStats) -> None:
         "rows inserted, by table",
         lambda: _by(stats.rows_by_table),
         ("table",),
+        [(table.name,) for table in TABLES],
     )
     m.counter("guard_sink_batches_total", "batches stored", lambda: stats.batches)
     m.counter(
@@ -152,6 +159,7 @@ def observe_sink(metrics: Metrics, stats: SinkStats) -> None:
         "records sent to the dead-letter topic, by reason",
         lambda: _by(stats.dead_reasons),
         ("reason",),
+        [(reason,) for reason in DEAD_LETTER_REASONS],
     )
     for result in ("ok", "error"):
         SINK_INSERT.labels(result)

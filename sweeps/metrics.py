@@ -15,7 +15,7 @@ from typing import Any
 
 from prometheus_client import Histogram
 
-from guard.metrics import Metrics
+from guard.metrics import DEAD_LETTER_REASONS, Metrics
 from guard.schemas import NODE_STATES, GuardMessage, NodeState, SweepResult
 
 __all__ = ["SWEEP_DURATION", "WEBHOOK_DELIVERY", "observe_orchestrator"]
@@ -92,12 +92,14 @@ def observe_orchestrator(metrics: Metrics, orchestrator: Any) -> None:
         "sweeps finished, by sweep and result",
         lambda: {k: float(n) for k, n in dict(published.sweeps).items()},
         ("sweep", "result"),
+        [(sweep, result) for sweep in ("single", "multi") for result in ("passed", "failed")],
     )
     m.counter(
         "guard_node_transitions_total",
         "node states published, by state",
         lambda: {(s,): n for s, n in dict(published.transitions).items()},
         ("state",),
+        [(state,) for state in NODE_STATES],
     )
     m.counter(
         "guard_flags_received_total", "flags by outcome", lambda: stat("flags_"), ("outcome",)
@@ -122,6 +124,7 @@ def observe_orchestrator(metrics: Metrics, orchestrator: Any) -> None:
         "records sent to the dead-letter topic, by reason",
         lambda: {(r,): n for r, n in dict(orchestrator.dead_reasons).items()},
         ("reason",),
+        [(reason,) for reason in DEAD_LETTER_REASONS],
     )
     webhook = orchestrator.webhook
     for name, doc, attr in (

@@ -189,6 +189,21 @@ def test_healthz_fails_when_the_loop_stops_beating() -> None:
         server.close()
 
 
+def test_labelled_counters_show_known_label_values_as_zero_before_the_first_count() -> None:
+    """A series born at 1 shows Prometheus no increase: the first dead letter, flag or failed
+    sweep would be invisible to rate(), increase() and the alerting rules."""
+    metrics = Metrics("orchestrator")
+    reasons: dict[tuple[str, ...], float] = {}
+    zero = [("not_json",), ("invalid_field",)]
+    metrics.counter("guard_dead_letters_total", "dead letters", lambda: reasons, ("reason",), zero)
+    assert metrics.value("guard_dead_letters_total", reason="not_json") == 0
+    reasons[("not_json",)] = 1
+    reasons[("TypeError",)] = 2
+    assert metrics.value("guard_dead_letters_total", reason="not_json") == 1
+    assert metrics.value("guard_dead_letters_total", reason="TypeError") == 2
+    assert metrics.value("guard_dead_letters_total", reason="invalid_field") == 0
+
+
 def test_a_taken_port_is_logged_not_fatal(caplog: pytest.LogCaptureFixture) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -72,7 +72,7 @@ from guard.schemas import (
     encode,
 )
 from guard.schemas.codec import leading_kind
-from guard.schemas.sample_decoder import decode_rows, decode_samples, parse_samples
+from guard.schemas.sample_decoder import Rows, decode_rows, decode_samples, parse_samples
 
 from .engine import FABRIC_KEY, EngineConfig, JobDetectors, NodeDetectors, fabric_detector
 from .findings import Finding
@@ -327,7 +327,10 @@ class DetectionCore:
         n = -1
         for n, (partition, kind, value) in enumerate(records):
             try:
-                if _columnar(value, kind):
+                if type(value) is tuple:  # a record its runner decoded to fields already
+                    record_kind, head, entries = value
+                    self._add_rows(record_kind, head, entries, partition)
+                elif _columnar(value, kind):
                     record_kind, head, entries = decode_rows(value, kind)
                     self._add_rows(record_kind, head, entries, partition)
                 else:
@@ -631,22 +634,29 @@ class MessageFeed:
     def state_bytes(self) -> dict[str, int]:
         return self.core.state_bytes()
 
-    def update(self, message: GuardMessage) -> list[Flag]:
-        """Add one message (a single sample); the flags of the step it closed, if any."""
+    def update(self, message: GuardMessage | Rows) -> list[Flag]:
+        """Add one message (a single sample), or a GPU or NIC record decoded to its fields
+        (:func:`~guard.schemas.sample_decoder.decode_rows`: what ``guard backtest`` reads
+        those as); the flags of the step it closed, if any."""
+        if type(message) is tuple:
+            _, head, entries = message
+            newest = max(head["ts"], *(e.get("ts") or 0.0 for e in entries))
+            return self._add(head["ts"], newest, message)
         return self.add([message])
 
     def add(self, samples: list[GuardMessage]) -> list[Flag]:
         """Add one record's samples (a batch's share their node and job)."""
-        ts = samples[0].ts
+        return self._add(samples[0].ts, max(s.ts for s in samples), samples)
+
+    def _add(self, ts: float, newest: float, record: Any) -> list[Flag]:
         flags: list[Flag] = []
         full = len(self.batch) >= self.max_records
         if self.batch and (full or ts >= self.batch_start + self.step_s):
             flags = self._step()
         if not self.batch:
             self.batch_start = ts
-        self.batch.append((0, None, samples))
-        for s in samples:
-            self.watermark = max(self.watermark, s.ts)
+        self.batch.append((0, None, record))
+        self.watermark = max(self.watermark, newest)
         return flags
 
     def flush(self) -> list[Flag]:

@@ -84,6 +84,8 @@ from typing import Any, Literal
 
 from guard.schemas import CATEGORIES, NodeState, stable_id
 
+from .metrics import webhook_delivery
+
 __all__ = [
     "SIGNATURE_HEADER",
     "Episode",
@@ -459,7 +461,10 @@ class WebhookNotifier:
 
     def _send(self, alerts: list[dict[str, Any]], group: dict[str, str]) -> bool:
         payload = alerts if self.mode == "alertmanager" else receiver_message(alerts, group)
-        return self._post(payload)
+        start = time.monotonic()
+        delivered = self._post(payload)
+        webhook_delivery(delivered, time.monotonic() - start)
+        return delivered
 
     def _count(self, delivered: bool) -> bool:
         if delivered:

@@ -48,6 +48,9 @@ def _orchestrate(settings: Settings, sim: ClusterSimulator, flags: list[Flag]) -
     """The orchestrator over the flags in event time, ticking every TICK_S simulated seconds."""
     now = [sim.start_ts]
     out: list[Any] = []
+    # Nodes in repair hold their places under the cordon cap and no one repairs these: let a
+    # third of the 12 nodes be out, so that every fault's sweep (passed and failed) is stored.
+    settings.orchestrator.max_cordoned_fraction = 1 / 3
     orchestrator = Orchestrator(
         settings.orchestrator,
         scheduler=DryRunScheduler(sim.node_names),

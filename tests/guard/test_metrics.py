@@ -255,12 +255,6 @@ def test_orchestrator_metrics_follow_states_sweeps_and_webhook_failures(
     faulty = flag("node-005", "f-5", now - 2)
     send(s, faulty, flag("node-010", "f-10", now - 1), faulty, raw=b"\xff not a flag")
     metrics = Metrics("orchestrator")
-    before = {
-        (sweep, result): metrics.value(f"{SWEEPS}_count", sweep=sweep, result=result) or 0
-        for sweep in ("single", "multi")
-        for result in ("passed", "failed")
-    }
-    failed_webhooks = metrics.value(f"{WEBHOOKS}_count", result="failed") or 0
     orch = KafkaOrchestrator(
         s,
         scheduler=DryRunScheduler(),
@@ -270,6 +264,14 @@ def test_orchestrator_metrics_follow_states_sweeps_and_webhook_failures(
         metrics=metrics,
     )
     observe_orchestrator(metrics, orch)
+    # read once the histograms are in this registry: they count every sweep of the process
+    # (an earlier test's orchestrator too), so only the increase is this one's
+    before = {
+        (sweep, result): metrics.value(f"{SWEEPS}_count", sweep=sweep, result=result) or 0
+        for sweep in ("single", "multi")
+        for result in ("passed", "failed")
+    }
+    failed_webhooks = metrics.value(f"{WEBHOOKS}_count", result="failed") or 0
     orch.start()
     try:
         assert orch.ready.wait(60) and orch.error is None

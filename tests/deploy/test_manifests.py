@@ -92,7 +92,18 @@ def test_kustomization_lists_every_manifest() -> None:
     present = {p.name for p in KUBE.glob("*.yaml")} - {"kustomization.yaml"}
     assert present - OTHERS_FILES <= listed
     assert listed - present <= OTHERS_FILES, listed - present
-    assert {i["name"] for i in kustomization["images"]} == {"guard"}
+    assert {i["name"] for i in kustomization["images"]} == {"guard", "guard-agent"}
+    images = {
+        c["image"]
+        for _, doc in _docs()
+        if doc["kind"] in ("Deployment", "DaemonSet")
+        for c in doc["spec"]["template"]["spec"].get("initContainers", [])
+        + doc["spec"]["template"]["spec"]["containers"]
+    }
+    assert images == {"guard", "guard-agent"}  # the agent's slim image, the services' one
+    assert {c["image"] for c in _workload("agent")["spec"]["template"]["spec"]["containers"]} == {
+        "guard-agent"
+    }
 
 
 def test_agent_daemonset_runs_on_every_gpu_node_as_the_node() -> None:

@@ -463,3 +463,18 @@ def test_more_streams_replicas_than_partitions_is_refused_with_what_to_do() -> N
     )  # 12 partitions by default
     assert done.returncode != 0
     assert "streams.replicas (13)" in done.stderr and "telemetry_partitions" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "setting,complaint",
+    [
+        ("ports.agent=abc", "at '/ports/agent': got string, want integer"),
+        ("streams.replica=3", "at '/streams': additional properties 'replica' not allowed"),
+        ("streams.replicas=0", "at '/streams/replicas': minimum: got 0, want 1"),
+        ("images.pullPolicy=Sometimes", "at '/images/pullPolicy'"),
+    ],
+)
+def test_bad_values_are_refused_by_the_schema_naming_the_key(setting: str, complaint: str) -> None:
+    done = _helm("template", RELEASE, str(CHART), "--set", setting)
+    assert done.returncode != 0
+    assert complaint in done.stderr, done.stderr

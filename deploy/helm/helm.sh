@@ -18,7 +18,7 @@ helm="$bin_dir/helm-$version"
 
 if [[ ! -x $helm ]]; then
   command -v go >/dev/null || {
-    log "helm $version is not built and there is no Go toolchain to build it; install Go >= 1.24 (https://go.dev/doc/install) and run this again"
+    log "helm $version is not built and there is no Go toolchain to build it; install Go (helm $version needs 1.26; Go >= 1.21 fetches that toolchain itself through the module proxy) and run this again"
     exit 1
   }
   mkdir -p "$bin_dir"

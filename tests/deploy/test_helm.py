@@ -31,6 +31,10 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "guard"
 HELM_SH = ROOT / "deploy" / "helm" / "helm.sh"
 RELEASE, NAMESPACE = "guard", "gpu-health"
+
+#: the first test to run builds helm from source on a fresh machine (minutes); every helm
+#: command has its own time limit (_helm)
+pytestmark = pytest.mark.timeout(1800)
 DEPLOYMENTS = ("streams", "sink", "orchestrator")
 SERVICES = ("agent", *DEPLOYMENTS)
 

@@ -192,6 +192,7 @@ def test_the_agent_samples_serves_and_publishes_with_only_the_agent_extra(
 # --- the image -------------------------------------------------------------------------------
 
 
+@pytest.mark.timeout(1800)  # a fresh machine: buildah and debootstrap installed, the base made
 def test_the_agent_image_builds_with_buildah_on_debootstrap_and_runs_the_agent() -> None:
     """deploy/images/build.sh agent: base by debootstrap (once), image by buildah (once per
     source tree), then ``guard agent --help`` and one ``--once --dry-run`` cycle in it."""

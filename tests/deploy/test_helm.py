@@ -22,10 +22,16 @@ from typing import Any
 import pytest
 import yaml
 
-from guard.cli import build_parser
 from guard.config import load_settings
 
 from ..tools import debian_tool
+from .kube import (
+    assert_agent_on_the_node,
+    assert_matches_its_model,
+    assert_monitor_scrapes,
+    assert_unprivileged_service,
+    is_core,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "guard"
@@ -119,28 +125,14 @@ def test_the_pinned_helm_is_the_one_built() -> None:
 # --- every object against the Kubernetes models ------------------------------------------------
 
 
-def _core(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [d for d in docs if not d["apiVersion"].startswith("monitoring.coreos.com/")]
-
-
 @pytest.mark.parametrize("values", [[], FULL], ids=["defaults", "every-option"])
 def test_rendered_objects_deserialise_into_the_kubernetes_models(values: list[str]) -> None:
-    from kubernetes import client
-
-    api = client.ApiClient()
-    docs = _render(*values)
-    kinds = {d["kind"] for d in _core(docs)}
+    core = [d for d in _render(*values) if is_core(d)]
+    kinds = {d["kind"] for d in core}
     assert {"DaemonSet", "Deployment", "ConfigMap", "Service", "PodDisruptionBudget"} <= kinds
     assert {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"} <= kinds
-    for doc in _core(docs):
-        version = doc["apiVersion"].rpartition("/")[2]
-        model = f"{version.capitalize()}{doc['kind']}"
-        name = f"{doc['kind']} {doc['metadata']['name']}"
-        try:
-            obj = api._ApiClient__deserialize(doc, model)  # type: ignore[attr-defined]
-        except (ValueError, TypeError) as exc:  # a required field missing, a wrong type
-            pytest.fail(f"{name}: not a valid {model}: {exc}")
-        assert api.sanitize_for_serialization(obj) == doc, f"{name}: keys the {model} drops"
+    for doc in core:
+        assert_matches_its_model(doc)
 
 
 def test_the_models_catch_an_unknown_and_a_missing_field() -> None:
@@ -184,22 +176,12 @@ def test_the_configmap_is_a_valid_guard_toml_that_the_workloads_match(
     for name in SERVICES:
         workload = _workload(docs, name)
         pod = workload["spec"]["template"]["spec"]
-        assert pod["securityContext"]["runAsNonRoot"] is True
-        assert pod["securityContext"]["runAsUser"] != 0
-        [container] = pod["containers"]
-        assert container["args"][0] == name
-        build_parser().parse_args(container["args"])  # a command and options Guard has
-        assert container["securityContext"]["allowPrivilegeEscalation"] is False
-        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        container = assert_unprivileged_service(pod, name, str(config.home))
         env = {e["name"]: e for e in container["env"]}
-        assert env["GUARD_CONFIG"]["value"] == "/etc/guard/guard.toml"
         assert secret_env <= env.keys()
         for var in secret_env:
             ref = env[var]["valueFrom"]["secretKeyRef"]
             assert ref["name"] == "guard-secrets" and ref["optional"] is True
-        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-        assert mounts["/etc/guard"] in {v["name"] for v in pod["volumes"] if "configMap" in v}
-        assert str(config.home) in mounts
         [port] = container["ports"]
         assert port == {"name": "metrics", "containerPort": ports[name]}
         for probe in ("readinessProbe", "livenessProbe"):
@@ -228,24 +210,12 @@ def test_agent_daemonset_runs_on_every_gpu_node_as_the_node(tmp_path: Path) -> N
     config = _config(docs, tmp_path)
     daemonset = _workload(docs, "agent")
     spec = daemonset["spec"]["template"]["spec"]
-    assert spec["runtimeClassName"] == "nvidia"
+    agent = assert_agent_on_the_node(spec, config)
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-    tolerations = spec["tolerations"]
-    taint = config.orchestrator.kube_taint_key
-    assert {"key": taint, "operator": "Exists", "effect": "NoSchedule"} in tolerations
     gpu = config.orchestrator.kube_gpu_resource
-    assert {"key": gpu, "operator": "Exists", "effect": "NoSchedule"} in tolerations
-    [agent] = spec["containers"]
+    assert {"key": gpu, "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     assert agent["image"] == "registry.example/guard-agent:0.1.0"  # the slim agent image
-    env = {e["name"]: e for e in agent["env"]}
-    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    sys_volume = next(n for n, p in host_paths.items() if p == "/sys")
-    [mount] = [m for m in agent["volumeMounts"] if m["name"] == sys_volume]
-    assert mount.get("readOnly") is True
-    assert mount["mountPath"] == config.agent.sysfs_root
     socket_dir = str(Path(config.agent.socket_path).parent)
-    assert socket_dir in {m["mountPath"] for m in agent["volumeMounts"]}
     [init] = spec["initContainers"]
     assert socket_dir in init["command"] and str(config.home) in init["command"]
     assert Path(config.agent.spool_dir).is_relative_to(config.home)  # on the host folder
@@ -402,25 +372,8 @@ def test_orchestrator_rbac_grants_every_call_it_makes_and_nothing_cluster_wide_i
 def test_servicemonitor_scrapes_every_component() -> None:
     docs = _render(*FULL)
     [monitor] = [d for d in docs if d["kind"] == "ServiceMonitor"]
-    selector = monitor["spec"]["selector"]["matchLabels"]
-    [endpoint] = monitor["spec"]["endpoints"]
-    services = [
-        s
-        for s in docs
-        if s["kind"] == "Service" and selector.items() <= s["metadata"]["labels"].items()
-    ]
-    assert {s["spec"]["selector"]["app.kubernetes.io/name"] for s in services} == {
-        f"guard-{n}" for n in SERVICES
-    }
-    for service in services:
-        [port] = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
-        workload = _workload(docs, service["spec"]["selector"]["app.kubernetes.io/name"][6:])
-        pod = workload["spec"]["template"]
-        assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
-        ports = {
-            p["name"]: p["containerPort"] for c in pod["spec"]["containers"] for p in c["ports"]
-        }
-        assert ports[port["targetPort"]] == port["port"]
+    services = [d for d in docs if d["kind"] == "Service"]
+    assert_monitor_scrapes(monitor, services, lambda n: _workload(docs, n), set(SERVICES))
     assert not [d for d in _render() if d["kind"] in ("ServiceMonitor", "PrometheusRule")]
 
 

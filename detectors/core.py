@@ -77,6 +77,8 @@ from guard.schemas.sample_decoder import decode_rows, decode_samples, parse_samp
 from .engine import FABRIC_KEY, EngineConfig, JobDetectors, NodeDetectors, fabric_detector
 from .findings import Finding
 from .fusion import JobFusion, NodeFusion
+from .gpu_round import GpuColumns
+from .gpu_step import update_gpus
 from .nic import NicColumns, NicDetector, NicIncreases, update_nics
 
 __all__ = [
@@ -222,8 +224,14 @@ class DetectionCore:
         self.tick_s = cfg.tick_s
         self.fabric = cfg.fabric and cfg.node_telemetry
         self.clocks = {"node": _KeyClock(), "job": _KeyClock()}
-        #: the step's NIC records: (their node's detectors, partition, common fields, entries)
-        self._nic_rows: list[tuple[NodeDetectors, int, dict[str, Any], list[dict[str, Any]]]] = []
+        #: the step's GPU and NIC records, by kind: (their node's detectors, partition,
+        #: common fields, entries)
+        self._rows: dict[
+            str, list[tuple[NodeDetectors, int, dict[str, Any], list[dict[str, Any]]]]
+        ] = {
+            "gpu": [],
+            "nic": [],
+        }
 
     def _make_node(self, key: str) -> Any:
         if key.startswith(FABRIC_KEY):
@@ -310,7 +318,7 @@ class DetectionCore:
             try:
                 if _columnar(value, kind):
                     record_kind, head, entries = decode_rows(value, kind)
-                    self._add_nic(head, entries, partition, latest["node"])
+                    self._add_rows(record_kind, head, entries, partition, latest["node"])
                 else:
                     record_kind, singles = _decode(value, kind)
                     found += self._route(singles, partition, latest)
@@ -318,7 +326,9 @@ class DetectionCore:
                 bad.append((n, exc))
                 continue
             self.counters.kinds[record_kind] += 1
-        if self._nic_rows:
+        if self._rows["gpu"]:
+            found += self._gpus()
+        if self._rows["nic"]:
             found += self._nics(latest["node"])
         counters = self.counters
         counters.telemetry += n + 1
@@ -337,8 +347,9 @@ class DetectionCore:
         """One record's samples (a batch's share its node and job) to their key's detectors."""
         first = singles[0]
         kind = first.kind
-        if kind == "nic":  # samples decoded already (a backtest's, a test's): to the columns
-            self._add_nic(first.__dict__, [s.__dict__ for s in singles], partition, latest["node"])
+        if kind in _COLUMN_KINDS:  # samples decoded already (a backtest's): to the columns
+            entries = [s.__dict__ for s in singles]
+            self._add_rows(kind, entries[0], entries, partition, latest["node"])
             return []
         self.counters.samples += len(singles)
         if kind in _NODE_KINDS:
@@ -360,26 +371,45 @@ class DetectionCore:
         latest[level][key] = newest
         return found
 
-    def _add_nic(
+    def _add_rows(
         self,
+        record_kind: str,
         head: dict[str, Any],
         entries: list[dict[str, Any]],
         partition: int,
         latest: dict[str, float],
     ) -> None:
-        """A NIC record, kept for the step's columns (:meth:`_nics`)."""
+        """A GPU or NIC record, kept for the step's columns (:meth:`_gpus`, :meth:`_nics`)."""
         self.counters.samples += len(entries)
         if not self.config.node_telemetry:
             return
         key = head["node"]
-        self._nic_rows.append((self.nodes.get(key, partition), partition, head, entries))
+        kind = record_kind.removesuffix("_batch")
+        self._rows[kind].append((self.nodes.get(key, partition), partition, head, entries))
         newest = max(head["ts"], *(e.get("ts") or 0.0 for e in entries))
         latest[key] = max(latest.get(key, 0.0), newest)
+
+    def _gpus(self) -> list[Finding]:
+        """The step's GPU samples, every node's at once (:func:`~.gpu_step.update_gpus`)."""
+        pending, self._rows["gpu"] = self._rows["gpu"], []
+        nodes: dict[int, int] = {}  # id of a node's detectors -> its position in ``dets``
+        dets: list[NodeDetectors] = []
+        owner: list[int] = []
+        records: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+        for detectors, _, head, entries in pending:
+            k = nodes.get(id(detectors))
+            if k is None:
+                k = nodes[id(detectors)] = len(dets)
+                dets.append(detectors)
+            owner += [k] * len(entries)
+            records.append((head, entries))
+        cols = GpuColumns.of_records(records)
+        return update_gpus(dets, np.array(owner, dtype=np.intp), cols)
 
     def _nics(self, latest: dict[str, float]) -> list[Finding]:
         """The step's NIC samples, every node's at once (:func:`~.nic.update_nics`), then
         the fabric detector of each partition with the increases they added."""
-        pending, self._nic_rows = self._nic_rows, []
+        pending, self._rows["nic"] = self._rows["nic"], []
         nodes: dict[int, int] = {}  # id of a node's detectors -> its position in ``nics``
         nics: list[NicDetector] = []
         owner: list[int] = []
@@ -476,8 +506,8 @@ class DetectionCore:
 
 
 #: kinds whose records the core decodes straight into columns (:func:`decode_rows`)
-_COLUMN_KINDS = frozenset({"nic"})
-_COLUMN_LEADS = frozenset({b"nic", b"nic_batch"})
+_COLUMN_KINDS = frozenset({"gpu", "nic"})
+_COLUMN_LEADS = frozenset({b"gpu", b"gpu_batch", b"nic", b"nic_batch"})
 
 
 def _columnar(value: Any, kind: str | None) -> bool:

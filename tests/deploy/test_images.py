@@ -208,11 +208,12 @@ def test_the_agent_image_builds_with_buildah_on_debootstrap_and_runs_the_agent()
     assert report["image"].startswith("localhost/guard-agent:src-")
     # the script enforces its budget (GUARD_IMAGE_MAX_MB, 250 MB for the agent) itself
     assert 0 < report["env_mb"] < report["size_mb"] <= 250, report
-    listed = subprocess.run(
-        ["buildah", "images", "--noheading", "--format", "{{.Name}}:{{.Tag}}"],
+    # in buildah's store (inspect: a listing of every image races other builds' cleanup)
+    inspected = subprocess.run(
+        ["buildah", "inspect", "--type", "image", "--format", "{{.FromImageID}}", report["image"]],
         capture_output=True,
         text=True,
         timeout=60,
-        check=True,
+        check=False,
     )
-    assert report["image"] in listed.stdout.split()
+    assert inspected.returncode == 0 and inspected.stdout.strip(), inspected.stderr

@@ -81,8 +81,9 @@ if ! buildah inspect --type image "$image" >/dev/null 2>&1; then
   buildah tag "$image" "localhost/guard-$role:latest"
   built=true
   # the images of earlier trees: their layers would pile up in the store
-  buildah images --noheading --format '{{.Name}}:{{.Tag}}' "localhost/guard-$role" \
-    | grep ":src-" | grep -v ":src-$tag\$" | xargs -r buildah rmi >/dev/null 2>&1 || true
+  buildah images --noheading --format '{{.Name}}:{{.Tag}}' \
+    | grep "^localhost/guard-$role:src-" | grep -v ":src-$tag\$" \
+    | xargs -r buildah rmi >/dev/null 2>&1 || true
 fi
 
 # --- checks: the role's command runs in the image; its size --------------------------------------

@@ -16,7 +16,9 @@
 # (and for the agent, one sampling cycle: `guard agent --once --dry-run`), and its size must
 # be at most GUARD_IMAGE_MAX_MB (agent: 250).
 #
-# Runs as root (buildah's chroot isolation, no user namespaces needed); buildah and
+# Runs as root with buildah's chroot isolation (no user namespaces; the default OCI isolation
+# fails on a cgroup v1/v2 hybrid host: "crun: cgroups in hybrid mode not supported, drop all
+# controllers from cgroupv2"), on buildah's default overlay storage; buildah and
 # debootstrap come from Debian when missing (deploy/tools/debian-tool.sh). The build's RUN
 # steps see this host's CA bundle (a TLS-intercepting proxy's CA, where there is one) through
 # a read-only mount that is not part of the image.

@@ -435,3 +435,17 @@ def test_bad_values_are_refused_by_the_schema_naming_the_key(setting: str, compl
     done = _helm("template", RELEASE, str(CHART), "--set", setting)
     assert done.returncode != 0
     assert complaint in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("component", SERVICES)
+def test_a_component_turned_off_leaves_nothing_of_its_own(component: str) -> None:
+    docs = _render("--set", f"{component}.enabled=false")
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert not {n for n in names if n[1].startswith(f"guard-{component}")}, names
+    for other in set(SERVICES) - {component}:
+        assert _workload(docs, other)
+    if component == "orchestrator":  # its account and rights go with it
+        assert not {d["kind"] for d in docs} & {"ServiceAccount", "ClusterRole", "Role"}
+    for doc in docs:
+        if is_core(doc):
+            assert_matches_its_model(doc)

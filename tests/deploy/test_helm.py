@@ -167,19 +167,22 @@ def test_the_configmap_is_a_valid_guard_toml_that_the_workloads_match(
         "sink": config.metrics.sink_port,
         "orchestrator": config.metrics.orchestrator_port,
     }
-    secret_env = {
-        "GUARD_CLICKHOUSE_DSN",
-        "GUARD_KAFKA_SASL_USERNAME",
-        "GUARD_KAFKA_SASL_PASSWORD",
-        "GUARD_ORCHESTRATOR_WEBHOOK_SECRET",
+    # each service gets the secrets it uses, and no others (the agent is on every GPU node)
+    kafka = {"GUARD_KAFKA_SASL_USERNAME", "GUARD_KAFKA_SASL_PASSWORD"}
+    secret_envs = {
+        "agent": kafka,
+        "streams": kafka,
+        "sink": kafka | {"GUARD_CLICKHOUSE_DSN"},
+        "orchestrator": kafka | {"GUARD_CLICKHOUSE_DSN", "GUARD_ORCHESTRATOR_WEBHOOK_SECRET"},
     }
     for name in SERVICES:
         workload = _workload(docs, name)
         pod = workload["spec"]["template"]["spec"]
         container = assert_unprivileged_service(pod, name, str(config.home))
         env = {e["name"]: e for e in container["env"]}
-        assert secret_env <= env.keys()
-        for var in secret_env:
+        from_secret = {n for n, e in env.items() if "secretKeyRef" in e.get("valueFrom", {})}
+        assert from_secret == secret_envs[name], name
+        for var in from_secret:
             ref = env[var]["valueFrom"]["secretKeyRef"]
             assert ref["name"] == "guard-secrets" and ref["optional"] is True
         [port] = container["ports"]

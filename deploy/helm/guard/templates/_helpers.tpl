@@ -69,12 +69,21 @@ integer, which Guard reads for an integer and a float setting alike. In place, r
 {{- end -}}
 {{- end -}}
 
-{{/* The environment every service gets: its config file, and the Secret's keys (optional) */}}
+{{/* A service's environment: its config file, and those of the Secret's keys it uses
+(optional): every service Kafka's SASL login, the sink and the orchestrator the ClickHouse DSN,
+the orchestrator the webhook secret. Called with (dict "root" $ "name" SERVICE). */}}
 {{- define "guard.env" -}}
 - name: GUARD_CONFIG
   value: /etc/guard/guard.toml
-{{- $secret := include "guard.secretName" . }}
-{{- range $name, $key := dict "GUARD_CLICKHOUSE_DSN" "clickhouse-dsn" "GUARD_KAFKA_SASL_USERNAME" "kafka-sasl-username" "GUARD_KAFKA_SASL_PASSWORD" "kafka-sasl-password" "GUARD_ORCHESTRATOR_WEBHOOK_SECRET" "webhook-secret" }}
+{{- $secret := include "guard.secretName" .root }}
+{{- $keys := dict "GUARD_KAFKA_SASL_USERNAME" "kafka-sasl-username" "GUARD_KAFKA_SASL_PASSWORD" "kafka-sasl-password" }}
+{{- if has .name (list "sink" "orchestrator") }}
+{{- $_ := set $keys "GUARD_CLICKHOUSE_DSN" "clickhouse-dsn" }}
+{{- end }}
+{{- if eq .name "orchestrator" }}
+{{- $_ := set $keys "GUARD_ORCHESTRATOR_WEBHOOK_SECRET" "webhook-secret" }}
+{{- end }}
+{{- range $name, $key := $keys }}
 - name: {{ $name }}
   valueFrom:
     secretKeyRef:

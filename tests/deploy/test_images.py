@@ -183,7 +183,11 @@ def test_the_agent_samples_serves_and_publishes_with_only_the_agent_extra(
         _, stderr = agent.communicate(timeout=60)
     assert agent.returncode == 0, stderr[-3000:]
     assert "not in the agent extra" not in stderr
-    records = consume_topics(kafka_settings, ["gpu", "nic"], 4)
+    # every record it published (its last line says how many), so that both kinds are in
+    published = re.search(r"agent stopping: .*'published': (\d+)", stderr)
+    assert published, stderr[-3000:]
+    records = consume_topics(kafka_settings, ["gpu", "nic"], int(published.group(1)))
+    assert len(records) == int(published.group(1))
     kinds = {r.kind for r in records}
     assert {"gpu_batch", "nic_batch"} <= kinds, kinds
     assert {r.node for r in records if r.kind == "nic_batch"} == {"slim-1"}

@@ -166,7 +166,8 @@ def update_errors_at(
 ) -> list[tuple[int, Finding]]:
     """One step's GPU samples (``cols``) of several nodes, row ``i`` of ``nodes[owner[i]]``:
     each GPU's samples in arrival order against the one before (its Xid, its DBE total);
-    the findings in arrival order, each with its row. The Xid lists are the first node's."""
+    the findings in arrival order, each with its row. The Xid lists are the first node's.
+    Each sample's GPU row in its node is left in ``cols.row``."""
     n = len(cols)
     if not n:
         return []
@@ -176,6 +177,7 @@ def update_errors_at(
         mine = np.flatnonzero(owner == k) if len(nodes) > 1 else np.arange(n)
         local[mine] = det.rows(cols.gpu[mine].tolist())
         base[k + 1] = base[k] + len(det.gpus)
+    cols.row = local
     row = base[owner] + local
     codes = np.concatenate([det.codes for det in nodes])
     last_ts = np.concatenate([det.last_ts for det in nodes])

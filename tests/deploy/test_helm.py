@@ -392,9 +392,10 @@ def test_prometheus_rules_pass_promtool_and_name_only_metrics_guard_exports(
     [rule] = [d for d in _render(*FULL) if d["kind"] == "PrometheusRule"]
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
     groups = rule["spec"]["groups"]
-    assert (
-        groups == yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())["groups"]
-    )
+    # Guard's one rules file (promtool-tested in test_prometheus_rules.py), linked into the chart
+    rules = ROOT / "deploy" / "prometheus" / "guard-rules.yml"
+    assert (CHART / "files" / "prometheus-rules.yaml").resolve() == rules.resolve()
+    assert groups == yaml.safe_load(rules.read_text())["groups"]
     exported = _exported_metrics()
     for group in groups:
         for r in group["rules"]:

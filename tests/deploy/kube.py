@@ -96,3 +96,25 @@ def assert_agent_on_the_node(spec: dict[str, Any], config: Any) -> dict[str, Any
     socket_dir = str(Path(config.agent.socket_path).parent)
     assert socket_dir in {m["mountPath"] for m in agent["volumeMounts"]}
     return dict(agent)
+
+
+def assert_probed(container: dict[str, Any]) -> None:
+    """Readiness and liveness on /healthz of the ``metrics`` port; liveness gives up later
+    than readiness, so a stalled pod first leaves its Service, then is restarted."""
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    live, ready = container["livenessProbe"], container["readinessProbe"]
+    assert live["failureThreshold"] * live["periodSeconds"] > (
+        ready["failureThreshold"] * ready["periodSeconds"]
+    )
+
+
+def assert_budgeted(budgets: list[dict[str, Any]], pods: dict[str, dict[str, Any]]) -> None:
+    """One PodDisruptionBudget per Deployment (``pods``: its name -> pod template) that
+    selects its pods and never blocks a node drain for good."""
+    by_name = {b["metadata"]["name"]: b["spec"] for b in budgets}
+    assert set(by_name) == set(pods)
+    for name, pod in pods.items():
+        budget = by_name[name]
+        assert budget["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        assert "minAvailable" not in budget and budget["maxUnavailable"] >= 1

@@ -27,8 +27,10 @@ from guard.config import load_settings
 from ..tools import debian_tool
 from .kube import (
     assert_agent_on_the_node,
+    assert_budgeted,
     assert_matches_its_model,
     assert_monitor_scrapes,
+    assert_probed,
     assert_unprivileged_service,
     is_core,
 )
@@ -187,13 +189,7 @@ def test_the_configmap_is_a_valid_guard_toml_that_the_workloads_match(
             assert ref["name"] == "guard-secrets" and ref["optional"] is True
         [port] = container["ports"]
         assert port == {"name": "metrics", "containerPort": ports[name]}
-        for probe in ("readinessProbe", "livenessProbe"):
-            assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
-        # a liveness probe that gives up later than readiness: a stall first leaves the Service
-        live, ready = container["livenessProbe"], container["readinessProbe"]
-        assert live["failureThreshold"] * live["periodSeconds"] > (
-            ready["failureThreshold"] * ready["periodSeconds"]
-        )
+        assert_probed(container)
         annotations = workload["spec"]["template"]["metadata"]["annotations"]
         assert re.fullmatch(r"[0-9a-f]{64}", annotations["checksum/config"])
     orchestrator = _workload(docs, "orchestrator")
@@ -253,14 +249,9 @@ def test_the_secret_holds_only_what_was_given() -> None:
 
 def test_every_deployment_has_a_disruption_budget_over_its_pods() -> None:
     docs = _render()
-    budgets = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PodDisruptionBudget"}
-    assert set(budgets) == {f"guard-{n}" for n in DEPLOYMENTS}
-    for name in DEPLOYMENTS:
-        pod_labels = _workload(docs, name)["spec"]["template"]["metadata"]["labels"]
-        budget = budgets[f"guard-{name}"]["spec"]
-        assert budget["selector"]["matchLabels"].items() <= pod_labels.items()
-        # never one that blocks a node drain for good (the orchestrator has one replica)
-        assert budget.get("maxUnavailable", 0) >= 1 or "minAvailable" not in budget
+    budgets = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    pods = {f"guard-{n}": _workload(docs, n)["spec"]["template"] for n in DEPLOYMENTS}
+    assert_budgeted(budgets, pods)
 
 
 # --- RBAC against the orchestrator's API calls -------------------------------------------------

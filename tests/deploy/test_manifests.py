@@ -30,8 +30,10 @@ from guard.config import load_settings
 from ..tools import debian_tool
 from .kube import (
     assert_agent_on_the_node,
+    assert_budgeted,
     assert_matches_its_model,
     assert_monitor_scrapes,
+    assert_probed,
     assert_unprivileged_service,
     is_core,
 )
@@ -123,15 +125,22 @@ def test_workloads_are_unprivileged_and_read_the_configmap() -> None:
     config = _configured()
     assert config.orchestrator.scheduler == "kubernetes"
     for name in SERVICES:
-        assert_unprivileged_service(
+        container = assert_unprivileged_service(
             _workload(name)["spec"]["template"]["spec"], name, str(config.home)
         )
+        assert_probed(container)
     orchestrator = _workload("orchestrator")
     assert orchestrator["spec"]["replicas"] == 1
     assert orchestrator["spec"]["template"]["spec"]["serviceAccountName"] == "guard-orchestrator"
     assert _workload("streams")["spec"]["template"]["spec"]["containers"][0]["ports"] == [
         {"name": "metrics", "containerPort": config.streams.web_port}
     ]
+
+
+def test_every_deployment_has_a_disruption_budget_over_its_pods() -> None:
+    pods = {d["metadata"]["name"]: d["spec"]["template"] for d in _of_kind("Deployment")}
+    assert set(pods) == {f"guard-{n}" for n in SERVICES if n != "agent"}
+    assert_budgeted(_of_kind("PodDisruptionBudget"), pods)
 
 
 def test_servicemonitor_scrapes_every_service() -> None:

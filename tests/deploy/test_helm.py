@@ -286,7 +286,7 @@ def _api_calls() -> set[tuple[str, str, str, bool]]:
     from kubernetes import client
 
     tree = ast.parse((ROOT / "sweeps" / "kubernetes.py").read_text())
-    apis = (client.CoreV1Api, client.BatchV1Api)
+    apis = (client.CoreV1Api, client.BatchV1Api, client.PolicyV1Api)
     names = {
         node.attr
         for node in ast.walk(tree)

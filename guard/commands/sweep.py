@@ -96,6 +96,8 @@ def _context(args: argparse.Namespace, settings: Settings, node: str) -> tuple[A
         leave_out.append("nic")
     if not rdma or shutil.which(s.ib_write_bw) is None or args.node_rank > 1:
         leave_out.append("ib_write_bw")
+    if shutil.which(s.dcgmi) is None:
+        leave_out.append("dcgm")
     ctx = CheckContext(
         node=node,
         gpu=backend,
@@ -114,6 +116,9 @@ def _context(args: argparse.Namespace, settings: Settings, node: str) -> tuple[A
         node_rank=args.node_rank,
         ib_write_bw=s.ib_write_bw,
         rdma_devices=rdma,
+        dcgmi=s.dcgmi,
+        dcgm_level=s.dcgm_level,
+        dcgm_skip_ok=s.dcgm_skip_ok,
         progress=lambda text: print(f"  {text}", file=sys.stderr, flush=True),
     )
     return ctx, backend is not None, leave_out

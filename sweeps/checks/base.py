@@ -103,6 +103,9 @@ class CheckContext:
     node_rank: int = 0
     ib_write_bw: str = "ib_write_bw"
     rdma_devices: Sequence[str] = ()
+    dcgmi: str = "dcgmi"
+    dcgm_level: int = 1
+    dcgm_skip_ok: Sequence[str] = ()
     progress: Callable[[str], None] = field(default=lambda text: None)
     started: float = field(default_factory=time.time)
 

@@ -174,7 +174,8 @@ def sweep(
         expected_gpus=8,
         expected_bus_ids=[g["bus_id"] for g in RECORDED["gpus"]],
     )
-    checks = select_checks(names, gpu=True, sweep="single", leave_out=["nic"])
+    # no NIC and no dcgmi on this recorded node: guard sweep run leaves both out
+    checks = select_checks(names, gpu=True, sweep="single", leave_out=["nic", "dcgm"])
     result = run_sweep(context, checks, fleet or FleetBaseline({}))
     return {"result": result, "by": {c.name: c for c in result.checks}}
 

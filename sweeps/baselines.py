@@ -2,8 +2,12 @@
 
 A throughput result (``judged``) fails when it is under its SKU's floor, or more than
 ``fleet_tolerance`` (5 %) below the median of the same check in the last passing sweeps of
-nodes of the same SKU. The detail says which baseline judged it and gives the numbers. A
-CPU host has no floor (its SKU is ``cpu:<model name>``): it is judged against the fleet only.
+released nodes of the same SKU: a sweep counts only when the node's next state after it (a
+multi-node sweep in between aside) is ``healthy``, i.e. it went back to the pool. A suspect's
+single-node pass before a multi-node sweep it then fails is no baseline, and neither is a sweep
+whose node is still being swept (:func:`released_sweeps`). The detail says which baseline
+judged it and gives the numbers. A CPU host has no floor (its SKU is ``cpu:<model name>``):
+it is judged against the fleet only.
 
 The floors carry their public source. ``threshold`` entries are pass marks as their source
 uses them (Azure's node health checks); ``typical`` entries are healthy results (SuperBench
@@ -25,6 +29,7 @@ no fleet baseline yet
 
 from __future__ import annotations
 
+import bisect
 import logging
 import re
 import statistics
@@ -33,9 +38,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from guard.schemas import SweepCheck, SweepResult
+from guard.schemas import NodeState, SweepCheck, SweepResult
 
 from .checks.base import CheckResult, family
+from .states import is_operator
 
 __all__ = [
     "FLOORS",
@@ -43,6 +49,8 @@ __all__ = [
     "FleetBaseline",
     "Floor",
     "judge",
+    "node_states_from_clickhouse",
+    "released_sweeps",
     "sku_of",
     "sweeps_from_clickhouse",
 ]
@@ -172,8 +180,42 @@ def sku_of(result: SweepResult) -> str | None:
     return None
 
 
+def released_sweeps(
+    sweeps: Iterable[SweepResult], states: Iterable[NodeState]
+) -> list[SweepResult]:
+    """The passing sweeps whose node was released after them: its first state after the sweep
+    (``sweeping`` records, the multi-node sweep that follows a single-node pass, skipped) is
+    ``healthy``. Operators' requests are not states. Order kept.
+
+    >>> from guard.schemas import NodeState, SweepResult
+    >>> def at(ts, state):
+    ...     return NodeState(ts=ts, node="n1", state=state, actor="orchestrator")
+    >>> single, multi = (SweepResult(id=k, ts=t, node="n1", sweep=k, passed=True)
+    ...                  for k, t in (("single", 10.0), ("multi", 20.0)))
+    >>> [s.sweep for s in released_sweeps([single, multi], [at(11, "sweeping"), at(21, "healthy")])]
+    ['single', 'multi']
+    >>> released_sweeps([single, multi], [at(11, "sweeping"), at(21, "failed")])
+    []
+    >>> released_sweeps([single], [at(5, "sweeping")])  # still being swept: no baseline
+    []
+    """
+    by_node: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for state in states:
+        if not is_operator(state.actor) and state.state != "sweeping":
+            by_node[state.node].append((state.ts, state.state))
+    for history in by_node.values():
+        history.sort()
+    out = []
+    for sweep in sweeps:
+        history = by_node.get(sweep.node, [])
+        i = bisect.bisect_left(history, (sweep.ts, ""))
+        if sweep.passed and i < len(history) and history[i][1] == "healthy":
+            out.append(sweep)
+    return out
+
+
 class FleetBaseline:
-    """Median per check family over the last ``window`` passing sweeps of each SKU."""
+    """Median per check family over the last ``window`` passing sweeps of released nodes."""
 
     def __init__(self, medians: dict[str, dict[str, tuple[float, int]]], note: str = "") -> None:
         self.medians = medians  # sku -> family -> (median, sweeps)
@@ -181,11 +223,16 @@ class FleetBaseline:
 
     @classmethod
     def from_sweeps(
-        cls, sweeps: Iterable[SweepResult], window: int = 20, exclude_node: str | None = None
+        cls,
+        sweeps: Iterable[SweepResult],
+        states: Iterable[NodeState],
+        window: int = 20,
+        exclude_node: str | None = None,
     ) -> FleetBaseline:
-        """From past sweeps, oldest first (the node being swept can be left out)."""
+        """From past sweeps, oldest first, of nodes the ``states`` show released after them
+        (:func:`released_sweeps`); the node being swept can be left out."""
         by_sku: dict[str, list[SweepResult]] = defaultdict(list)
-        for sweep in sweeps:
+        for sweep in released_sweeps(sweeps, states):
             sku = sku_of(sweep)
             if sweep.passed and sku and sweep.node != exclude_node:
                 by_sku[sku].append(sweep)
@@ -283,6 +330,17 @@ def _fleet_note(
 
 
 _FIELDS = ("name", "value", "unit", "baseline", "passed", "detail")
+
+
+def node_states_from_clickhouse(client: Any, database: str, since: float) -> list[NodeState]:
+    """The node states ClickHouse holds from ``since`` on (what :func:`released_sweeps` reads)."""
+    rows = client.query(
+        f"SELECT toFloat64(ts), node, state, actor FROM {database}.node_states FINAL "
+        f"WHERE ts >= toDateTime64({float(since)!r}, 3) ORDER BY node, ts"
+    ).result_rows
+    return [
+        NodeState(ts=ts, node=node, state=state, actor=actor) for ts, node, state, actor in rows
+    ]
 
 
 def sweeps_from_clickhouse(client: Any, database: str, limit: int = 2000) -> list[SweepResult]:

@@ -110,6 +110,12 @@ class RecordedNvml:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return int(value)
 
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
+        return int(self.gpus[h]["power_limit_mw"]["enforced"])
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, h: int) -> int:
+        return int(self.gpus[h]["power_limit_mw"]["default"])
+
     def nvmlDeviceGetCurrPcieLinkGeneration(self, h: int) -> int:
         return int(self.gpus[h]["pcie"]["gen"])
 
@@ -287,6 +293,23 @@ def test_nvml_health_fails_a_missing_gpu_uncorrectable_ecc_and_pending_remaps() 
     assert by["ecc_uncorrectable"].detail.endswith("gpu2: 3")
     assert by["remapped_rows_pending_or_failed"].detail.endswith("gpu1: pending")
     assert by["retired_pages_pending"].passed  # NotSupported on a row-remapping part
+
+
+def test_a_power_cap_below_the_default_limit_fails_on_one_gpu_or_node_wide() -> None:
+    healthy = sweep(node(), ["gpu_health"])["by"]["power_limit_w:gpu0"]
+    assert healthy.passed and (healthy.value, healthy.baseline) == (700, 700)
+    assert healthy.detail == "enforced 700 W, default 700 W"
+    one = node()
+    one["gpus"][4]["power_limit_mw"]["enforced"] = 500_000  # nvidia-smi -i 4 -pl 500
+    assert failing(sweep(one, ["gpu_health"])) == ["power_limit_w:gpu4"]
+    rack = node()  # a node-wide cap (BMC, rack power budget): every GPU alike, no sibling lower
+    for gpu in rack["gpus"]:
+        gpu["power_limit_mw"]["enforced"] = 550_000
+    out = sweep(rack, ["gpu_health"])
+    assert failing(out) == [f"power_limit_w:gpu{g}" for g in range(8)]
+    assert out["by"]["power_limit_w:gpu0"].detail == (
+        "enforced 550 W, default 700 W: capped below its default (a power cap slows it)"
+    )
 
 
 @pytest.mark.parametrize("xid,fails", [(XID_GPU_LOST, True), (74, True), (13, False)])

@@ -22,8 +22,8 @@ Example
 False
 >>> for part in r.detail.split("; "):
 ...     print(part)
-under the H200 floor of 360 Gb/s (azurehpc-health-checks conf/nd96isr_h200_v5.conf: \
-check_ib_bw_gdr 360)
+under the H200 floor of 360 Gb/s (azurehpc-health-checks@0e0a1ac \
+conf/nd96isr_h200_v5.conf: check_ib_bw_gdr 360)
 no fleet baseline yet
 """
 
@@ -60,8 +60,12 @@ log = logging.getLogger(__name__)
 TYPICAL_FLOOR = 0.9
 _SKU = re.compile(r"(?:^|; )sku=([^;]+)")
 
-_AZNHC = "azurehpc-health-checks conf/"
-_SUPERBENCH = "superbench-results v0.4.0 NDmv4 baseline"
+#: Azure's node health checks, read at commit 0e0a1ac (2025-08) of Azure/azurehpc-health-checks.
+_AZNHC = "azurehpc-health-checks@0e0a1ac conf/"
+_SUPERBENCH = (
+    "superbench-results@5e77aa7 v0.4.0/Azure-NDmv4-A100/baseline.json, the mean of 729 "
+    "healthy NDmv4 nodes"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +91,11 @@ def _aznhc(conf: str, line: str, value: float, unit: str) -> Floor:
     return Floor(value, unit, f"{_AZNHC}{conf}: {line}")
 
 
+def _nvbandwidth(conf: str, h2d: float, p2p: float) -> Floor:
+    """``check_gpu_bw H2D P2P``: nvbandwidth's host<->device copy-engine floor (the first)."""
+    return Floor(h2d, "GB/s", f"{_AZNHC}{conf}: check_gpu_bw {h2d:g} {p2p:g} (h2d/d2h)")
+
+
 _DATASHEET = "NVIDIA datasheet"
 # Healthy large GEMMs and copies run well below the datasheets' dense peaks; these typical
 # figures scale the commonly reported H100 SXM ones (BF16 ~650 TFLOPS of 989, a copy ~87 % of
@@ -98,8 +107,15 @@ def _typical(value: float, unit: str, peak: str) -> Floor:
     return Floor(value, unit, f"{_TYPICAL}; {_DATASHEET}: {peak}", "typical", verified=False)
 
 
+_H100 = "nd96isr_h100_v5.conf"
+_H200 = "nd96isr_h200_v5.conf"
+_A100 = "nd96amsr_a100_v4.conf"
+
 #: Per-SKU floors by check family. The single-node all-reduce floors are Azure's 8-GPU
-#: numbers at 16 GB (H100, H200) and 4 GB (A100) messages; Guard's largest is 8 GB.
+#: numbers at 16 GB messages; Guard's largest is 8 GB. ``verified``: read in the source at
+#: the commit named (Azure's thresholds, SuperBench's A100 means); the GEMM and HBM floors of
+#: the Hopper parts are scaled from datasheet peaks (unverified: no published measurement of
+#: Guard's own GEMM/copy on them was found; replace them with a recording).
 FLOORS: dict[str, dict[str, Floor]] = {
     "H100 SXM": {
         "gemm_bf16_tflops": Floor(
@@ -108,34 +124,20 @@ FLOORS: dict[str, dict[str, Floor]] = {
         "gemm_fp16_tflops": _typical(650, "TFLOPS", "FP16 dense peak 989 TFLOPS"),
         "gemm_tf32_tflops": _typical(325, "TFLOPS", "TF32 dense peak 495 TFLOPS"),
         "hbm_copy_gbps": _typical(2900, "GB/s", "HBM3 3.35 TB/s"),
-        "nccl_allreduce_busbw_gbps": _aznhc(
-            "nd96isr_h100_v5.conf", "check_nccl_allreduce 460.0 ... 16G", 460, "GB/s"
-        ),
-        "h2d_gbps": _aznhc("nd96isr_h100_v5.conf", "check_cuda_bw 52", 52, "GB/s"),
-        "d2h_gbps": _aznhc("nd96isr_h100_v5.conf", "check_cuda_bw 52", 52, "GB/s"),
-        "ib_write_bw_gbps": _aznhc("nd96isr_h100_v5.conf", "check_ib_bw_gdr 375", 375, "Gb/s"),
+        "nccl_allreduce_busbw_gbps": _aznhc(_H100, "check_nccl_allreduce 460.0 1 16G", 460, "GB/s"),
+        "h2d_gbps": _nvbandwidth(_H100, 48, 335),
+        "d2h_gbps": _nvbandwidth(_H100, 48, 335),
+        "ib_write_bw_gbps": _aznhc(_H100, "check_ib_bw_gdr 380", 380, "Gb/s"),
     },
     "H200": {  # H200 SXM (141 GB); the NVL part and GH200 have their own rows
         "gemm_bf16_tflops": _typical(650, "TFLOPS", "BF16 dense peak 989 TFLOPS, as H100 SXM"),
         "gemm_fp16_tflops": _typical(650, "TFLOPS", "FP16 dense peak 989 TFLOPS"),
         "gemm_tf32_tflops": _typical(325, "TFLOPS", "TF32 dense peak 495 TFLOPS"),
         "hbm_copy_gbps": _typical(4150, "GB/s", "HBM3e 4.8 TB/s"),
-        "nccl_allreduce_busbw_gbps": _aznhc(
-            "nd96isr_h200_v5.conf", "check_nccl_allreduce 431.0 ... 16G", 431, "GB/s"
-        ),
-        "h2d_gbps": Floor(
-            48,
-            "GB/s",
-            f"{_AZNHC}nd96isr_h200_v5.conf: check_gpu_bw 48 335 (first argument)",
-            verified=False,
-        ),
-        "d2h_gbps": Floor(
-            48,
-            "GB/s",
-            f"{_AZNHC}nd96isr_h200_v5.conf: check_gpu_bw 48 335 (first argument)",
-            verified=False,
-        ),
-        "ib_write_bw_gbps": _aznhc("nd96isr_h200_v5.conf", "check_ib_bw_gdr 360", 360, "Gb/s"),
+        "nccl_allreduce_busbw_gbps": _aznhc(_H200, "check_nccl_allreduce 431.0 1 16G", 431, "GB/s"),
+        "h2d_gbps": _nvbandwidth(_H200, 48, 335),
+        "d2h_gbps": _nvbandwidth(_H200, 48, 335),
+        "ib_write_bw_gbps": _aznhc(_H200, "check_ib_bw_gdr 360", 360, "Gb/s"),
     },
     # PCIe cards (600 W / 400 W, NVLink bridges of 2 or 4): no 8-GPU all-reduce floor applies
     "H200 NVL": {
@@ -143,10 +145,12 @@ FLOORS: dict[str, dict[str, Floor]] = {
         "gemm_fp16_tflops": _typical(550, "TFLOPS", "FP16 dense peak 835 TFLOPS"),
         "hbm_copy_gbps": _typical(4150, "GB/s", "HBM3e 4.8 TB/s"),
     },
-    "H100 NVL": {
+    "H100 NVL": {  # Azure's NC80adis H100 v5 (2 x H100 NVL) for the host<->device floor
         "gemm_bf16_tflops": _typical(550, "TFLOPS", "BF16 dense peak 835 TFLOPS (1,671 sparse)"),
         "gemm_fp16_tflops": _typical(550, "TFLOPS", "FP16 dense peak 835 TFLOPS"),
         "hbm_copy_gbps": _typical(3400, "GB/s", "HBM3 3.9 TB/s"),
+        "h2d_gbps": _nvbandwidth("nc80adis_h100_v5.conf", 48, 335),
+        "d2h_gbps": _nvbandwidth("nc80adis_h100_v5.conf", 48, 335),
     },
     # one GPU per Grace Hopper superchip: no 8-GPU all-reduce floor; HBM3 96 GB at 4 TB/s
     # (the 144 GB HBM3e part is faster, so this floor is the lower of the two)
@@ -155,17 +159,15 @@ FLOORS: dict[str, dict[str, Floor]] = {
         "gemm_fp16_tflops": _typical(650, "TFLOPS", "FP16 dense peak 989 TFLOPS"),
         "hbm_copy_gbps": _typical(3450, "GB/s", "HBM3 4 TB/s (96 GB part)"),
     },
-    "A100 80GB": {
-        "gemm_fp16_tflops": Floor(275, "TFLOPS", _SUPERBENCH, "typical", False),
-        "gemm_bf16_tflops": Floor(261, "TFLOPS", _SUPERBENCH, "typical", False),
-        "gemm_tf32_tflops": Floor(127, "TFLOPS", _SUPERBENCH, "typical", False),
-        "hbm_copy_gbps": Floor(1371, "GB/s", f"{_SUPERBENCH} (dtod)", "typical", False),
-        "nccl_allreduce_busbw_gbps": _aznhc(
-            "nd96amsr_a100_v4.conf", "check_nccl_allreduce 228.0 ... 4G", 228, "GB/s"
-        ),
-        "h2d_gbps": _aznhc("nd96amsr_a100_v4.conf", "check_cuda_bw 24", 24, "GB/s"),
-        "d2h_gbps": _aznhc("nd96amsr_a100_v4.conf", "check_cuda_bw 24", 24, "GB/s"),
-        "ib_write_bw_gbps": _aznhc("nd96amsr_a100_v4.conf", "check_ib_bw_gdr 185.0", 185, "Gb/s"),
+    "A100 80GB": {  # SuperBench's gemm-flops *_tc_flops and mem-bw d2d_bw, means of 729 nodes
+        "gemm_fp16_tflops": Floor(275.4, "TFLOPS", f"{_SUPERBENCH}: fp16_tc_flops", "typical"),
+        "gemm_bf16_tflops": Floor(261.2, "TFLOPS", f"{_SUPERBENCH}: bf16_tc_flops", "typical"),
+        "gemm_tf32_tflops": Floor(127.4, "TFLOPS", f"{_SUPERBENCH}: tf32_tc_flops", "typical"),
+        "hbm_copy_gbps": Floor(1371.0, "GB/s", f"{_SUPERBENCH}: mem-bw d2d_bw", "typical"),
+        "nccl_allreduce_busbw_gbps": _aznhc(_A100, "check_nccl_allreduce 228.0 1 16G", 228, "GB/s"),
+        "h2d_gbps": _nvbandwidth(_A100, 21, 238),
+        "d2h_gbps": _nvbandwidth(_A100, 21, 238),
+        "ib_write_bw_gbps": _aznhc(_A100, "check_ib_bw_gdr 180.0", 180, "Gb/s"),
     },
 }
 

@@ -62,6 +62,7 @@ __all__ = [
     "SweepExecutor",
     "make_executor",
     "parse_sweep_output",
+    "sweep_lines",
 ]
 
 
@@ -435,15 +436,9 @@ def parse_sweep_output(
     have been judged against that many and seen that many (a GPU node judged on CPU checks,
     or by a sweep that was told another count, does not pass).
     """
-    result: SweepResult | None = None
-    for line in reversed(stdout.splitlines()):
-        if line.startswith("{"):
-            try:
-                decoded = decode(line, "sweep")
-            except SchemaError:
-                continue
-            result = decoded if isinstance(decoded, SweepResult) else None
-            break
+    lines = sweep_lines(stdout)
+    # a multi-node job prints one line per node: the node's own is the verdict
+    result = next((r for r in reversed(lines) if r.node == node), lines[-1] if lines else None)
     command = shlex.join(argv)
     tail = (stderr or stdout).strip()[-500:]
     if result is None:
@@ -467,6 +462,20 @@ def parse_sweep_output(
         )
     checks += _coverage_problems(result, expected_gpus, command)
     return checks
+
+
+def sweep_lines(stdout: str) -> list[SweepResult]:
+    """Every ``sweep`` message in ``stdout``, one per line, in order (other lines skipped)."""
+    out = []
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            try:
+                decoded = decode(line, "sweep")
+            except SchemaError:
+                continue
+            if isinstance(decoded, SweepResult):
+                out.append(decoded)
+    return out
 
 
 def _coverage_problems(
@@ -602,7 +611,9 @@ def make_executor(settings: Settings) -> SweepExecutor | None:
     if o.executor == "slurm":
         from .slurm import SlurmScheduler, SlurmSweepExecutor, SweepJob
 
-        return SlurmSweepExecutor(SlurmScheduler.from_settings(o), SweepJob.from_settings(o))
+        return SlurmSweepExecutor(
+            SlurmScheduler.from_settings(o), SweepJob.from_settings(o), o.rendezvous_port
+        )
     if o.executor == "kubernetes":
         from .kubernetes import KubernetesScheduler, KubernetesSweepExecutor
         from .slurm import SweepJob

@@ -1,0 +1,184 @@
+"""Multi-node sweeps under Slurm: the suspect with one or two healthy peers lent for it.
+
+A network flag (a NIC, a link, a slow or hung collective) is about a path between nodes, so a
+single-node sweep cannot clear it (the orchestrator fails such a node as untested without a
+multi-node sweep). Under Slurm the suspect is already Guard's after its single-node sweep (drained,
+then resumed inside its reservation ``guard-<node>``). Each peer is then:
+
+1. drained with a ``guard:`` reason (``guard: peer for the multi-node sweep of X``), unless
+   someone else drained it (then the sweep fails: Guard does not borrow an admin's node);
+2. waited for until its jobs have ended (``drain_timeout_s``);
+3. added to the suspect's reservation and resumed, so that only the sweep job can start there;
+4. after the sweep — passed, failed or broken — taken out of the reservation and resumed
+   again if Guard's drain is still on it: it is back in the pool as it was.
+
+The job is one ``srun --nodes=1+P --ntasks-per-node=1 --exclusive --gres=gpu:N`` over the
+suspect and its peers in the suspect's reservation; each task runs ``guard sweep run --json
+--sweep multi`` with its own node name, rank (the suspect is rank 0, the all-reduce's
+rendezvous) and peers, picked by ``$SLURMD_NODENAME`` (:func:`multi_script`). The suspect's
+``sweep`` line is the verdict; a peer that printed none adds a failed ``peer_sweep_error``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shlex
+import subprocess
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from guard.schemas import SweepCheck
+
+from .executors import parse_sweep_output, sweep_lines
+from .scheduler import SchedulerError
+
+if TYPE_CHECKING:
+    from .slurm import SlurmSweepExecutor
+
+log = logging.getLogger(__name__)
+
+__all__ = ["lend_peer", "multi_script", "return_peer", "run_slurm_multi", "slurm_multi_argv"]
+
+
+def multi_script(command: str, members: Sequence[tuple[str, str]], port: int) -> str:
+    """The bash run by every task: ``members`` are (agent name, Slurm name), the suspect first.
+
+    >>> print(multi_script("guard --node {node}", [("a", "sa"), ("b", "sb")], 29500))
+    case "$SLURMD_NODENAME" in
+      sa) exec guard --node a --sweep multi --peers b --node-rank 0 --rendezvous sa:29500 ;;
+      sb) exec guard --node b --sweep multi --peers a --node-rank 1 --rendezvous sa:29500 ;;
+      *) echo "guard: $SLURMD_NODENAME is not a node of this multi-node sweep" >&2; exit 3 ;;
+    esac
+    """
+    rendezvous = f"{members[0][1]}:{port}"
+    lines = ['case "$SLURMD_NODENAME" in']
+    for rank, (agent, slurm) in enumerate(members):
+        others = [a for a, _ in members if a != agent]  # the suspect first for every peer
+        argv = [
+            *shlex.split(command.format(node=agent, slurm_node=slurm)),
+            *("--sweep", "multi", "--peers", ",".join(others), "--node-rank", str(rank)),
+            *("--rendezvous", rendezvous),
+        ]
+        lines.append(f"  {shlex.quote(slurm)}) exec {shlex.join(argv)} ;;")
+    lines.append(
+        '  *) echo "guard: $SLURMD_NODENAME is not a node of this multi-node sweep" >&2; exit 3 ;;'
+    )
+    lines.append("esac")
+    return "\n".join(lines)
+
+
+def slurm_multi_argv(
+    ex: SlurmSweepExecutor, members: Sequence[tuple[str, str]], reservation: str, gpus: int
+) -> list[str]:
+    """One task per node, each node whole with every GPU, in the suspect's reservation."""
+    minutes = max(1, int(ex.job.sweep_timeout_s // 60))
+    return [
+        ex.scheduler.cli.srun,
+        f"--reservation={reservation}",
+        f"--nodelist={','.join(s for _, s in members)}",
+        f"--nodes={len(members)}",
+        "--ntasks-per-node=1",
+        "--exclusive",
+        *([f"--gres=gpu:{gpus}"] if gpus else []),
+        f"--export=ALL,GUARD_SWEEP_EXPECTED_GPUS={gpus}",
+        "--job-name=guard-sweep-multi",
+        f"--time={minutes}",
+        "bash",
+        "-c",
+        multi_script(ex.job.command, members, ex.rendezvous_port),
+    ]
+
+
+def lend_peer(ex: SlurmSweepExecutor, peer: str, node: str) -> None:
+    """Drain ``peer`` for the sweep of ``node`` and wait until it is empty (steps 1-2)."""
+    from .slurm import NodeNotOwned
+
+    sched = ex.scheduler
+    slurm_peer = sched.names.slurm(peer)
+    current = sched.cli.node(slurm_peer)
+    if current.drained_by_other:
+        raise NodeNotOwned(f"peer {peer} is drained by someone else ({current.reason!r})")
+    sched._drain(slurm_peer, f"peer for the multi-node sweep of {node}")
+    deadline = time.monotonic() + ex.job.drain_timeout_s
+    while not (sched.cli.node(slurm_peer).drained and not sched.cli.jobs_on(slurm_peer)):
+        if time.monotonic() > deadline:
+            jobs = ", ".join(sched.cli.jobs_on(slurm_peer)) or "none listed"
+            raise TimeoutError(f"peer {peer} still runs jobs ({jobs}) after the drain")
+        time.sleep(ex.job.poll_s)
+
+
+def return_peer(ex: SlurmSweepExecutor, peer: str) -> None:
+    """Step 4 for one peer: resumed if Guard's drain is still on it."""
+    sched = ex.scheduler
+    slurm_peer = sched.names.slurm(peer)
+    if sched.cli.node(slurm_peer).drained_by_guard:
+        sched.cli.scontrol_run("update", f"NodeName={slurm_peer}", "State=RESUME")
+
+
+def _reserve(ex: SlurmSweepExecutor, reservation: str, slurm_nodes: Sequence[str]) -> None:
+    ex.scheduler.cli.scontrol_run(
+        "update", f"ReservationName={reservation}", f"Nodes={','.join(slurm_nodes)}"
+    )
+
+
+def run_slurm_multi(ex: SlurmSweepExecutor, node: str, peers: Sequence[str]) -> list[SweepCheck]:
+    """The multi-node sweep of ``node`` with ``peers`` (see the module)."""
+    from .slurm import NodeNotOwned
+
+    sched = ex.scheduler
+    slurm_node = sched.names.slurm(node)
+    reservation = sched.reservation_name(slurm_node)
+    if not peers:
+        return [SweepCheck(name="multi_no_peer", passed=False, detail="no peer to sweep with")]
+    try:
+        if not sched.cli.reservation_exists(reservation):
+            raise NodeNotOwned(
+                f"{node} is not in Guard's reservation {reservation}: its single-node sweep "
+                "holds it first"
+            )
+        gpus = sched.state(node).gpus
+    except (NodeNotOwned, SchedulerError) as exc:
+        return [SweepCheck(name="slurm_node_not_owned", passed=False, detail=str(exc))]
+    members = [(node, slurm_node), *((p, sched.names.slurm(p)) for p in peers)]
+    lent: list[str] = []
+    try:
+        for peer in peers:
+            lent.append(peer)
+            lend_peer(ex, peer, node)
+        _reserve(ex, reservation, [s for _, s in members])
+        for _, slurm_peer in members[1:]:
+            sched.cli.scontrol_run("update", f"NodeName={slurm_peer}", "State=RESUME")
+        argv = slurm_multi_argv(ex, members, reservation, gpus)
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=ex.job.sweep_timeout_s, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return [SweepCheck(name="sweep_job", passed=False, detail=f"{shlex.join(argv)}: {exc}")]
+    except (NodeNotOwned, TimeoutError, SchedulerError) as exc:
+        return [SweepCheck(name="slurm_peer", passed=False, detail=f"untested: {exc}")]
+    finally:
+        with contextlib.suppress(SchedulerError):  # the peers were never added
+            _reserve(ex, reservation, [slurm_node])
+        for peer in lent:
+            try:
+                return_peer(ex, peer)
+            except SchedulerError as exc:  # the sweep's verdict stands; say what is left
+                log.error("peer %s may still be drained by Guard: %s", peer, exc)
+    checks = parse_sweep_output(
+        node, argv, done.returncode, done.stdout, done.stderr, expected_gpus=gpus
+    )
+    printed = {line.node for line in sweep_lines(done.stdout)}
+    for peer in peers:
+        if peer not in printed:
+            tail = (done.stderr or done.stdout).strip()[-300:]
+            checks.append(
+                SweepCheck(
+                    name="peer_sweep_error",
+                    passed=False,
+                    detail=f"peer {peer} printed no sweep line (exit {done.returncode}): {tail}",
+                )
+            )
+    return checks

@@ -1,0 +1,208 @@
+"""Multi-node sweeps: a network flag never passes on a single-node sweep, and under Slurm the
+suspect is swept with peers Guard drains for it (``guard:`` reason) and gives back after.
+
+The real one-host Slurm has one node, so a job over two nodes cannot run there (the one-node
+form of the same job runs against it in test_slurm.py). Here a stand-in for Slurm's two-node
+cluster (``scontrol``/``squeue`` answers kept in a dict, ``srun`` a script that runs the job's
+bash once per node with ``SLURMD_NODENAME`` set) plays the second node: a boundary this host
+does not have.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import stat
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from guard.config import OrchestratorSettings
+from guard.schemas import GuardMessage, NodeState, SweepCheck
+from guard.sweeps.executors import SimulatedSweepExecutor, parse_sweep_output
+from guard.sweeps.orchestrator import Orchestrator
+from guard.sweeps.scheduler import DryRunScheduler, SchedulerError
+from guard.sweeps.slurm import SlurmNode, SlurmScheduler, SlurmSweepExecutor, SweepJob
+
+from .helpers import NODES, Clock, flag
+
+T0 = 1_767_226_000.0
+JOB = Path(__file__).with_name("slurm_sweep_job.py")
+
+
+class SingleOnly:
+    """The simulated executor as a site's single-node-only one (e.g. commands)."""
+
+    sweep_kinds = ("single",)
+
+    def __init__(self) -> None:
+        self.inner = SimulatedSweepExecutor([], seed=1)
+
+    def run(self, node: str, sweep: str, peers: Any, now: float) -> list[SweepCheck]:
+        return self.inner.run(node, sweep, peers, now)
+
+
+def orchestrate(category: str, executor: Any, **settings: Any) -> list[NodeState]:
+    out: list[GuardMessage] = []
+    orch = Orchestrator(
+        OrchestratorSettings(nodes=NODES, **settings),
+        scheduler=DryRunScheduler(),
+        executor=executor,
+        publish=out.append,
+        clock=Clock(T0),
+        inline_sweeps=True,
+    )
+    orch.handle_flag(flag("node-010", "f1", T0 - 1, category=category, gpu=None))
+    orch.tick()
+    return [m for m in out if isinstance(m, NodeState) and m.node == "node-010"]
+
+
+@pytest.mark.parametrize("category", ["nic", "link", "comm_slow", "comm_hang"])
+def test_a_network_flag_never_passes_on_a_single_node_sweep(category: str) -> None:
+    alone = orchestrate(category, SingleOnly())
+    assert [s.state for s in alone] == ["suspect", "cordoned", "sweeping", "failed", "repair"]
+    assert alone[3].reason == (
+        f"passed the single-node sweep; untested: a {category} flag needs a multi-node sweep, "
+        "this executor runs single-node ones only"
+    )
+    no_peer = orchestrate(category, SimulatedSweepExecutor([], seed=1), multi_sweep_peers=0)
+    assert [s.state for s in no_peer][-2:] == ["failed", "repair"]
+    # with peers the multi-node sweep decides, as for any flag
+    multi = orchestrate(category, SimulatedSweepExecutor([], seed=1))
+    assert [s.state for s in multi] == ["suspect", "cordoned", "sweeping", "healthy"]
+    assert multi[-1].reason == "passed the single-node and multi-node sweeps"
+
+
+def test_a_gpu_flag_still_passes_on_a_single_node_sweep() -> None:
+    states = orchestrate("thermal", SingleOnly())
+    assert [s.state for s in states] == ["suspect", "cordoned", "sweeping", "healthy"]
+
+
+def test_the_verdict_is_the_swept_nodes_line_when_every_node_prints_one() -> None:
+    from guard.schemas import SweepResult
+
+    def line(node: str, passed: bool) -> str:
+        checks = [
+            SweepCheck(name="nccl_multinode_busbw_gbps", value=1.0, passed=passed),
+            SweepCheck(name="sweep_coverage", value=8, baseline=8, passed=True),
+        ]
+        result = SweepResult(id=node, ts=T0, node=node, sweep="multi", checks=checks, passed=passed)
+        return result.model_dump_json()
+
+    out = "\n".join([line("a", False), "srun: some noise", line("b", True)])
+    checks = parse_sweep_output("a", ["srun"], 1, out, "", expected_gpus=8)
+    assert [c.name for c in checks if not c.passed] == ["nccl_multinode_busbw_gbps"]
+    assert all(c.passed for c in parse_sweep_output("b", ["srun"], 1, out, "", expected_gpus=8))
+
+
+class TwoNodeSlurm:
+    """``SlurmCli``'s methods over two nodes kept in a dict; ``srun`` runs the job's script
+    once per node of ``--nodelist`` with ``SLURMD_NODENAME`` set (see the module)."""
+
+    def __init__(self, tmp: Path, peer_jobs: int = 0, admin_drained: bool = False) -> None:
+        self.nodes = {
+            "sa": {"State": "IDLE", "Reason": ""},
+            "sb": {"State": "MIXED", "Reason": ""},
+        }
+        if admin_drained:
+            self.nodes["sb"] = {"State": "IDLE+DRAIN", "Reason": "bad cable [ann@2026-12-01]"}
+        self.reservations = {"guard-sa": ["sa"]}  # the suspect: Guard's since its single sweep
+        self.peer_jobs = peer_jobs
+        self.calls: list[str] = []
+        self.srun = str(tmp / "srun")
+        (tmp / "bin").mkdir()
+        (tmp / "bin" / "scontrol").write_text("#!/bin/sh\n")  # the job asks about itself
+        os.chmod(tmp / "bin" / "scontrol", 0o755)
+        Path(self.srun).write_text(
+            "#!/bin/sh\n"
+            f"PATH={tmp / 'bin'}:$PATH\n"
+            'for a in "$@"; do case "$a" in\n'
+            '  --nodelist=*) nodes="${a#--nodelist=}";;\n'
+            '  --gres=gpu:*) export SLURM_GPUS_ON_NODE="${a#--gres=gpu:}";;\n'
+            '  --export=ALL,*) export "${a#--export=ALL,}";;\n'
+            "esac; done\n"
+            'while [ "${1#-}" != "$1" ]; do shift; done\n'
+            "rc=0\n"
+            'for n in $(echo "$nodes" | tr , " "); do SLURMD_NODENAME=$n "$@" || rc=$?; done\n'
+            "exit $rc\n"
+        )
+        os.chmod(self.srun, os.stat(self.srun).st_mode | stat.S_IEXEC)
+
+    def node(self, name: str) -> SlurmNode:
+        if name not in self.nodes:
+            raise SchedulerError(f"scontrol show node {name}: no such node")
+        n = self.nodes[name]
+        return SlurmNode.parse(
+            f"NodeName={name} Gres=gpu:8 State={n['State']} Reason={n['Reason']}"
+        )
+
+    def jobs_on(self, name: str) -> list[str]:
+        if name == "sb" and self.peer_jobs:
+            self.peer_jobs -= 1  # the peer's job ends while Guard waits
+            return ["4242"]
+        return []
+
+    def reservation_exists(self, name: str) -> bool:
+        return name in self.reservations
+
+    def scontrol_run(self, *args: str) -> str:
+        self.calls.append(shlex.join(args))
+        fields = dict(a.split("=", 1) for a in args[1:] if "=" in a)
+        if "NodeName" in fields:
+            n = self.nodes[fields["NodeName"]]
+            if fields.get("State") == "DRAIN":
+                n["State"], n["Reason"] = "IDLE+DRAIN", fields["Reason"]
+            elif fields.get("State") == "RESUME":
+                n["State"], n["Reason"] = "IDLE", ""
+        elif "ReservationName" in fields and "Nodes" in fields:
+            self.reservations[fields["ReservationName"]] = fields["Nodes"].split(",")
+        return ""
+
+
+def slurm_multi(tmp: Path, command: str = "", **kw: Any) -> tuple[TwoNodeSlurm, list[SweepCheck]]:
+    cli = TwoNodeSlurm(tmp, **kw)
+    command = command or f"{sys.executable} {JOB} --node {{node}}"
+    ex = SlurmSweepExecutor(
+        SlurmScheduler(cli, user="guard"),  # type: ignore[arg-type]
+        SweepJob(command, drain_timeout_s=10, sweep_timeout_s=60, poll_s=0.01),
+        rendezvous_port=29511,
+    )
+    return cli, ex.run("sa", "multi", ["sb"], time.time())
+
+
+def test_a_slurm_multi_node_sweep_borrows_a_drained_peer_and_gives_it_back(
+    tmp_path: Path,
+) -> None:
+    cli, checks = slurm_multi(tmp_path, peer_jobs=2)
+    assert cli.calls == [
+        "update NodeName=sb State=DRAIN 'Reason=guard: peer for the multi-node sweep of sa'",
+        "update ReservationName=guard-sa Nodes=sa,sb",  # only the sweep job may start there
+        "update NodeName=sb State=RESUME",
+        "update ReservationName=guard-sa Nodes=sa",  # given back: in service, no reservation
+    ]
+    assert cli.nodes["sb"] == {"State": "IDLE", "Reason": ""}
+    role = next(c for c in checks if c.name == "sweep_role")
+    assert role.detail == "rank 0 peers sb rendezvous sa:29511"  # the suspect's own line
+    assert all(c.passed for c in checks if c.name != "slurm_job_host"), checks
+
+
+def test_a_peer_that_prints_nothing_fails_the_sweep(tmp_path: Path) -> None:
+    command = (
+        'sh -c \'test "$SLURMD_NODENAME" = sb && exit 7; exec "$0" "$@"\' '
+        f"{sys.executable} {JOB} --node {{node}}"
+    )
+    _, checks = slurm_multi(tmp_path, command)
+    failed = [c for c in checks if not c.passed and c.name != "slurm_job_host"]
+    assert [c.name for c in failed] == ["sweep_error", "peer_sweep_error"]  # srun exits 7 too
+    assert failed[1].detail.startswith("peer sb printed no sweep line (exit 7)")
+
+
+def test_an_admin_drained_peer_is_not_borrowed_and_the_sweep_is_untested(tmp_path: Path) -> None:
+    cli, checks = slurm_multi(tmp_path, admin_drained=True)
+    assert [(c.name, c.passed) for c in checks] == [("slurm_peer", False)]
+    assert checks[0].detail.startswith("untested: peer sb is drained by someone else")
+    assert cli.nodes["sb"]["Reason"] == "bad cable [ann@2026-12-01]"
+    assert not any("NodeName=sb" in c for c in cli.calls)

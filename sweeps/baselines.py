@@ -17,7 +17,7 @@ baselines, commonly reported figures) and the floor is ``TYPICAL_FLOOR`` (90 %) 
 Example
 -------
 >>> from guard.sweeps.checks.base import CheckResult
->>> r = CheckResult("ib_write_bw_gbps:mlx5_0", 340.0, "Gb/s", judged=True)
+>>> r = CheckResult("ib_write_bw_gdr_gbps:mlx5_0", 340.0, "Gb/s", judged=True)
 >>> judge([r], "H200", FleetBaseline({}))[0].passed
 False
 >>> for part in r.detail.split("; "):
@@ -127,7 +127,7 @@ FLOORS: dict[str, dict[str, Floor]] = {
         "nccl_allreduce_busbw_gbps": _aznhc(_H100, "check_nccl_allreduce 460.0 1 16G", 460, "GB/s"),
         "h2d_gbps": _nvbandwidth(_H100, 48, 335),
         "d2h_gbps": _nvbandwidth(_H100, 48, 335),
-        "ib_write_bw_gbps": _aznhc(_H100, "check_ib_bw_gdr 380", 380, "Gb/s"),
+        "ib_write_bw_gdr_gbps": _aznhc(_H100, "check_ib_bw_gdr 380", 380, "Gb/s"),
     },
     "H200": {  # H200 SXM (141 GB); the NVL part and GH200 have their own rows
         "gemm_bf16_tflops": _typical(650, "TFLOPS", "BF16 dense peak 989 TFLOPS, as H100 SXM"),
@@ -137,7 +137,7 @@ FLOORS: dict[str, dict[str, Floor]] = {
         "nccl_allreduce_busbw_gbps": _aznhc(_H200, "check_nccl_allreduce 431.0 1 16G", 431, "GB/s"),
         "h2d_gbps": _nvbandwidth(_H200, 48, 335),
         "d2h_gbps": _nvbandwidth(_H200, 48, 335),
-        "ib_write_bw_gbps": _aznhc(_H200, "check_ib_bw_gdr 360", 360, "Gb/s"),
+        "ib_write_bw_gdr_gbps": _aznhc(_H200, "check_ib_bw_gdr 360", 360, "Gb/s"),
     },
     # PCIe cards (600 W / 400 W, NVLink bridges of 2 or 4): no 8-GPU all-reduce floor applies
     "H200 NVL": {
@@ -167,7 +167,7 @@ FLOORS: dict[str, dict[str, Floor]] = {
         "nccl_allreduce_busbw_gbps": _aznhc(_A100, "check_nccl_allreduce 228.0 1 16G", 228, "GB/s"),
         "h2d_gbps": _nvbandwidth(_A100, 21, 238),
         "d2h_gbps": _nvbandwidth(_A100, 21, 238),
-        "ib_write_bw_gbps": _aznhc(_A100, "check_ib_bw_gdr 180.0", 180, "Gb/s"),
+        "ib_write_bw_gdr_gbps": _aznhc(_A100, "check_ib_bw_gdr 180.0", 180, "Gb/s"),
     },
 }
 
@@ -276,6 +276,8 @@ def judge(
         fam = family(r.name)
         notes = []
         floor, whose = floors.get(fam), f"{sku} floor"
+        if floor is None and r.floor is not None:
+            floor, whose = Floor(r.floor[0], r.unit, r.floor[1]), "host-memory floor"
         if floor is None and site_floors and fam in site_floors:
             floor, whose = Floor(site_floors[fam], r.unit, f"sweep.floors.{fam}"), "site floor"
         judged_by = []

@@ -62,6 +62,9 @@ class CheckResult:
     judged: bool = False
     #: The baseline that judged it ("H100 SXM floor", "fleet median"); empty: none could.
     against: str = ""
+    #: A floor the check knows itself (value, source) where the SKU has none (ib_write_bw
+    #: from host memory: by the port's rate).
+    floor: tuple[float, str] | None = None
 
     def to_check(self) -> SweepCheck:
         return SweepCheck(

@@ -61,7 +61,9 @@ def test_every_floor_names_its_source_and_says_when_it_is_unverified() -> None:
     assert FLOORS["A100 80GB"]["gemm_fp16_tflops"].floor == pytest.approx(247.86)  # 90 % of 275.4
     # verified: read in the source at the commit named; scaled: the Hopper GEMM/HBM floors
     assert FLOORS["A100 80GB"]["hbm_copy_gbps"].verified
-    assert FLOORS["H100 SXM"]["ib_write_bw_gbps"].floor == 380  # Azure's threshold since 2023-10
+    assert (
+        FLOORS["H100 SXM"]["ib_write_bw_gdr_gbps"].floor == 380
+    )  # Azure's threshold since 2023-10
     unverified = {(sku, f) for sku, fl in FLOORS.items() for f, x in fl.items() if not x.verified}
     assert all(f.startswith(("gemm_", "hbm_")) and sku != "A100 80GB" for sku, f in unverified)
     # single-GPU and NVLink-bridged parts are not judged on the 8-GPU all-reduce floor

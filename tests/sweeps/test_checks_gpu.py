@@ -22,10 +22,19 @@ import pytest
 from guard.schemas.nvml_codes import HW_SLOWDOWN, SW_POWER_CAP, XID_GPU_LOST
 from guard.sweeps.baselines import FleetBaseline
 from guard.sweeps.checks import CheckContext, run_sweep, select_checks
+from guard.sweeps.checks.base import CheckResult
 from guard.sweeps.checks.network import IbWriteBwCheck, NcclAllReduceCheck, parse_ib_write_bw
 from guard.sweeps.checks.nvml_health import XidCheck
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "sweeps"
+
+
+def FLOORS_OF(sku: str, fam: str) -> str:
+    from guard.sweeps.baselines import FLOORS
+
+    return FLOORS[sku][fam].describe()
+
+
 RECORDED = json.loads((DATA / "h100_sxm_sweep.json").read_text())
 
 
@@ -358,17 +367,45 @@ def test_ib_write_bw_output_is_parsed_and_judged_per_port(tmp_path: Path) -> Non
     )
     tool.chmod(0o755)
     check = IbWriteBwCheck(timeout_s=10)
-    ctx = CheckContext(node="n", peers=["peer-1"], ib_write_bw=str(tool), rdma_devices=["mlx5_0"])
+    # a GPU node: both ends in GPU memory (GPUDirect RDMA), judged on the GPUDirect floor
+    ctx = CheckContext(
+        node="n",
+        gpu=RecordedTorch(node()),
+        peers=["peer-1"],
+        ib_write_bw=str(tool),
+        rdma_devices=["mlx5_0"],
+    )
     [result] = check.run(ctx)
-    assert (result.name, result.value, result.passed) == ("ib_write_bw_gbps:mlx5_0", 391.87, True)
-    assert f"to peer-1: {tool} -d mlx5_0 -p 18515 --report_gbits peer-1" in result.detail
+    assert (result.name, result.value, result.passed) == (
+        "ib_write_bw_gdr_gbps:mlx5_0",
+        391.87,
+        True,
+    )
+    assert "GPU memory (GPUDirect RDMA), to peer-1: " in result.detail
+    assert f"{tool} -d mlx5_0 -p 18515 --report_gbits --use_cuda=0 peer-1" in result.detail
     from guard.sweeps.baselines import judge
 
     judge([result], "H100 SXM", FleetBaseline({}))
     assert result.passed and result.baseline == 380
+    assert "check_ib_bw_gdr 380" in FLOORS_OF("H100 SXM", "ib_write_bw_gdr_gbps")
+    # no GPU: host memory, judged on the host-memory floor of the port's rate, never GPUDirect's
+    ports = SimpleNamespace(
+        sample=lambda ts, job: [SimpleNamespace(device="mlx5_0", port=1, speed_gbps=400.0)]
+    )
+    host = CheckContext(
+        node="n", peers=["peer-1"], nic=ports, ib_write_bw=str(tool), rdma_devices=["mlx5_0"]
+    )
+    [mem] = check.run(host)
+    assert mem.name == "ib_write_bw_gbps:mlx5_0" and "--use_cuda" not in mem.detail
+    judge([mem], "H100 SXM", FleetBaseline({}))
+    assert mem.passed and mem.baseline == 390 and mem.against == "host-memory floor 390"
+    assert "host memory, to peer-1" in mem.detail and "port at 400 Gb/s" in mem.detail
+    slow = CheckResult("ib_write_bw_gbps:mlx5_0", 385.0, "Gb/s", judged=True, floor=mem.floor)
+    [slow] = judge([slow], "H100 SXM", FleetBaseline({}))
+    assert not slow.passed and "check_ib_bw_non_gdr 390" in slow.detail
     # As the peer, it serves; a server that exits non-zero fails its port.
     peer = CheckContext(
         node="p", peers=["n"], node_rank=1, ib_write_bw=str(tool), rdma_devices=["mlx5_0"]
     )
     [served] = check.run(peer)
-    assert not served.passed and served.detail.startswith("server for n")
+    assert not served.passed and served.detail.startswith("host memory, server for n")

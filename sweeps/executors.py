@@ -627,6 +627,7 @@ def make_executor(settings: Settings) -> SweepExecutor | None:
             KubernetesScheduler.from_settings(o),
             o.kube_sweep_image,
             SweepJob.from_settings(o, poll_s=2.0),
+            o.rendezvous_port,
         )
     if o.executor == "ssh":
         return SshExecutor(

@@ -1,4 +1,5 @@
-"""Multi-node sweeps under Slurm: the suspect with one or two healthy peers lent for it.
+"""Multi-node sweeps under Slurm and Kubernetes: the suspect with one or two healthy peers lent
+for it (the ssh executor runs them itself: :class:`~guard.sweeps.executors.SshExecutor`).
 
 A network flag (a NIC, a link, a slow or hung collective) is about a path between nodes, so a
 single-node sweep cannot clear it (the orchestrator fails such a node as untested without a
@@ -26,8 +27,9 @@ import logging
 import shlex
 import subprocess
 import time
+import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from guard.schemas import SweepCheck
 
@@ -35,11 +37,19 @@ from .executors import parse_sweep_output, sweep_lines
 from .scheduler import SchedulerError
 
 if TYPE_CHECKING:
+    from .kubernetes import KubernetesSweepExecutor
     from .slurm import SlurmSweepExecutor
 
 log = logging.getLogger(__name__)
 
-__all__ = ["lend_peer", "multi_script", "return_peer", "run_slurm_multi", "slurm_multi_argv"]
+__all__ = [
+    "lend_peer",
+    "multi_script",
+    "return_peer",
+    "run_kubernetes_multi",
+    "run_slurm_multi",
+    "slurm_multi_argv",
+]
 
 
 def multi_script(command: str, members: Sequence[tuple[str, str]], port: int) -> str:
@@ -182,3 +192,105 @@ def run_slurm_multi(ex: SlurmSweepExecutor, node: str, peers: Sequence[str]) -> 
                 )
             )
     return checks
+
+
+# --- Kubernetes ---------------------------------------------------------------------------
+
+
+def _node_address(sched: Any, node: str) -> str:
+    """The node's InternalIP (the rendezvous of a host-network pod), else its name."""
+    addresses = sched._read(node).get("status", {}).get("addresses") or []
+    ip = next((a.get("address") for a in addresses if a.get("type") == "InternalIP"), None)
+    return str(ip or node)
+
+
+def run_kubernetes_multi(
+    ex: KubernetesSweepExecutor, node: str, peers: Sequence[str]
+) -> list[SweepCheck]:
+    """The multi-node sweep of ``node`` with ``peers`` under Kubernetes.
+
+    Each peer is cordoned with Guard's taint (reason ``peer for the multi-node sweep of X``;
+    a node someone else cordoned is not borrowed: untested) and waited for until its training
+    pods are gone; then one Job per node, pinned to it with every GPU and the host network, runs
+    ``guard sweep run --sweep multi`` with its rank (the suspect 0, the rendezvous at its
+    InternalIP). The suspect's line is the verdict; a peer without a line fails it. The Jobs are
+    deleted and the peers uncordoned (only what Guard added) whatever happened.
+    """
+    from .kubernetes import _count, reason_tag
+
+    sched = ex.scheduler
+    if not peers:
+        return [SweepCheck(name="multi_no_peer", passed=False, detail="no peer to sweep with")]
+    cordoned: list[str] = []
+    jobs: list[tuple[str, str]] = []
+    ns = sched.namespace
+    try:
+        for peer in peers:
+            current = sched._read(peer)
+            if (current.get("spec") or {}).get("unschedulable") and not sched._guard_taint(current):
+                raise NodeNotOwnedError(f"peer {peer} is cordoned by someone else")
+            cordoned.append(peer)
+            sched.cordon(peer, f"peer for the multi-node sweep of {node}")
+        deadline = time.monotonic() + ex.job.drain_timeout_s
+        for peer in peers:
+            while pods := sched.training_pods(peer):
+                if time.monotonic() > deadline:
+                    names = ", ".join(p["metadata"]["name"] for p in pods)
+                    raise TimeoutError(f"peer {peer} still runs {names} after the cordon")
+                time.sleep(ex.job.poll_s)
+        members = [node, *peers]
+        rendezvous = f"{_node_address(sched, node)}:{ex.rendezvous_port}"
+        gpus: dict[str, str] = {}
+        for rank, member in enumerate(members):
+            allocatable = sched._read(member).get("status", {}).get("allocatable") or {}
+            gpus[member] = str(allocatable.get(sched.gpu_resource, "0"))
+            name = f"guard-sweep-m-{reason_tag(member)[:38].lower()}-{uuid.uuid4().hex[:6]}"
+            manifest = ex.job_manifest(member, name, gpus[member])
+            pod = manifest["spec"]["template"]["spec"]
+            pod["hostNetwork"] = True  # the all-reduce and ib_write_bw reach the other nodes
+            others = [m for m in members if m != member]
+            pod["containers"][0]["command"] += [
+                *("--sweep", "multi", "--peers", ",".join(others), "--node-rank", str(rank)),
+                *("--rendezvous", rendezvous),
+            ]
+            sched._call(f"creating Job {name}", ex.batch.create_namespaced_job, ns, manifest)
+            jobs.append((member, name))
+        logs = {member: ex._wait_and_read_log(ns, name) for member, name in jobs}
+    except (NodeNotOwnedError, TimeoutError, LookupError, SchedulerError) as exc:
+        return [SweepCheck(name="kube_multi", passed=False, detail=f"untested: {exc}")]
+    finally:
+        for _, name in jobs:
+            try:
+                sched._call(
+                    f"deleting Job {name}",
+                    ex.batch.delete_namespaced_job,
+                    name,
+                    ns,
+                    propagation_policy="Background",
+                )
+            except SchedulerError as exc:
+                log.error("sweep Job %s left behind: %s", name, exc)
+        for peer in cordoned:
+            try:
+                sched.uncordon(peer)
+            except SchedulerError as exc:
+                log.error("peer %s may still be cordoned by Guard: %s", peer, exc)
+    (code, out), name = logs[node], jobs[0][1]
+    checks = parse_sweep_output(
+        node, [f"job/{name}"], code, out, "", expected_gpus=_count(gpus[node])
+    )
+    for peer in peers:
+        code, out = logs[peer]
+        if peer not in {line.node for line in sweep_lines(out)}:
+            checks.append(
+                SweepCheck(
+                    name="peer_sweep_error",
+                    passed=False,
+                    detail=f"peer {peer} printed no sweep line (exit {code}): {out.strip()[-300:]}",
+                )
+            )
+    return checks
+
+
+class NodeNotOwnedError(RuntimeError):
+    """A peer someone else holds: Guard does not borrow it."""

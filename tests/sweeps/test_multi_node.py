@@ -1,5 +1,7 @@
-"""Multi-node sweeps: a network flag never passes on a single-node sweep, and under Slurm the
-suspect is swept with peers Guard drains for it (``guard:`` reason) and gives back after.
+"""Multi-node sweeps: a network flag never passes on a single-node sweep, and under Slurm and
+Kubernetes the suspect is swept with peers Guard drains or cordons for it (``guard:`` reason,
+Guard's taint) and gives back after. Kubernetes runs on the recording API of
+test_kubernetes.py.
 
 The real one-host Slurm has one node, so a job over two nodes cannot run there (the one-node
 form of the same job runs against it in test_slurm.py). Here a stand-in for Slurm's two-node
@@ -14,6 +16,7 @@ import os
 import shlex
 import stat
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,13 +24,15 @@ from typing import Any
 import pytest
 
 from guard.config import OrchestratorSettings
-from guard.schemas import GuardMessage, NodeState, SweepCheck
+from guard.schemas import GuardMessage, NodeState, SweepCheck, SweepResult
 from guard.sweeps.executors import SimulatedSweepExecutor, parse_sweep_output
+from guard.sweeps.kubernetes import KubernetesScheduler, KubernetesSweepExecutor
 from guard.sweeps.orchestrator import Orchestrator
 from guard.sweeps.scheduler import DryRunScheduler, SchedulerError
 from guard.sweeps.slurm import SlurmNode, SlurmScheduler, SlurmSweepExecutor, SweepJob
 
 from .helpers import NODES, Clock, flag
+from .test_kubernetes import StandInApiServer, as_model, kubeconfig, pod
 
 T0 = 1_767_226_000.0
 JOB = Path(__file__).with_name("slurm_sweep_job.py")
@@ -82,8 +87,6 @@ def test_a_gpu_flag_still_passes_on_a_single_node_sweep() -> None:
 
 
 def test_the_verdict_is_the_swept_nodes_line_when_every_node_prints_one() -> None:
-    from guard.schemas import SweepResult
-
     def line(node: str, passed: bool) -> str:
         checks = [
             SweepCheck(name="nccl_multinode_busbw_gbps", value=1.0, passed=passed),
@@ -206,3 +209,97 @@ def test_an_admin_drained_peer_is_not_borrowed_and_the_sweep_is_untested(tmp_pat
     assert checks[0].detail.startswith("untested: peer sb is drained by someone else")
     assert cli.nodes["sb"]["Reason"] == "bad cable [ann@2026-12-01]"
     assert not any("NodeName=sb" in c for c in cli.calls)
+
+
+# --- Kubernetes, on the recording API of test_kubernetes.py ---------------------------------
+
+
+class TwoNodeApiServer(StandInApiServer):
+    """test_kubernetes.py's stand-in API server; each sweep Job's pod logs its own node's line
+    (``logs[node]``), as the kubelet of that node would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logs: dict[str, str] = {}
+        self.nodes["gpu-a"]["status"]["addresses"] = [
+            {"type": "InternalIP", "address": "10.0.0.11"},
+            {"type": "Hostname", "address": "gpu-a"},
+        ]
+
+    def route(self, method: str, path: str, query: Any, body: Any) -> tuple[int, Any]:
+        parts = path.strip("/").split("/")
+        if parts[-1] == "log":
+            job = self.jobs[parts[5].removesuffix("-x")]
+            node = job["spec"]["template"]["spec"]["nodeSelector"]["kubernetes.io/hostname"]
+            return 200, self.logs.get(node, "")
+        return super().route(method, path, query, body)
+
+
+def multi_line(node: str, passed: bool = True) -> str:
+    checks = [
+        SweepCheck(name="nccl_multinode_busbw_gbps", value=380.0, unit="GB/s", passed=passed),
+        SweepCheck(name="sweep_coverage", value=8, unit="gpus", baseline=8, passed=True),
+    ]
+    result = SweepResult(id=node, ts=T0, node=node, sweep="multi", checks=checks, passed=passed)
+    return result.model_dump_json()
+
+
+@pytest.fixture
+def two_node_api(tmp_path: Path) -> Any:
+    server = TwoNodeApiServer()
+    kube = KubernetesScheduler(kubeconfig=kubeconfig(tmp_path, server.url), namespace="guard")
+    ex = KubernetesSweepExecutor(
+        kube, image="registry.example/guard:1", job=SweepJob(poll_s=0.05), rendezvous_port=29511
+    )
+    yield server, ex
+    server.close()
+
+
+def test_a_kubernetes_multi_node_sweep_cordons_the_peer_runs_a_job_per_node_and_gives_it_back(
+    two_node_api: Any,
+) -> None:
+    server, ex = two_node_api
+    server.pods = {"trainer-0": pod("trainer-0", "gpu-b")}  # the peer is busy at first
+    server.logs = {"gpu-a": multi_line("gpu-a"), "gpu-b": multi_line("gpu-b")}
+    threading.Timer(0.3, server.pods.clear).start()  # its job ends meanwhile
+    checks = ex.run("gpu-a", "multi", ["gpu-b"], time.time())
+    assert [(c.name, c.passed) for c in checks] == [
+        ("nccl_multinode_busbw_gbps", True),
+        ("sweep_coverage", True),
+    ]
+    # the peer: Guard's taint with the reason while lent, then exactly as before
+    first, last = server.bodies("PATCH", "/nodes/gpu-b")[0], server.nodes["gpu-b"]
+    assert first["spec"]["taints"][-1]["key"] == "guard.io/suspect"
+    assert (
+        "peer for the multi-node sweep of gpu-a"
+        in (first["metadata"]["annotations"]["guard.io/reason"])
+    )
+    assert not last["spec"].get("unschedulable") and not last["spec"].get("taints")
+    jobs = [as_model(b, "V1Job") for b in server.bodies("POST", "/jobs")]
+    assert server.jobs == {}  # both deleted
+    by_node = {j.spec.template.spec.node_selector["kubernetes.io/hostname"]: j for j in jobs}
+    for rank, (member, other) in enumerate([("gpu-a", "gpu-b"), ("gpu-b", "gpu-a")]):
+        spec = by_node[member].spec.template.spec
+        assert spec.host_network is True
+        assert spec.containers[0].command[-8:] == [
+            *("--sweep", "multi", "--peers", other, "--node-rank", str(rank)),
+            *("--rendezvous", "10.0.0.11:29511"),  # the suspect's InternalIP
+        ]
+        assert spec.containers[0].resources.limits == {"nvidia.com/gpu": "8"}
+
+
+def test_a_kubernetes_peer_without_a_line_fails_and_a_foreign_cordon_is_not_borrowed(
+    two_node_api: Any,
+) -> None:
+    server, ex = two_node_api
+    server.logs = {"gpu-a": multi_line("gpu-a"), "gpu-b": "Traceback: NCCL error"}
+    checks = ex.run("gpu-a", "multi", ["gpu-b"], time.time())
+    assert [c.name for c in checks if not c.passed] == ["peer_sweep_error"]
+    assert "peer gpu-b printed no sweep line (exit 0): Traceback: NCCL error" in checks[-1].detail
+    server.nodes["gpu-b"]["spec"]["unschedulable"] = True  # an admin's cordon
+    server.requests.clear()
+    [untested] = ex.run("gpu-a", "multi", ["gpu-b"], time.time())
+    assert untested.name == "kube_multi" and untested.detail == (
+        "untested: peer gpu-b is cordoned by someone else"
+    )
+    assert server.bodies("PATCH", "/nodes/gpu-b") == [] and server.bodies("POST", "/jobs") == []

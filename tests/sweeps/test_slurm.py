@@ -445,3 +445,49 @@ def test_the_multi_node_job_runs_under_the_real_slurm_and_an_unknown_peer_is_unt
     assert [(c.name, c.passed) for c in checks] == [("slurm_peer", False)]
     assert checks[0].detail.startswith("untested: ")
     assert f"Nodes={node} " in sh("scontrol", "show", "reservation", reservation)
+
+
+def _open_gpus(node: str, *srun_args: str) -> list[str]:
+    """What each GPU device file gives a job on the node: ``ok``, or the error's name."""
+    devices = Path(os.environ["SLURM_CONF"]).parent / "dev"
+    probe = (
+        "import os, sys\n"
+        "for f in sorted(os.listdir(sys.argv[1])):\n"
+        "    try:\n"
+        "        open(os.path.join(sys.argv[1], f), 'rb').close(); print(f, 'ok')\n"
+        "    except OSError as e:\n"
+        "        print(f, type(e).__name__)\n"
+    )
+    out = sh(
+        "srun",
+        f"--nodelist={node}",
+        "-N1",
+        "-n1",
+        *srun_args,
+        sys.executable,
+        "-c",
+        probe,
+        str(devices),
+    )
+    return out.split("\n")[:-1]
+
+
+def test_a_job_opens_only_the_gpus_slurm_gave_it(node: str) -> None:
+    """Device cgroups (ConstrainDevices=yes) as on a GPU cluster, where this host allows them
+    (deploy/slurm/slurm.sh says in cgroup.state why not otherwise): a job that asks for no
+    GPU gets none — why the sweep's srun asks for every GPU the node declares. The device files
+    are NVIDIA's character devices without a driver: a GPU the job has opens with ENXIO
+    (OSError), one it was not given fails EPERM."""
+    state = (Path(os.environ["SLURM_CONF"]).parent / "cgroup.state").read_text().strip()
+    config = sh("scontrol", "show", "config")
+    if state != "on":  # the documented fallback, said in the state file and in the config
+        assert state.startswith("off: ") and "task/none" in config, state
+        return
+    assert "task/cgroup" in config and "proctrack/cgroup" in config
+    gpus = node_line(node).gpus
+    assert _open_gpus(node) == [f"nvidia{i} PermissionError" for i in range(gpus)]
+    assert _open_gpus(node, "--gres=gpu:1") == ["nvidia0 OSError"] + [
+        f"nvidia{i} PermissionError" for i in range(1, gpus)
+    ]
+    whole = _open_gpus(node, "--exclusive", f"--gres=gpu:{gpus}")  # the sweep's request
+    assert whole == [f"nvidia{i} OSError" for i in range(gpus)]

@@ -90,7 +90,9 @@ def backtest_rates(paths: list[Path], runs: int) -> tuple[dict[Path, list[float]
             stats = BacktestStats()
             started = time.process_time()
             with tempfile.TemporaryFile() as out:
-                run_backtest(read_messages([path], stats), out, make_detector("guard"), stats)
+                run_backtest(
+                    read_messages([path], stats, rows=True), out, make_detector("guard"), stats
+                )
             rates[path].append(stats.messages / (time.process_time() - started))
     return rates, stats
 

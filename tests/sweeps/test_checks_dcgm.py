@@ -113,18 +113,12 @@ def test_a_gpu_without_a_result_or_an_expected_gpu_dcgm_never_saw_is_untested(dc
 def test_a_recorded_dcgm3_level1_run_with_text_before_it_and_nulls_inside_passes(dcgmi) -> None:
     dcgmi(DCGM31)
     results = diag(level=1)
-    assert [r.name for r in results] == [
-        "dcgm:denylist",
-        "dcgm:nvml_library",
-        "dcgm:cuda_main_library",
-        "dcgm:permissions_and_os_related_blocks",
-        "dcgm:persistence_mode",
-        "dcgm:environmental_variables",
-        "dcgm:page_retirement_row_remap",
-        "dcgm:graphics_processes",
-        "dcgm:inforom",
-        "dcgm:software",
-    ]
+    deployment = (
+        "denylist nvml_library cuda_main_library permissions_and_os_related_blocks "
+        "persistence_mode environmental_variables page_retirement_row_remap graphics_processes "
+        "inforom software"
+    )
+    assert [r.name for r in results] == [f"dcgm:{t}" for t in deployment.split()]
     assert all(r.passed for r in results), [r.detail for r in results]
     assert results[0].detail == "level 1, DCGM 3.1.0: gpu0-7 Pass"
 
@@ -132,13 +126,8 @@ def test_a_recorded_dcgm3_level1_run_with_text_before_it_and_nulls_inside_passes
 def test_a_recorded_dcgm3_run_that_skipped_everything_is_untested_not_passed(dcgmi) -> None:
     dcgmi(T400)
     results = diag(gpus=1)
-    assert [r.name for r in results] == [
-        "dcgm:pcie",
-        "dcgm:gpu_memory",
-        "dcgm:diagnostic",
-        "dcgm:eud_test",
-        "dcgm:targeted_stress",
-    ]
+    skipped = "pcie gpu_memory diagnostic eud_test targeted_stress"
+    assert [r.name for r in results] == [f"dcgm:{t}" for t in skipped.split()]
     assert not any(r.passed for r in results)
     assert results[0].detail == "level 3: gpu0 Skip — untested"
     # a site may declare a test that cannot run on its parts allowed to skip; only that one

@@ -62,6 +62,7 @@ __all__ = [
     "SweepExecutor",
     "make_executor",
     "parse_sweep_output",
+    "peer_checks",
     "sweep_lines",
 ]
 
@@ -478,6 +479,26 @@ def sweep_lines(stdout: str) -> list[SweepResult]:
     return out
 
 
+def peer_checks(peer: str, code: int, stdout: str, stderr: str = "") -> list[SweepCheck]:
+    """What a multi-node sweep's peer adds to the node's verdict: ``peer_sweep_error`` when it
+    printed no ``sweep`` line of its own, ``peer_busy`` (untested) when its GPUs were busy with
+    other processes at the start (the all-reduce measured the sharing, not the link)."""
+    mine = [r for r in sweep_lines(stdout) if r.node == peer]
+    if not mine:
+        tail = (stderr or stdout).strip()[-300:]
+        return [
+            SweepCheck(
+                name="peer_sweep_error",
+                passed=False,
+                detail=f"peer {peer} printed no sweep line (exit {code}): {tail}",
+            )
+        ]
+    busy = [c for c in mine[-1].checks if c.name == "gpu_processes" and not c.passed]
+    return [
+        SweepCheck(name="peer_busy", passed=False, detail=f"peer {peer}: {c.detail}") for c in busy
+    ]
+
+
 def _coverage_problems(
     result: SweepResult, expected_gpus: int | None, command: str
 ) -> list[SweepCheck]:
@@ -565,6 +586,8 @@ class SshExecutor:
                 for check in failed:
                     if not check.passed:
                         checks.append(check.model_copy(update={"name": f"peer_{check.name}"}))
+            else:
+                checks += peer_checks(member, code, out, err)
         return checks
 
     def _one(self, node: str, argv: list[str]) -> list[SweepCheck]:

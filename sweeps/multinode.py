@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from guard.schemas import SweepCheck
 
-from .executors import parse_sweep_output, sweep_lines
+from .executors import parse_sweep_output, peer_checks
 from .scheduler import SchedulerError
 
 if TYPE_CHECKING:
@@ -180,17 +180,8 @@ def run_slurm_multi(ex: SlurmSweepExecutor, node: str, peers: Sequence[str]) -> 
     checks = parse_sweep_output(
         node, argv, done.returncode, done.stdout, done.stderr, expected_gpus=gpus
     )
-    printed = {line.node for line in sweep_lines(done.stdout)}
     for peer in peers:
-        if peer not in printed:
-            tail = (done.stderr or done.stdout).strip()[-300:]
-            checks.append(
-                SweepCheck(
-                    name="peer_sweep_error",
-                    passed=False,
-                    detail=f"peer {peer} printed no sweep line (exit {done.returncode}): {tail}",
-                )
-            )
+        checks += peer_checks(peer, done.returncode, done.stdout, done.stderr)
     return checks
 
 
@@ -280,15 +271,7 @@ def run_kubernetes_multi(
         node, [f"job/{name}"], code, out, "", expected_gpus=_count(gpus[node])
     )
     for peer in peers:
-        code, out = logs[peer]
-        if peer not in {line.node for line in sweep_lines(out)}:
-            checks.append(
-                SweepCheck(
-                    name="peer_sweep_error",
-                    passed=False,
-                    detail=f"peer {peer} printed no sweep line (exit {code}): {out.strip()[-300:]}",
-                )
-            )
+        checks += peer_checks(peer, *logs[peer])
     return checks
 
 

@@ -9,6 +9,7 @@ compare within.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -95,6 +96,7 @@ class GpuHealthCheck:
             pending = _optional(nvml, nvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
             if pending:
                 pages.append(f"gpu{i}: retirement pending")
+        out.append(self._processes(nvml, handles))
         out += [self._power_limit(nvml, i, h) for i, h in enumerate(handles)]
         for name, bad, what in (
             ("ecc_uncorrectable", ecc, "uncorrectable ECC errors since boot"),
@@ -112,6 +114,28 @@ class GpuHealthCheck:
                 )
             )
         return out
+
+    @staticmethod
+    def _processes(nvml: Any, handles: list[Any]) -> CheckResult:
+        """``gpu_processes``: compute processes on the GPUs when the sweep starts, the sweep's
+        own aside. A busy GPU (the suspect's job not gone, a peer someone uses) cannot be
+        judged: the sweep would measure the sharing, so it is untested."""
+        busy = []
+        for i, h in enumerate(handles):
+            procs = _optional(nvml, nvml.nvmlDeviceGetComputeRunningProcesses, h) or []
+            pids = sorted({int(p.pid) for p in procs} - {os.getpid()})
+            if pids:
+                busy.append(f"gpu{i}: pid {', '.join(map(str, pids))}")
+        return CheckResult(
+            "gpu_processes",
+            float(len(busy)),
+            "gpus",
+            passed=not busy,
+            baseline=0.0,
+            detail=("untested: GPUs busy with other processes: " + "; ".join(busy))
+            if busy
+            else "no other compute process on the GPUs",
+        )
 
     @staticmethod
     def _power_limit(nvml: Any, gpu: int, handle: Any) -> CheckResult:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 import threading
 from pathlib import Path
@@ -118,6 +119,9 @@ class RecordedNvml:
         if value == "not_supported":
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return int(value)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
+        return [SimpleNamespace(pid=p) for p in self.gpus[h].get("processes", [])]
 
     def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
         return int(self.gpus[h]["power_limit_mw"]["enforced"])
@@ -318,6 +322,18 @@ def test_a_power_cap_below_the_default_limit_fails_on_one_gpu_or_node_wide() -> 
     assert failing(out) == [f"power_limit_w:gpu{g}" for g in range(8)]
     assert out["by"]["power_limit_w:gpu0"].detail == (
         "enforced 550 W, default 700 W: capped below its default (a power cap slows it)"
+    )
+
+
+def test_a_gpu_busy_with_another_process_when_the_sweep_starts_is_untested() -> None:
+    idle = sweep(node(), ["gpu_health"])["by"]["gpu_processes"]
+    assert idle.passed and idle.detail == "no other compute process on the GPUs"
+    busy = node()
+    busy["gpus"][2]["processes"] = [4711, os.getpid()]  # someone's job, and the sweep itself
+    out = sweep(busy, ["gpu_health"])
+    assert failing(out) == ["gpu_processes"]
+    assert out["by"]["gpu_processes"].detail == (
+        "untested: GPUs busy with other processes: gpu2: pid 4711"
     )
 
 

@@ -25,7 +25,7 @@ import pytest
 
 from guard.config import OrchestratorSettings
 from guard.schemas import GuardMessage, NodeState, SweepCheck, SweepResult
-from guard.sweeps.executors import SimulatedSweepExecutor, parse_sweep_output
+from guard.sweeps.executors import SimulatedSweepExecutor, parse_sweep_output, peer_checks
 from guard.sweeps.kubernetes import KubernetesScheduler, KubernetesSweepExecutor
 from guard.sweeps.orchestrator import Orchestrator
 from guard.sweeps.scheduler import DryRunScheduler, SchedulerError
@@ -303,3 +303,27 @@ def test_a_kubernetes_peer_without_a_line_fails_and_a_foreign_cordon_is_not_borr
         "untested: peer gpu-b is cordoned by someone else"
     )
     assert server.bodies("PATCH", "/nodes/gpu-b") == [] and server.bodies("POST", "/jobs") == []
+
+
+def test_a_busy_peer_leaves_the_multi_node_sweep_untested() -> None:
+    def peer_line(busy: bool) -> str:
+        checks = [
+            SweepCheck(
+                name="gpu_processes",
+                value=1.0 if busy else 0.0,
+                passed=not busy,
+                detail="untested: GPUs busy with other processes: gpu0: pid 4711"
+                if busy
+                else "no other compute process on the GPUs",
+            )
+        ]
+        return SweepResult(
+            id="p", ts=T0, node="peer", sweep="multi", checks=checks, passed=not busy
+        ).model_dump_json()
+
+    assert peer_checks("peer", 0, peer_line(busy=False)) == []
+    [busy] = peer_checks("peer", 1, peer_line(busy=True))
+    assert (busy.name, busy.passed) == ("peer_busy", False)
+    assert busy.detail == "peer peer: untested: GPUs busy with other processes: gpu0: pid 4711"
+    [silent] = peer_checks("peer", 1, multi_line("node"), "NCCL WARN")
+    assert silent.name == "peer_sweep_error" and silent.detail.endswith("(exit 1): NCCL WARN")

@@ -1,8 +1,9 @@
 """Sampling rounds of GPUs as columns: the peer groups, and the input, of the node GPU rules.
 
 A node agent samples all its GPUs every interval. A node's round is the latest sample of each
-GPU, closed when a GPU reports again (or at flush), so each rule sees one consistent snapshot
-of the node and compares a GPU with its siblings. Missing GPUs, gaps and slightly
+GPU, closed when a GPU reports again, at the end of a batch record (the agent's one sampling
+instant of the node: a round as it is), or at flush, so each rule sees one consistent
+snapshot of the node and compares a GPU with its siblings. Missing GPUs, gaps and slightly
 out-of-order samples only make a round smaller.
 
 **Columns.** The core decodes a step's GPU records of every node straight into
@@ -115,6 +116,8 @@ class GpuColumns:
     dbe: np.ndarray  # int64
     #: the GPU's row in its node's state (-1: not looked up yet)
     row: np.ndarray  # intp
+    #: the last sample of a batch record (one sampling instant of the node: a round)
+    ends: np.ndarray  # bool
 
     def __len__(self) -> int:
         return len(self.node)
@@ -139,6 +142,7 @@ class GpuColumns:
             xid=_ints(rows, "xid", -1),
             dbe=_ints(rows, "ecc_dbe_total", -1),
             row=np.full(len(rows), -1, dtype=np.intp),
+            ends=np.zeros(len(rows), dtype=bool),
         )
 
     @classmethod
@@ -155,6 +159,7 @@ class GpuColumns:
         node: list[str] = []
         job: list[str | None] = []
         ts: list[float] = []
+        ends: list[int] = []
         for head, items in records:
             n = len(items)
             rows += items
@@ -162,7 +167,11 @@ class GpuColumns:
             job += [head.get("job")] * n
             at = head["ts"]
             ts += [at if (t := e.get("ts")) is None else t for e in items]
-        return cls.of(rows, node, job, ts)
+            if n > 1 or items[0] is not head:  # a batch record: its last entry ends a round
+                ends.append(len(rows) - 1)
+        cols = cls.of(rows, node, job, ts)
+        cols.ends[ends] = True
+        return cols
 
     @classmethod
     def concat(cls, parts: Sequence[GpuColumns]) -> GpuColumns:
@@ -189,7 +198,7 @@ class GpuColumns:
         return cls.of([])
 
 
-_ARRAYS = ("gpu", "ts", *FIELDS, "reasons", "xid", "dbe", "row")
+_ARRAYS = ("gpu", "ts", *FIELDS, "reasons", "xid", "dbe", "row", "ends")
 
 
 @dataclass(slots=True)

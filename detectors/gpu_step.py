@@ -7,7 +7,8 @@ The core hands in the GPU samples of a step (a poll or a tick of a partition) as
 1. runs the GPU error rules over every row at once
    (:func:`~guard.detectors.gpu_errors.update_errors`);
 2. assembles each node's rounds: its open round (carried from the step before) and its new
-   samples in arrival order, a round closing when a GPU reports again;
+   samples in arrival order, a round closing when a GPU reports again or a batch record
+   ends (its samples are the node at one instant);
 3. judges every closed round of every node at once (:func:`judge_rounds`): thermal, power
    and clocks as array operations over :class:`~guard.detectors.gpu_round.Rounds`, a node's
    holds stacked with the others' for the step; a node with several rounds in the step has
@@ -57,6 +58,8 @@ __all__ = ["HOLD_SLOTS", "judge_rounds", "update_gpus"]
 HOLD_SLOTS = 5
 #: the sort key of a round closed at the end of input (after every sample)
 _AT_END = 1 << 62
+#: an open round without samples (shared: never changed, a step skips it)
+_NO_ROUND = GpuColumns.empty()
 
 
 def update_gpus(
@@ -64,12 +67,12 @@ def update_gpus(
 ) -> list[Finding]:
     """The step's GPU samples ``cols``, row ``i`` of ``nodes[owner[i]]`` (a node once in
     ``nodes``); its findings."""
-    found = [(i, 0, 0, 0, 0, f) for i, f in _errors(nodes, owner, cols)]
+    found = [(3 * i, 0, 0, 0, 0, f) for i, f in _errors(nodes, owner, cols)]
     pending = [det.open_round for det in nodes]
     parts = [p for p in pending if len(p)]
     every = GpuColumns.concat([*parts, cols]) if parts else cols
     offsets = np.cumsum([0, *(len(p) for p in parts)])
-    gpu = every.gpu.tolist()
+    gpu, ends = every.gpu.tolist(), every.ends.tolist()
     new = len(every) - len(cols)
     rounds: list[list[int]] = []
     round_owner: list[int] = []
@@ -77,6 +80,13 @@ def update_gpus(
     round_key: list[int] = []
     at = 0
     by_node = _positions(owner, len(nodes))
+
+    def close(rows: list[int], k: int, job: str | None, key: int) -> None:
+        rounds.append(rows)
+        round_owner.append(k)
+        round_job.append(job)
+        round_key.append(key)
+
     for k, det in enumerate(nodes):
         carried = len(pending[k])
         seq = list(range(offsets[at], offsets[at] + carried)) if carried else []
@@ -89,15 +99,15 @@ def update_gpus(
             if (j := every.job[i]) is not None:
                 job = j  # the closing sample's job is the round's (as it was per sample)
             if g in seen:
-                rounds.append(current)
-                round_owner.append(k)
-                round_job.append(job)
-                round_key.append(i - new)
+                close(current, k, job, 3 * (i - new) + 1)
                 current, seen = [], set()
             current.append(i)
             seen.add(g)
+            if ends[i]:  # a batch record is a round: judged now, not when the next one comes
+                close(current, k, job, 3 * (i - new) + 2)
+                current, seen = [], set()
         det.job = det.errors.job = job
-        det.open_round = every.take(np.array(current, dtype=np.intp))
+        det.open_round = every.take(np.array(current, dtype=np.intp)) if current else _NO_ROUND
     if rounds:
         closed = Rounds.of(every, rounds, round_owner, round_job)
         found += judge_rounds(nodes, closed, np.array(round_key))

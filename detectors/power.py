@@ -113,38 +113,38 @@ class PowerDetector(GpuRoundRule):
         )
         watched = self.held(state[:, 1], rounds, rows, odd)
         claimed = self.held(state[:, 0], rounds, rows, impact != 0)
+        seen = {"power": power, "limit": limit, "util": util, "bits": bits, "below": below}
+        medians = {"power": power_med, "limit": limit_med}
         found = []
         for slot, (rs, js, events) in ((1, watched), (0, claimed)):
             for r, j, event in zip(rs.tolist(), js.tolist(), events.tolist(), strict=True):
+                evidence = _evidence(seen, medians, r, j)
                 b = float(below[r, j])
-                evidence: dict[str, Any] = {
-                    "metric": "power_w",
-                    "power_w": opt(power[r, j]),
-                    "peer_median_w": opt(power_med[r, 0]),
-                    "below_peers_pct": round(100.0 * b, 1),
-                    "power_limit_w": opt(limit[r, j]),
-                    "peer_median_limit_w": opt(limit_med[r, 0]),
-                    "util_pct": opt(util[r, j]),
-                    "reasons": hex(int(bits[r, j])),
-                }
                 score = round(max(b, 1.0 if brake[r, j] else 0.0, 0.5 if capped[r, j] else 0.0), 3)
                 severity = "info"
                 if slot == 0:
                     evidence["impact"] = _IMPACTS[int(impact[r, j])] or "hw_power_brake"
                     severity = "warning"
                 since = float(state[rows[r, j], slot, 3])
+                clear = event == CLEAR
                 f = finding(
-                    self,
-                    rounds,
-                    nodes,
-                    r,
-                    j,
-                    "power",
-                    severity,
-                    score,
-                    evidence,
-                    since,
-                    event == CLEAR,
+                    self, rounds, nodes, r, j, "power", severity, score, evidence, since, clear
                 )
                 found.append((r, j, 1 - slot, f))
         return found
+
+
+def _evidence(
+    seen: dict[str, np.ndarray], medians: dict[str, np.ndarray], r: int, j: int
+) -> dict[str, Any]:
+    """What GPU ``j`` of round ``r`` drew and was allowed, against its siblings."""
+    return {
+        "metric": "power_w",
+        "power_w": opt(seen["power"][r, j]),
+        "peer_median_w": opt(medians["power"][r, 0]),
+        "below_peers_pct": round(100.0 * float(seen["below"][r, j]), 1),
+        "power_limit_w": opt(seen["limit"][r, j]),
+        "peer_median_limit_w": opt(medians["limit"][r, 0]),
+        "util_pct": opt(seen["util"][r, j]),
+        "reasons": hex(int(seen["bits"][r, j])),
+    }

@@ -125,3 +125,31 @@ def test_a_lost_gpu_is_found_by_tick_on_the_columns_state() -> None:
     [lost] = node.tick(T0 + 62)
     assert (lost.gpu, lost.evidence["error"], lost.since, lost.job) == (3, "lost_gpu", T0 + 1, "j")
     assert node.tick(T0 + 70) == []  # claimed once
+
+
+def test_a_batch_record_is_a_round_judged_when_it_ends() -> None:
+    """A batch record is the node at one sampling instant: its round is judged at once, not
+    when the node's next record comes (one sampling interval earlier than single records,
+    where only a GPU that reports again closes the round); the claim is the same."""
+    from guard.detectors.core import DetectionCore
+    from guard.schemas import batch_messages
+
+    def rounds(t: int) -> list[GpuSample]:
+        return [
+            GpuSample(ts=T0 + 10 * t, node="n1", job="j", gpu=g, util_pct=97,
+                      sm_clock_mhz=1400.0 if g == 5 else 1980.0)
+            for g in range(8)
+        ]  # fmt: skip
+
+    claims: dict[str, list[tuple[int, float, float]]] = {}
+    for mode in ("single", "batched"):
+        core = DetectionCore()
+        claims[mode] = []
+        for t in range(4):
+            samples = rounds(t)
+            records = batch_messages(samples) if mode == "batched" else samples
+            found = core.step([(0, "gpu", encode(m)) for m in records], (), T0 + 10 * t).findings
+            claims[mode] += [(t, f.ts, f.since) for f in found if f.category == "clock"]
+    # raise_after 2: the second round (t = 1) raises; singles see it closed at t = 2
+    assert claims["batched"] == [(1, T0 + 10, T0)]
+    assert claims["single"] == [(2, T0 + 10 + 0.0, T0)]

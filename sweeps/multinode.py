@@ -11,7 +11,9 @@ then resumed inside its reservation ``guard-<node>``). Each peer is then:
 2. waited for until its jobs have ended (``drain_timeout_s``);
 3. added to the suspect's reservation and resumed, so that only the sweep job can start there;
 4. after the sweep — passed, failed or broken — taken out of the reservation and resumed
-   again if Guard's drain is still on it: it is back in the pool as it was.
+   again if Guard's drain is still on it: it is back in the pool as it was. A peer an earlier
+   orchestrator left drained (a restart mid-sweep) is resumed before the executor's first
+   multi-node sweep (:func:`return_stranded_peers`).
 
 The job is one ``srun --nodes=1+P --ntasks-per-node=1 --exclusive --gres=gpu:N`` over the
 suspect and its peers in the suspect's reservation; each task runs ``guard sweep run --json
@@ -41,6 +43,9 @@ if TYPE_CHECKING:
     from .slurm import SlurmSweepExecutor
 
 log = logging.getLogger(__name__)
+
+#: The drain reason of a peer lent to a multi-node sweep (after Guard's ``guard:`` prefix).
+PEER_REASON = "peer for the multi-node sweep of"
 
 __all__ = [
     "lend_peer",
@@ -110,7 +115,7 @@ def lend_peer(ex: SlurmSweepExecutor, peer: str, node: str) -> None:
     current = sched.cli.node(slurm_peer)
     if current.drained_by_other:
         raise NodeNotOwned(f"peer {peer} is drained by someone else ({current.reason!r})")
-    sched._drain(slurm_peer, f"peer for the multi-node sweep of {node}")
+    sched._drain(slurm_peer, f"{PEER_REASON} {node}")
     deadline = time.monotonic() + ex.job.drain_timeout_s
     while not (sched.cli.node(slurm_peer).drained and not sched.cli.jobs_on(slurm_peer)):
         if time.monotonic() > deadline:
@@ -133,10 +138,32 @@ def _reserve(ex: SlurmSweepExecutor, reservation: str, slurm_nodes: Sequence[str
     )
 
 
+def return_stranded_peers(ex: SlurmSweepExecutor) -> list[str]:
+    """Resume the peers an earlier orchestrator left drained (a restart mid-sweep): nodes
+    drained with Guard's peer reason. Run once per executor, before its first multi-node sweep
+    lends any peer, so no sweep of this process holds them."""
+    sched = ex.scheduler
+    returned = []
+    for name in sched.cli.nodes():
+        current = sched.cli.node(name)
+        if current.drained_by_guard and PEER_REASON in current.reason:
+            sched.cli.scontrol_run("update", f"NodeName={name}", "State=RESUME")
+            log.warning("%s was left drained as a multi-node sweep's peer: resumed", name)
+            returned.append(name)
+    return returned
+
+
 def run_slurm_multi(ex: SlurmSweepExecutor, node: str, peers: Sequence[str]) -> list[SweepCheck]:
     """The multi-node sweep of ``node`` with ``peers`` (see the module)."""
     from .slurm import NodeNotOwned
 
+    with ex.peers_lock:  # before this executor's first sweep lends a peer
+        if not ex.stranded_peers_checked:
+            try:
+                return_stranded_peers(ex)
+                ex.stranded_peers_checked = True
+            except SchedulerError as exc:
+                log.error("could not look for peers left drained: %s", exc)
     sched = ex.scheduler
     slurm_node = sched.names.slurm(node)
     reservation = sched.reservation_name(slurm_node)

@@ -47,6 +47,7 @@ import logging
 import re
 import shlex
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -393,6 +394,8 @@ class SlurmSweepExecutor:
         self.scheduler = scheduler
         self.job = job or SweepJob()
         self.rendezvous_port = rendezvous_port
+        self.peers_lock = threading.Lock()  # multinode.return_stranded_peers runs once
+        self.stranded_peers_checked = False
 
     @property
     def drain_wait_s(self) -> float:

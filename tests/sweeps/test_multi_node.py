@@ -106,12 +106,12 @@ class TwoNodeSlurm:
     once per node of ``--nodelist`` with ``SLURMD_NODENAME`` set (see the module)."""
 
     def __init__(self, tmp: Path, peer_jobs: int = 0, admin_drained: bool = False) -> None:
-        self.nodes = {
+        self.nodes_ = {
             "sa": {"State": "IDLE", "Reason": ""},
             "sb": {"State": "MIXED", "Reason": ""},
         }
         if admin_drained:
-            self.nodes["sb"] = {"State": "IDLE+DRAIN", "Reason": "bad cable [ann@2026-12-01]"}
+            self.nodes_["sb"] = {"State": "IDLE+DRAIN", "Reason": "bad cable [ann@2026-12-01]"}
         self.reservations = {"guard-sa": ["sa"]}  # the suspect: Guard's since its single sweep
         self.peer_jobs = peer_jobs
         self.calls: list[str] = []
@@ -135,12 +135,15 @@ class TwoNodeSlurm:
         os.chmod(self.srun, os.stat(self.srun).st_mode | stat.S_IEXEC)
 
     def node(self, name: str) -> SlurmNode:
-        if name not in self.nodes:
+        if name not in self.nodes_:
             raise SchedulerError(f"scontrol show node {name}: no such node")
-        n = self.nodes[name]
+        n = self.nodes_[name]
         return SlurmNode.parse(
             f"NodeName={name} Gres=gpu:8 State={n['State']} Reason={n['Reason']}"
         )
+
+    def nodes(self) -> list[str]:
+        return list(self.nodes_)
 
     def jobs_on(self, name: str) -> list[str]:
         if name == "sb" and self.peer_jobs:
@@ -155,7 +158,7 @@ class TwoNodeSlurm:
         self.calls.append(shlex.join(args))
         fields = dict(a.split("=", 1) for a in args[1:] if "=" in a)
         if "NodeName" in fields:
-            n = self.nodes[fields["NodeName"]]
+            n = self.nodes_[fields["NodeName"]]
             if fields.get("State") == "DRAIN":
                 n["State"], n["Reason"] = "IDLE+DRAIN", fields["Reason"]
             elif fields.get("State") == "RESUME":
@@ -165,8 +168,11 @@ class TwoNodeSlurm:
         return ""
 
 
-def slurm_multi(tmp: Path, command: str = "", **kw: Any) -> tuple[TwoNodeSlurm, list[SweepCheck]]:
+def slurm_multi(
+    tmp: Path, command: str = "", stranded: dict[str, dict[str, str]] | None = None, **kw: Any
+) -> tuple[TwoNodeSlurm, list[SweepCheck]]:
     cli = TwoNodeSlurm(tmp, **kw)
+    cli.nodes_.update(stranded or {})
     command = command or f"{sys.executable} {JOB} --node {{node}}"
     ex = SlurmSweepExecutor(
         SlurmScheduler(cli, user="guard"),  # type: ignore[arg-type]
@@ -186,7 +192,7 @@ def test_a_slurm_multi_node_sweep_borrows_a_drained_peer_and_gives_it_back(
         "update NodeName=sb State=RESUME",
         "update ReservationName=guard-sa Nodes=sa",  # given back: in service, no reservation
     ]
-    assert cli.nodes["sb"] == {"State": "IDLE", "Reason": ""}
+    assert cli.nodes_["sb"] == {"State": "IDLE", "Reason": ""}
     role = next(c for c in checks if c.name == "sweep_role")
     assert role.detail == "rank 0 peers sb rendezvous sa:29511"  # the suspect's own line
     assert all(c.passed for c in checks if c.name != "slurm_job_host"), checks
@@ -207,7 +213,7 @@ def test_an_admin_drained_peer_is_not_borrowed_and_the_sweep_is_untested(tmp_pat
     cli, checks = slurm_multi(tmp_path, admin_drained=True)
     assert [(c.name, c.passed) for c in checks] == [("slurm_peer", False)]
     assert checks[0].detail.startswith("untested: peer sb is drained by someone else")
-    assert cli.nodes["sb"]["Reason"] == "bad cable [ann@2026-12-01]"
+    assert cli.nodes_["sb"]["Reason"] == "bad cable [ann@2026-12-01]"
     assert not any("NodeName=sb" in c for c in cli.calls)
 
 
@@ -327,3 +333,20 @@ def test_a_busy_peer_leaves_the_multi_node_sweep_untested() -> None:
     assert busy.detail == "peer peer: untested: GPUs busy with other processes: gpu0: pid 4711"
     [silent] = peer_checks("peer", 1, multi_line("node"), "NCCL WARN")
     assert silent.name == "peer_sweep_error" and silent.detail.endswith("(exit 1): NCCL WARN")
+
+
+def test_peers_an_earlier_orchestrator_left_drained_are_resumed_before_the_first_sweep(
+    tmp_path: Path,
+) -> None:
+    left = "guard: peer for the multi-node sweep of sx [root@2026-12-01T10:00:00]"
+    stranded = {
+        "sc": {"State": "IDLE+DRAIN", "Reason": left},  # a restart mid-sweep left it so
+        "sd": {"State": "IDLE+DRAIN", "Reason": "guard: sent to repair: failed [root@x]"},
+        "se": {"State": "IDLE+DRAIN", "Reason": "bad dimm [ann@2026-12-01]"},
+    }
+    cli, checks = slurm_multi(tmp_path, stranded=stranded)
+    assert cli.calls[0] == "update NodeName=sc State=RESUME"
+    assert cli.nodes_["sc"] == {"State": "IDLE", "Reason": ""}
+    assert cli.nodes_["sd"]["State"] == cli.nodes_["se"]["State"] == "IDLE+DRAIN"  # not peers
+    assert [c for c in cli.calls if "NodeName=sd" in c or "NodeName=se" in c] == []
+    assert next(c for c in checks if c.name == "sweep_role").passed  # and the sweep ran

@@ -39,6 +39,7 @@ import json
 import logging
 import re
 import shlex
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -389,6 +390,8 @@ class KubernetesSweepExecutor:
         self.image = image
         self.job = job or SweepJob(poll_s=2.0)
         self.rendezvous_port = rendezvous_port
+        self.peers_lock = threading.Lock()  # multinode.return_stranded_kube_peers runs once
+        self.stranded_peers_checked = False
 
     @property
     def drain_wait_s(self) -> float:

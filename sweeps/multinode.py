@@ -222,6 +222,23 @@ def _node_address(sched: Any, node: str) -> str:
     return str(ip or node)
 
 
+def return_stranded_kube_peers(ex: KubernetesSweepExecutor) -> list[str]:
+    """Uncordon the peers an earlier orchestrator left cordoned (Guard's taint with the peer
+    reason), once per executor before its first multi-node sweep lends any."""
+    from .kubernetes import ANNOTATION_REASON
+
+    sched = ex.scheduler
+    returned = []
+    for name in sched.inventory() or []:
+        current = sched._read(name)
+        reason = (current.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_REASON)
+        if sched._guard_taint(current) is not None and str(reason).startswith(PEER_REASON):
+            sched.uncordon(name)
+            log.warning("%s was left cordoned as a multi-node sweep's peer: uncordoned", name)
+            returned.append(name)
+    return returned
+
+
 def run_kubernetes_multi(
     ex: KubernetesSweepExecutor, node: str, peers: Sequence[str]
 ) -> list[SweepCheck]:
@@ -239,6 +256,13 @@ def run_kubernetes_multi(
     sched = ex.scheduler
     if not peers:
         return [SweepCheck(name="multi_no_peer", passed=False, detail="no peer to sweep with")]
+    with ex.peers_lock:  # before this executor's first sweep lends a peer
+        if not ex.stranded_peers_checked:
+            try:
+                return_stranded_kube_peers(ex)
+                ex.stranded_peers_checked = True
+            except SchedulerError as exc:
+                log.error("could not look for peers left cordoned: %s", exc)
     cordoned: list[str] = []
     jobs: list[tuple[str, str]] = []
     ns = sched.namespace
@@ -248,7 +272,7 @@ def run_kubernetes_multi(
             if (current.get("spec") or {}).get("unschedulable") and not sched._guard_taint(current):
                 raise NodeNotOwnedError(f"peer {peer} is cordoned by someone else")
             cordoned.append(peer)
-            sched.cordon(peer, f"peer for the multi-node sweep of {node}")
+            sched.cordon(peer, f"{PEER_REASON} {node}")
         deadline = time.monotonic() + ex.job.drain_timeout_s
         for peer in peers:
             while pods := sched.training_pods(peer):

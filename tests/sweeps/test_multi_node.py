@@ -350,3 +350,30 @@ def test_peers_an_earlier_orchestrator_left_drained_are_resumed_before_the_first
     assert cli.nodes_["sd"]["State"] == cli.nodes_["se"]["State"] == "IDLE+DRAIN"  # not peers
     assert [c for c in cli.calls if "NodeName=sd" in c or "NodeName=se" in c] == []
     assert next(c for c in checks if c.name == "sweep_role").passed  # and the sweep ran
+
+
+def test_a_kubernetes_peer_left_cordoned_by_an_earlier_orchestrator_is_uncordoned_first(
+    two_node_api: Any,
+) -> None:
+    server, ex = two_node_api
+    ex.scheduler.cordon("gpu-b", "peer for the multi-node sweep of gpu-x")  # a restart left it
+    ex.scheduler.cordon("gpu-a", "cordoned for sweep: a nic flag")  # the suspect: stays
+    server.logs = {"gpu-a": multi_line("gpu-a"), "gpu-b": multi_line("gpu-b")}
+    checks = ex.run("gpu-a", "multi", ["gpu-b"], time.time())
+    assert all(c.passed for c in checks)
+    reasons = [
+        b["metadata"]["annotations"].get("guard.io/reason")
+        for b in server.bodies("PATCH", "/nodes/gpu-b")
+        if b.get("metadata")
+    ]
+    # cordoned by the restart, uncordoned first, lent to this sweep, given back
+    assert reasons == [
+        "peer for the multi-node sweep of gpu-x",
+        None,
+        "peer for the multi-node sweep of gpu-a",
+        None,
+    ]
+    suspect = server.nodes["gpu-a"]
+    assert suspect["spec"]["unschedulable"] and suspect["spec"]["taints"][-1]["key"] == (
+        "guard.io/suspect"
+    )

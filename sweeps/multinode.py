@@ -138,6 +138,17 @@ def _reserve(ex: SlurmSweepExecutor, reservation: str, slurm_nodes: Sequence[str
     )
 
 
+def _once(ex: Any, give_back: Any) -> None:
+    """``give_back(ex)`` before the executor's first multi-node sweep lends a peer."""
+    with ex.peers_lock:
+        if not ex.stranded_peers_checked:
+            try:
+                give_back(ex)
+                ex.stranded_peers_checked = True
+            except SchedulerError as exc:
+                log.error("could not look for peers an earlier run left taken: %s", exc)
+
+
 def return_stranded_peers(ex: SlurmSweepExecutor) -> list[str]:
     """Resume the peers an earlier orchestrator left drained (a restart mid-sweep): nodes
     drained with Guard's peer reason. Run once per executor, before its first multi-node sweep
@@ -157,13 +168,7 @@ def run_slurm_multi(ex: SlurmSweepExecutor, node: str, peers: Sequence[str]) -> 
     """The multi-node sweep of ``node`` with ``peers`` (see the module)."""
     from .slurm import NodeNotOwned
 
-    with ex.peers_lock:  # before this executor's first sweep lends a peer
-        if not ex.stranded_peers_checked:
-            try:
-                return_stranded_peers(ex)
-                ex.stranded_peers_checked = True
-            except SchedulerError as exc:
-                log.error("could not look for peers left drained: %s", exc)
+    _once(ex, return_stranded_peers)
     sched = ex.scheduler
     slurm_node = sched.names.slurm(node)
     reservation = sched.reservation_name(slurm_node)
@@ -256,13 +261,7 @@ def run_kubernetes_multi(
     sched = ex.scheduler
     if not peers:
         return [SweepCheck(name="multi_no_peer", passed=False, detail="no peer to sweep with")]
-    with ex.peers_lock:  # before this executor's first sweep lends a peer
-        if not ex.stranded_peers_checked:
-            try:
-                return_stranded_kube_peers(ex)
-                ex.stranded_peers_checked = True
-            except SchedulerError as exc:
-                log.error("could not look for peers left cordoned: %s", exc)
+    _once(ex, return_stranded_kube_peers)
     cordoned: list[str] = []
     jobs: list[tuple[str, str]] = []
     ns = sched.namespace

@@ -145,7 +145,7 @@ def test_a_kubernetes_install_sweeps_and_releases_in_jobs_of_the_shipped_image(
 
     config = _configured()
     kustomization = yaml.safe_load((KUBE / "kustomization.yaml").read_text())
-    [image] = kustomization["images"]
+    [image] = [i for i in kustomization["images"] if i["name"] == "guard"]  # the full image
     assert config.orchestrator.kube_sweep_image == f"{image['newName']}:{image['newTag']}"
     rbac = [d for d in yaml.safe_load_all((KUBE / "orchestrator-rbac.yaml").read_text()) if d]
     job_roles = [d for d in rbac if d["kind"] == "Role"

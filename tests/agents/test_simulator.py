@@ -598,6 +598,44 @@ def test_job_churn_ends_jobs_cools_their_gpus_and_warms_up_the_next_job() -> Non
         ClusterSimulator(SimConfig(job_lifetime_s=-1.0))
 
 
+def test_hot_idle_nodes_run_hot_while_idle_and_change_nothing_else() -> None:
+    """An idle node whose GPUs run hot (blocked airflow, a context left open): a confounder
+    in the truth, not a fault; the rest of the run is byte for byte the run without it."""
+    base = {"nodes": 16, "duration_s": 180.0, "seed": 6, "random_faults": 0}
+    plain = list(ClusterSimulator(SimConfig(**base)).messages())
+    sim = ClusterSimulator(SimConfig(**base, hot_idle_nodes=1))
+    messages = list(sim.messages())
+    truth = sim.truth()
+    (hot,) = [c for c in truth.confounders if c.kind == "hot_idle"]
+    assert hot.node in truth.idle_nodes and not truth.faults
+    assert 20 <= hot.detail["extra_c"] <= 35 and 15 <= hot.detail["extra_w"] <= 45
+    (cool,) = [n for n in truth.idle_nodes if n != hot.node]  # 16 nodes: two idle
+
+    def settled(msgs: list[Any], node: str) -> list[Any]:
+        return [
+            m for m in msgs if m.kind == "gpu" and m.node == node and m.ts > truth.start_ts + 90
+        ]
+
+    hot_now, hot_before = settled(messages, hot.node), settled(plain, hot.node)
+    assert all(m.job is None and m.util_pct == 0 and m.clock_event_reasons == 1 for m in hot_now)
+    warmer = statistics.median(m.temp_c for m in hot_now) - statistics.median(
+        m.temp_c for m in hot_before
+    )
+    assert warmer == pytest.approx(hot.detail["extra_c"], abs=3)
+    assert max(m.temp_c for m in hot_now) < THROTTLE_TEMP_C - 5  # below throttling
+    more = statistics.median(m.power_w for m in hot_now) - statistics.median(
+        m.power_w for m in hot_before
+    )
+    assert more == pytest.approx(hot.detail["extra_w"], abs=3)
+    assert settled(messages, cool) == settled(plain, cool)
+    others = [m for m in messages if m.node != hot.node]
+    assert others == [m for m in plain if m.node != hot.node]  # nothing else changed
+    again = ClusterSimulator(SimConfig(**base, hot_idle_nodes=1)).truth().confounders
+    assert [c for c in again if c.kind == "hot_idle"] == [hot]  # seeded
+    with pytest.raises(ValueError, match="hot_idle_nodes=3 but only 2 nodes are idle"):
+        ClusterSimulator(SimConfig(**base, hot_idle_nodes=3))
+
+
 def test_fleet_options_together_split_across_workers_write_the_same_bytes(tmp_path: Path) -> None:
     config = SimConfig(
         nodes=8,
@@ -607,6 +645,7 @@ def test_fleet_options_together_split_across_workers_write_the_same_bytes(tmp_pa
         job_lifetime_s=200.0,
         job_gap_s=60.0,
         clock_offset_s=0.5,
+        hot_idle_nodes=1,
         faults=[FaultSpec("host_slow", node="node-003", onset_s=100.0)],
     )
     one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
@@ -614,4 +653,4 @@ def test_fleet_options_together_split_across_workers_write_the_same_bytes(tmp_pa
     truth_two, _ = write_jsonl(config, two, workers=2)
     assert one.read_bytes() == two.read_bytes()
     assert truth_one == truth_two and truth_one.clock_offsets is not None
-    assert {"job_end", "warmup"} <= {c.kind for c in truth_one.confounders}
+    assert {"job_end", "warmup", "hot_idle"} <= {c.kind for c in truth_one.confounders}

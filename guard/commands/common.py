@@ -114,6 +114,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer >= 0 (0 meaning none, or off)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not an integer >= 0")
+    return value
+
+
 def _finite(text: str) -> float:
     try:
         value = float(text)

@@ -21,6 +21,7 @@ from guard.agents.simulator import (
     THROTTLE_TEMP_C,
     ClusterSimulator,
     FaultSpec,
+    JobSpec,
     SimConfig,
     write_jsonl,
 )
@@ -402,6 +403,51 @@ def test_guard_simulate_cli_writes_telemetry_and_truth(
     assert main([*args, "--truth", str(truth), "--fault", "slow_gpu:gpu=99"]) == 2
     assert main(["simulate", "--out", str(tmp_path / "no" / "t.jsonl"), "--truth", str(truth)]) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_guard_simulate_cli_runs_a_shared_fleet(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The fleet options from the command line: short-step jobs, host clock offsets, job
+    churn with warm-up, hot idle nodes; the same as the SimConfig they stand for."""
+    from guard.cli import main
+    from guard.schemas.truth import Truth
+
+    out, truth_path = tmp_path / "t.jsonl", tmp_path / "truth.json"
+    fleet = ["--job", "job-a:nodes=4:step=5", "--job", "job-b:nodes=2:stages=2:step=8"]
+    fleet += ["--clock-offset", "0.5", "--job-lifetime", "200", "--job-gap", "40"]
+    fleet += ["--warmup-steps", "10", "--warmup-extra", "0.3", "--hot-idle-nodes", "1"]
+    args = ["simulate", "--nodes", "8", "--duration", "400", "--seed", "3"]
+    assert main([*args, *fleet, "--out", str(out), "--truth", str(truth_path)]) == 0
+    truth = Truth.load(truth_path)
+    steps = {j.job: j.step_s_nominal for j in truth.jobs}
+    assert steps["job-a"] == 5.0 and steps["job-b"] == 8.0 and "job-a-2" in steps
+    assert [j.pp_stages for j in truth.jobs if j.job == "job-b"] == [2]
+    kinds = {c.kind for c in truth.confounders}
+    assert {"job_end", "warmup", "hot_idle"} <= kinds
+    warmup = next(c for c in truth.confounders if c.kind == "warmup")
+    assert warmup.detail["steps"] == 10
+    assert truth.clock_offsets and max(map(abs, truth.clock_offsets.values())) <= 0.52
+    assert len(truth.idle_nodes) == 2  # 8 nodes, jobs on 6
+    config = SimConfig(
+        nodes=8,
+        duration_s=400.0,
+        seed=3,
+        jobs=[JobSpec("job-a", 4, 1, 5.0), JobSpec("job-b", 2, 2, 8.0)],
+        clock_offset_s=0.5,
+        job_lifetime_s=200.0,
+        job_gap_s=40.0,
+        warmup_steps=10,
+        warmup_extra=0.3,
+        hot_idle_nodes=1,
+    )
+    again, direct = tmp_path / "direct.jsonl", tmp_path / "direct.json"
+    write_jsonl(config, again)[0].save(direct)
+    assert again.read_bytes() == out.read_bytes() and Truth.load(direct) == truth
+    capsys.readouterr()
+    for bad in (["--job", "job-a:nodes=0"], ["--job", "job-a:gpus=2"], ["--hot-idle-nodes", "7"]):
+        assert main([*args, *bad, "--out", str(out), "--truth", str(truth_path)]) == 2, bad
+        assert capsys.readouterr().err.count("\n") == 1, bad  # one line that says why
 
 
 def test_gpus_of_a_chassis_spread_by_airflow_position_steadily(run: Any, index: Any) -> None:

@@ -3,11 +3,17 @@
 Four plotly figures on one page, with plotly.js inlined once (the page opens offline):
 
 1. step time with and without Guard (per job; the run without is a counterfactual: the same
-   simulated scenario without remediation, or any run given as the baseline);
+   simulated scenario without remediation, or any run given as the baseline), a dotted line
+   at each cordon;
 2. a timeline per node: its node states as bars (healthy, suspect, cordoned, sweeping,
-   failed, repair) and every warning/critical flag as a marker;
-3. time to detect per fault (from the simulator's ground truth, when there is one);
+   failed, repair), a square where each begins (states entered in the same second stack up
+   in a column, so none hides another) and every warning/critical flag as a marker;
+3. time to detect and to cordon per fault (from the simulator's ground truth, when there is
+   one);
 4. goodput: useful steps per hour with and without, and the cumulative useful steps.
+
+Times are drawn on the wall clock (UTC date axes, the run's span), the step times and the
+timeline one above the other with the same width, so their times line up.
 
 :class:`ReportData` is plain data; :func:`from_messages` builds it from messages (JSONL
 files, or rows read back from ClickHouse by the command), :func:`render_html` writes the page.

@@ -45,6 +45,7 @@ Usage::
     .venv/bin/python benchmarks/detection_quality.py            # full suite (~15 min, 2 cores)
     .venv/bin/python benchmarks/detection_quality.py --quick    # one small run per family
     .venv/bin/python benchmarks/detection_quality.py --jobs 1   # one process
+    .venv/bin/python benchmarks/detection_quality.py --family fleet --soak-hours 0  # one family
 """
 
 from __future__ import annotations
@@ -156,8 +157,9 @@ class Tally:
     max_slowdown: float = 0.0
     runs: int = 0
     false_by: dict[str, int] = field(default_factory=dict)
-    #: fault kind -> [(time to detect s or None: missed, nominal step s of its node's job)]
-    by_kind: dict[str, list[tuple[float | None, float]]] = field(default_factory=dict)
+    #: fault kind -> [(time to detect s or None: missed, nominal step s of its node's job,
+    #: the slowdown it reached)]
+    by_kind: dict[str, list[tuple[float | None, float, float]]] = field(default_factory=dict)
 
     def add(self, other: Tally) -> None:
         for name in (
@@ -270,21 +272,28 @@ def run_scenario(spec: tuple[str, int, float, int, float]) -> dict[str, Tally]:
 
 def per_kind(
     truth: Any, first_hit: dict[str, float], level: float = 0.05
-) -> dict[str, list[tuple[float | None, float]]]:
-    """Per fault kind: each fault's time to detect (s; None: missed) and the nominal step
-    time of its node's job, timed as ``guard eval`` times it (from when the fault reaches
-    ``level`` slowdown)."""
+) -> dict[str, list[tuple[float | None, float, float]]]:
+    """Per fault kind: each fault's time to detect (s; None: missed), the nominal step time
+    of its node's job and the slowdown it reached, timed as ``guard eval`` times it (from
+    when the fault reaches ``level`` slowdown)."""
     step_of_node = {node: job.step_s_nominal or 0.0 for job in truth.jobs for node in job.nodes}
-    out: dict[str, list[tuple[float | None, float]]] = {}
+    out: dict[str, list[tuple[float | None, float, float]]] = {}
     for fault in truth.faults:
         hit = first_hit.get(fault.id)
         ttd = None if hit is None else max(0.0, hit - fault.reaches_at(level))
-        out.setdefault(fault.kind, []).append((ttd, step_of_node.get(fault.node, 0.0)))
+        row = (ttd, step_of_node.get(fault.node, 0.0), fault.reached(truth.end_ts))
+        out.setdefault(fault.kind, []).append(row)
     return out
 
 
+#: Stragglers are also shown by the slowdown they reached (issue 26's targets are per band).
+STRAGGLER_KINDS = ("slow_gpu", "host_slow")
+BANDS = (("<5%", 0.0, 0.05), ("5-7%", 0.05, 0.07), ("7-12%", 0.07, 0.12), (">=12%", 0.12, 9.0))
+
+
 def print_per_kind(title: str, tallies: dict[str, Tally]) -> None:
-    """Time to detect per fault kind, in seconds and in steps, Guard and the two baselines."""
+    """Time to detect per fault kind (stragglers also per slowdown band), in seconds and in
+    steps: Guard, and how many the two baselines found and their median."""
     kinds = sorted({k for t in tallies.values() for k in t.by_kind})
     if not kinds:
         return
@@ -297,23 +306,33 @@ def print_per_kind(title: str, tallies: dict[str, Tally]) -> None:
     print(head)
     print("-" * len(head))
 
-    def cells(name: str, kind: str) -> tuple[str, list[float], list[float], list[float]]:
+    def cells(name: str, kind: str, lo: float, hi: float) -> tuple[str, list[float], list[float]]:
         rows = tallies[name].by_kind.get(kind, []) if name in tallies else []
-        seconds = [t for t, _ in rows if t is not None]
-        steps = [t / st for t, st in rows if t is not None and st > 0]
-        return f"{len(seconds)}/{len(rows)}", seconds, steps, [st for _, st in rows]
+        rows = [r for r in rows if lo <= r[2] < hi]
+        seconds = [t for t, _, _ in rows if t is not None]
+        steps = [t / st for t, st, _ in rows if t is not None and st > 0]
+        return f"{len(seconds)}/{len(rows)}", seconds, steps
 
-    for kind in kinds:
-        found, secs, steps, step_s = cells("guard", kind)
-        s_found, s_secs, _, _ = cells("static", kind)
-        n_found, n_secs, _, _ = cells("nvrx", kind)
-        nominal = sorted({st for st in step_s if st > 0})
+    def line(label: str, kind: str, lo: float = 0.0, hi: float = math.inf) -> None:
+        found, secs, steps = cells("guard", kind, lo, hi)
+        if found.endswith("/0"):
+            return
+        s_found, s_secs, _ = cells("static", kind, lo, hi)
+        n_found, n_secs, _ = cells("nvrx", kind, lo, hi)
+        rows = [r for r in tallies["guard"].by_kind[kind] if lo <= r[2] < hi]
+        nominal = sorted({st for _, st, _ in rows if st > 0})
         span = "-" if not nominal else "/".join(f"{v:g}" for v in nominal)
         print(
-            f"{kind:<18} {span:>7} {found:>11} {_f(_q(secs, 0.5), 0):>6} "
+            f"{label:<18} {span:>7} {found:>11} {_f(_q(secs, 0.5), 0):>6} "
             f"{_f(_q(secs, 0.95), 0):>6} {_f(_q(steps, 0.5), 1):>9} {_f(_q(steps, 0.95), 1):>9} "
             f"{s_found:>12} {_f(_q(s_secs, 0.5), 0):>6} {n_found:>10} {_f(_q(n_secs, 0.5), 0):>6}"
         )
+
+    for kind in kinds:
+        line(kind, kind)
+        if kind in STRAGGLER_KINDS:
+            for band, lo, hi in BANDS:
+                line(f"  {band}", kind, lo, hi)
 
 
 def _q(values: list[float], q: float) -> float | None:
@@ -492,8 +511,16 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="healthy node-hours of the soak family (default: 2000, 0 with --quick)",
     )
+    parser.add_argument(
+        "--family",
+        action="append",
+        choices=[f for f in FAMILIES if f != "soak"],
+        help="only this simulated family (repeatable; default: all), no real data",
+    )
     args = parser.parse_args(argv)
     specs = [] if args.soak_only else list(QUICK if args.quick else FULL)
+    if args.family:
+        specs = [spec for spec in specs if spec[0] in args.family]
     soak = args.soak_hours if args.soak_hours is not None else (0.0 if args.quick else 2000.0)
     runs = math.ceil(soak * 3600.0 / (SOAK_NODES * SOAK_RUN_S)) if soak > 0 else 0
     specs += [("soak", SOAK_NODES, SOAK_RUN_S, 100 + i, 1.0) for i in range(runs)]
@@ -547,8 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     fleet = {d: t for (family, d), t in tallies.items() if family == "fleet"}
     print_per_kind("the fleet family alone", fleet)
     print()
-    real = [] if args.soak_only else pai_rows() + nab_rows()
-    if not (args.quick or args.no_smd or args.soak_only):
+    real = [] if args.soak_only or args.family else pai_rows() + nab_rows()
+    if not (args.quick or args.no_smd or args.soak_only or args.family):
         real += smd_rows()
     for source, name, text in real:
         print(f"{source:<17} {name:<11} {text}")

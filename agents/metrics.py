@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from guard.metrics import Metrics
+from guard.schemas.topics import JOB_KINDS, NODE_KINDS
 
 __all__ = ["observe_agent"]
 
@@ -18,10 +19,11 @@ def observe_agent(metrics: Metrics, daemon: Any) -> None:
     m = metrics
     publisher = daemon.publisher
     m.counter(
-        "guard_messages_total",
+        "guard_agent_messages_total",
         "messages published, by kind",
         lambda: {(kind,): n for kind, n in dict(daemon.kinds).items()},
         ("kind",),
+        [(kind,) for kind in NODE_KINDS + JOB_KINDS],
     )
     m.counter("guard_agent_cycles_total", "sampling cycles", lambda: daemon.cycles)
     m.counter(

@@ -90,7 +90,11 @@ def backtest_rates(paths: list[Path], runs: int) -> tuple[dict[Path, list[float]
             stats = BacktestStats()
             started = time.process_time()
             with tempfile.TemporaryFile() as out:
-                run_backtest(read_messages([path], stats), out, make_detector("guard"), stats)
+                try:  # GPU and NIC lines as fields, as `guard backtest` reads them
+                    items = read_messages([path], stats, rows=True)
+                except TypeError:  # a checkout before that (--against)
+                    items = read_messages([path], stats)
+                run_backtest(items, out, make_detector("guard"), stats)
             rates[path].append(stats.messages / (time.process_time() - started))
     return rates, stats
 

@@ -8,7 +8,8 @@ the figures are the ceiling of one worker on one core — and, on the same recor
 same run, its parts:
 
 * **core** — ``DetectionCore.step`` for the node and the job stream, in batches of
-  ``--batch`` records (a worker's ``batch_max``);
+  ``--batch`` records (a worker's ``batch_max``); **core node** and **core job** each stream
+  alone (GPU and NIC records, columnar; step and collective records, per sample);
 * **decode** — each record to its samples as the core decodes it
   (:func:`~guard.schemas.sample_decoder.decode_samples`, msgspec against the models'
   constraints) alone;
@@ -125,11 +126,16 @@ def main() -> None:
         "orjson": orjson_only,
     }
     for label, records in inputs.items():
-        rates: dict[str, list[float]] = {name: [] for name in ("core", *parts, "detectors")}
+        rates: dict[str, list[float]] = {
+            name: [] for name in ("core", "core node", "core job", *parts, "detectors")
+        }
         for _ in range(args.runs):
             seconds, counted = core(records, args.batch)
             assert counted == n, (counted, n)
             rates["core"].append(n / seconds)
+            for level in ("node", "job"):  # each stream alone: gpu + nic, step + collective
+                seconds, counted = core({level: records[level]}, args.batch)
+                rates[f"core {level}"].append(counted / seconds)
             for name, part in parts.items():
                 rates[name].append(n / part(records))
             rates["detectors"].append(n / detectors_only(samples))

@@ -19,27 +19,29 @@ raise_after, within, clear_after
 Example
 -------
 >>> from guard.schemas import GpuSample
->>> from guard.detectors.gpu_round import GpuRound
->>> from guard.detectors.clocks import ClockDetector
->>> det = ClockDetector()
+>>> from guard.detectors.engine import NodeDetectors
+>>> node = NodeDetectors("n1")
 >>> found = []
->>> for t in range(4):
-...     samples = {g: GpuSample(ts=10.0 * t, node="n1", gpu=g, util_pct=97,
-...                             sm_clock_mhz=1980 - (600 if g == 6 else 0)) for g in range(8)}
-...     found += det.update(GpuRound.of("n1", None, samples))
+>>> for t in range(5):
+...     for g in range(8):
+...         found += node.update(GpuSample(ts=10.0 * t, node="n1", gpu=g, util_pct=97,
+...                                        sm_clock_mhz=1980 - (600 if g == 6 else 0)))
 >>> [(f.gpu, f.category, f.evidence["below_peers_pct"]) for f in found]
 [(6, 'clock', 30.3)]
-
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from guard.schemas.nvml_codes import IDLE
 
 from .findings import Finding
-from .gpu_round import GpuRound, GpuRoundRule
+from .gpu_round import GpuRoundRule, Rounds, finding, opt
+from .hold import CLEAR
 
 __all__ = ["ClockDetector"]
 
@@ -61,40 +63,43 @@ class ClockDetector(GpuRoundRule):
         self.low_ratio = low_ratio
         self.min_util = min_util
 
-    def update(self, message: GpuRound) -> list[Finding]:
-        """Findings of one sampling round (raises and clears of the GPUs' holds)."""
-        clock_med = message.peer_median("sm_clock_mhz")
-        if clock_med is None or clock_med <= 0.0:
-            return []
-        if not self.holds and self.low_ratio > 0.0:
-            # the common case, no GPU with history: the slowest clock decides for the round
-            slowest = min(message.peer_values("sm_clock_mhz"))
-            if 1.0 - slowest / clock_med < self.low_ratio:
-                return []
-        found: list[Finding] = []
-        low_ratio, min_util, holds = self.low_ratio, self.min_util, self.holds
-        for gpu, s in message.samples.items():
-            clock = s.sm_clock_mhz
-            below = 1.0 - clock / clock_med if clock is not None else 0.0
-            condition = (
-                below >= low_ratio
-                and s.util_pct is not None
-                and s.util_pct >= min_util
-                and not ((s.clock_event_reasons or 0) & IDLE)
-            )
-            # the common case, a healthy GPU without state, costs no call
-            held = self.held(gpu, condition, s.ts) if condition or gpu in holds else None
-            if held is None:
-                continue
+    def judge(
+        self, rounds: Rounds, state: np.ndarray, rows: np.ndarray, nodes: Sequence[str]
+    ) -> list[tuple[int, int, int, Finding]]:
+        """Findings of a wave of rounds (raises and clears of the GPUs' holds); a round
+        whose GPUs report no clock is not judged at all."""
+        clock, util = rounds.matrix("clock"), rounds.matrix("util")
+        bits = rounds.matrix("reasons")
+        med = rounds.median("clock")[:, None]
+        judged = np.broadcast_to(med > 0.0, clock.shape)  # NaN: False
+        below = np.where(~np.isnan(clock) & judged, 1.0 - clock / np.where(judged, med, 1.0), 0.0)
+        cond = (below >= self.low_ratio) & (util >= self.min_util) & ((bits & IDLE) == 0)
+        found = []
+        rs, js, events = self.held(state[:, 0], rounds, rows, cond, judged)
+        for r, j, event in zip(rs.tolist(), js.tolist(), events.tolist(), strict=True):
+            b = float(below[r, j])
             evidence: dict[str, Any] = {
                 "metric": "sm_clock_mhz",
-                "sm_clock_mhz": clock,
-                "peer_median_mhz": clock_med,
-                "below_peers_pct": round(100.0 * below, 1),
-                "util_pct": s.util_pct,
-                "reasons": hex(s.clock_event_reasons or 0),
+                "sm_clock_mhz": opt(clock[r, j]),
+                "peer_median_mhz": float(med[r, 0]),
+                "below_peers_pct": round(100.0 * b, 1),
+                "util_pct": opt(util[r, j]),
+                "reasons": hex(int(bits[r, j])),
                 "impact": "sm_clock_deficit",
             }
-            score = round(below, 3)
-            found.append(self.finding(message, gpu, held, "clock", "warning", score, evidence))
+            since = float(state[rows[r, j], 0, 3])
+            f = finding(
+                self,
+                rounds,
+                nodes,
+                r,
+                j,
+                "clock",
+                "warning",
+                round(b, 3),
+                evidence,
+                since,
+                event == CLEAR,
+            )
+            found.append((r, j, 0, f))
         return found

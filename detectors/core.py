@@ -72,12 +72,14 @@ from guard.schemas import (
     encode,
 )
 from guard.schemas.codec import leading_kind
-from guard.schemas.sample_decoder import decode_rows, decode_samples, parse_samples
+from guard.schemas.sample_decoder import Rows, decode_rows, decode_samples, parse_samples
 
 from .engine import FABRIC_KEY, EngineConfig, JobDetectors, NodeDetectors, fabric_detector
 from .findings import Finding
 from .fusion import JobFusion, NodeFusion
-from .nic import NicColumns, NicDetector, NicIncreases, update_nics
+from .gpu_round import GpuColumns
+from .gpu_step import update_gpus
+from .nic import NicColumns, NicIncreases, update_nics
 
 __all__ = [
     "TABLES",
@@ -202,6 +204,17 @@ class _KeyClock:
             self.last_tick.pop(key, None)
 
 
+@dataclass
+class _Gathered:
+    """A step's records of one columnar kind, by node (:meth:`DetectionCore._gather`)."""
+
+    nodes: list[NodeDetectors]
+    record_node: list[int]
+    owner: list[int]
+    partitions: list[int]
+    records: list[tuple[dict[str, Any], list[dict[str, Any]]]]
+
+
 class DetectionCore:
     """The detection state of a runner's partitions, and the one verb that moves it."""
 
@@ -222,8 +235,14 @@ class DetectionCore:
         self.tick_s = cfg.tick_s
         self.fabric = cfg.fabric and cfg.node_telemetry
         self.clocks = {"node": _KeyClock(), "job": _KeyClock()}
-        #: the step's NIC records: (their node's detectors, partition, common fields, entries)
-        self._nic_rows: list[tuple[NodeDetectors, int, dict[str, Any], list[dict[str, Any]]]] = []
+        #: the step's GPU and NIC records, by kind: (their node's detectors, partition,
+        #: common fields, entries)
+        self._rows: dict[
+            str, list[tuple[NodeDetectors, int, dict[str, Any], list[dict[str, Any]]]]
+        ] = {
+            "gpu": [],
+            "nic": [],
+        }
 
     def _make_node(self, key: str) -> Any:
         if key.startswith(FABRIC_KEY):
@@ -308,9 +327,12 @@ class DetectionCore:
         n = -1
         for n, (partition, kind, value) in enumerate(records):
             try:
-                if _columnar(value, kind):
+                if type(value) is tuple:  # a record its runner decoded to fields already
+                    record_kind, head, entries = value
+                    self._add_rows(record_kind, head, entries, partition)
+                elif _columnar(value, kind):
                     record_kind, head, entries = decode_rows(value, kind)
-                    self._add_nic(head, entries, partition, latest["node"])
+                    self._add_rows(record_kind, head, entries, partition)
                 else:
                     record_kind, singles = _decode(value, kind)
                     found += self._route(singles, partition, latest)
@@ -318,7 +340,9 @@ class DetectionCore:
                 bad.append((n, exc))
                 continue
             self.counters.kinds[record_kind] += 1
-        if self._nic_rows:
+        if self._rows["gpu"]:
+            found += self._gpus(latest["node"])
+        if self._rows["nic"]:
             found += self._nics(latest["node"])
         counters = self.counters
         counters.telemetry += n + 1
@@ -337,8 +361,9 @@ class DetectionCore:
         """One record's samples (a batch's share its node and job) to their key's detectors."""
         first = singles[0]
         kind = first.kind
-        if kind == "nic":  # samples decoded already (a backtest's, a test's): to the columns
-            self._add_nic(first.__dict__, [s.__dict__ for s in singles], partition, latest["node"])
+        if kind in _COLUMN_KINDS:  # samples decoded already (a backtest's): to the columns
+            entries = [s.__dict__ for s in singles]
+            self._add_rows(kind, entries[0], entries, partition)
             return []
         self.counters.samples += len(singles)
         if kind in _NODE_KINDS:
@@ -360,46 +385,66 @@ class DetectionCore:
         latest[level][key] = newest
         return found
 
-    def _add_nic(
-        self,
-        head: dict[str, Any],
-        entries: list[dict[str, Any]],
-        partition: int,
-        latest: dict[str, float],
+    def _add_rows(
+        self, record_kind: str, head: dict[str, Any], entries: list[dict[str, Any]], partition: int
     ) -> None:
-        """A NIC record, kept for the step's columns (:meth:`_nics`)."""
+        """A GPU or NIC record, kept for the step's columns (:meth:`_gpus`, :meth:`_nics`)."""
         self.counters.samples += len(entries)
         if not self.config.node_telemetry:
             return
-        key = head["node"]
-        self._nic_rows.append((self.nodes.get(key, partition), partition, head, entries))
-        newest = max(head["ts"], *(e.get("ts") or 0.0 for e in entries))
-        latest[key] = max(latest.get(key, 0.0), newest)
+        kind = record_kind.removesuffix("_batch")
+        self._rows[kind].append((self.nodes.get(head["node"], partition), partition, head, entries))
+
+    def _gather(self, kind: str) -> _Gathered:
+        """The step's records of ``kind``: their nodes (each once), each record's and each
+        sample's node (a position in that list), each sample's partition."""
+        pending, self._rows[kind] = self._rows[kind], []
+        index: dict[int, int] = {}  # id of a node's detectors -> its position
+        out = _Gathered([], [], [], [], [])
+        for detectors, partition, head, entries in pending:
+            k = index.get(id(detectors))
+            if k is None:
+                k = index[id(detectors)] = len(out.nodes)
+                out.nodes.append(detectors)
+            n = len(entries)
+            out.record_node.append(k)
+            out.owner += [k] * n
+            out.partitions += [partition] * n
+            out.records.append((head, entries))
+        return out
+
+    @staticmethod
+    def _newest(
+        latest: dict[str, float], keys: Sequence[str], owner: np.ndarray, ts: np.ndarray
+    ) -> None:
+        """Each key's newest event time, from the step's samples (``owner``: their key)."""
+        top = np.full(len(keys), -np.inf)
+        np.maximum.at(top, owner, ts)
+        for key, t in zip(keys, top.tolist(), strict=True):
+            latest[key] = max(latest.get(key, 0.0), t)
+
+    def _gpus(self, latest: dict[str, float]) -> list[Finding]:
+        """The step's GPU samples, every node's at once (:func:`~.gpu_step.update_gpus`)."""
+        got = self._gather("gpu")
+        owner = np.array(got.owner, dtype=np.intp)
+        cols = GpuColumns.of_records(got.records)
+        self._newest(latest, [d.node for d in got.nodes], owner, cols.ts)
+        return update_gpus(got.nodes, owner, cols)
 
     def _nics(self, latest: dict[str, float]) -> list[Finding]:
         """The step's NIC samples, every node's at once (:func:`~.nic.update_nics`), then
         the fabric detector of each partition with the increases they added."""
-        pending, self._nic_rows = self._nic_rows, []
-        nodes: dict[int, int] = {}  # id of a node's detectors -> its position in ``nics``
-        nics: list[NicDetector] = []
-        owner: list[int] = []
-        partitions: list[int] = []
-        records: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
-        for detectors, partition, head, entries in pending:
-            k = nodes.get(id(detectors))
-            if k is None:
-                k = nodes[id(detectors)] = len(nics)
-                nics.append(detectors.nic)
-            job = head.get("job")
-            if job is not None:
-                detectors.job = detectors.errors.job = job
-            owner += [k] * len(entries)
-            partitions += [partition] * len(entries)
-            records.append((head, entries))
-        cols = NicColumns.of_records(records)
-        found, inc = update_nics(nics, np.array(owner, dtype=np.intp), cols)
+        got = self._gather("nic")
+        for k, (head, _) in zip(got.record_node, got.records, strict=True):
+            if (job := head.get("job")) is not None:
+                det = got.nodes[k]
+                det.job = det.errors.job = job
+        owner = np.array(got.owner, dtype=np.intp)
+        cols = NicColumns.of_records(got.records)
+        self._newest(latest, [d.node for d in got.nodes], owner, cols.ts)
+        found, inc = update_nics([d.nic for d in got.nodes], owner, cols)
         if self.fabric:
-            found += self._fabric(cols, inc, np.array(partitions), latest)
+            found += self._fabric(cols, inc, np.array(got.partitions), latest)
         return found
 
     def _fabric(
@@ -476,8 +521,8 @@ class DetectionCore:
 
 
 #: kinds whose records the core decodes straight into columns (:func:`decode_rows`)
-_COLUMN_KINDS = frozenset({"nic"})
-_COLUMN_LEADS = frozenset({b"nic", b"nic_batch"})
+_COLUMN_KINDS = frozenset({"gpu", "nic"})
+_COLUMN_LEADS = frozenset({b"gpu", b"gpu_batch", b"nic", b"nic_batch"})
 
 
 def _columnar(value: Any, kind: str | None) -> bool:
@@ -589,22 +634,29 @@ class MessageFeed:
     def state_bytes(self) -> dict[str, int]:
         return self.core.state_bytes()
 
-    def update(self, message: GuardMessage) -> list[Flag]:
-        """Add one message (a single sample); the flags of the step it closed, if any."""
+    def update(self, message: GuardMessage | Rows) -> list[Flag]:
+        """Add one message (a single sample), or a GPU or NIC record decoded to its fields
+        (:func:`~guard.schemas.sample_decoder.decode_rows`: what ``guard backtest`` reads
+        those as); the flags of the step it closed, if any."""
+        if type(message) is tuple:
+            _, head, entries = message
+            newest = max(head["ts"], *(e.get("ts") or 0.0 for e in entries))
+            return self._add(head["ts"], newest, message)
         return self.add([message])
 
     def add(self, samples: list[GuardMessage]) -> list[Flag]:
         """Add one record's samples (a batch's share their node and job)."""
-        ts = samples[0].ts
+        return self._add(samples[0].ts, max(s.ts for s in samples), samples)
+
+    def _add(self, ts: float, newest: float, record: Any) -> list[Flag]:
         flags: list[Flag] = []
         full = len(self.batch) >= self.max_records
         if self.batch and (full or ts >= self.batch_start + self.step_s):
             flags = self._step()
         if not self.batch:
             self.batch_start = ts
-        self.batch.append((0, None, samples))
-        for s in samples:
-            self.watermark = max(self.watermark, s.ts)
+        self.batch.append((0, None, record))
+        self.watermark = max(self.watermark, newest)
         return flags
 
     def flush(self) -> list[Flag]:

@@ -41,6 +41,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from guard.schemas import CollectiveTiming, GpuSample, GuardMessage, NicSample, StepTiming
 from guard.schemas.topology import Topology
 
@@ -49,7 +51,8 @@ from .collective import CollectiveHomogeneityDetector
 from .fabric import FabricHotSpotDetector
 from .findings import Detector, Finding
 from .gpu_errors import GpuErrorDetector
-from .gpu_round import GpuRound
+from .gpu_round import GpuColumns, Rounds
+from .gpu_step import HOLD_SLOTS, judge_rounds, update_gpus
 from .nic import NicDetector
 from .peer_anomaly import GpuPeerAnomaly, PeerAnomalyDetector, RankPeerAnomaly
 from .peer_straggler import PeerStragglerDetector
@@ -175,7 +178,7 @@ class _DetectorSet:
 
     __slots__ = ()
 
-    def _detectors(self) -> Sequence[Detector[Any]]:
+    def _detectors(self) -> Sequence[Any]:
         raise NotImplementedError
 
     def tick(self, now: float) -> list[Finding]:
@@ -192,12 +195,18 @@ class _DetectorSet:
 
 
 class NodeDetectors(_DetectorSet):
-    """Node-keyed state: everything computed from one node's ``gpu`` and ``nic`` samples."""
+    """Node-keyed state: everything computed from one node's ``gpu`` and ``nic`` samples.
+
+    Its GPUs' state is a few small arrays (a row per GPU: the error rules' in
+    :attr:`errors`, the round rules' holds in :attr:`holds`) and the open round's samples
+    as columns; the core hands a step's samples of many nodes to
+    :func:`~guard.detectors.gpu_step.update_gpus` at once."""
 
     __slots__ = (
         "anomaly",
         "clocks",
         "errors",
+        "holds",
         "job",
         "nic",
         "node",
@@ -211,11 +220,13 @@ class NodeDetectors(_DetectorSet):
         args = cfg.detector_args
         self.node = node
         self.job: str | None = None
-        self.open_round: dict[int, GpuSample] = {}  # the latest sample of each GPU
+        self.open_round = GpuColumns.empty()  # the latest sample of each GPU, not yet judged
         self.thermal = ThermalDetector(**args.get("thermal", {}))  # type: ignore[arg-type]
         self.power = PowerDetector(**args.get("power", {}))  # type: ignore[arg-type]
         self.clocks = ClockDetector(**args.get("clocks", {}))  # type: ignore[arg-type]
         self.errors = GpuErrorDetector(node, **args.get("gpu_errors", {}))  # type: ignore[arg-type]
+        #: the round rules' holds: a row per GPU (the row of :attr:`errors`), a slot per hold
+        self.holds = np.zeros((0, HOLD_SLOTS, 4))
         self.nic = NicDetector(**args.get("nic", {}))  # type: ignore[arg-type]
         self.anomaly = (
             GpuPeerAnomaly(nic=self.nic, **args.get("peer_anomaly", {}))  # type: ignore[arg-type]
@@ -224,42 +235,39 @@ class NodeDetectors(_DetectorSet):
         )
 
     def update(self, message: GuardMessage) -> list[Finding]:
-        """A sample of this node; a GPU that reports again closes the open round."""
-        job = message.job
-        if job is not None:
-            self.job = self.errors.job = job
-        kind = message.kind
-        if kind == "gpu":
-            if TYPE_CHECKING:  # the kind says so: mypy's narrowing, no call at run time
+        """A sample of this node (what tests and single-node tools use; the core hands in
+        columns); a GPU that reports again closes the open round."""
+        if message.kind == "gpu":
+            if TYPE_CHECKING:
                 assert isinstance(message, GpuSample)
-            found = self.errors.update(message)
-            samples = self.open_round  # this runs for every sample: no call in the common case
-            gpu = message.gpu
-            if gpu in samples:
-                self.open_round = {gpu: message}
-                found += self._round(samples)
-            else:
-                samples[gpu] = message
-            return found
-        if kind == "nic":
+            return update_gpus([self], np.zeros(1, dtype=np.intp), GpuColumns.of_samples([message]))
+        if message.job is not None:
+            self.job = self.errors.job = message.job
+        if message.kind == "nic":
             if TYPE_CHECKING:
                 assert isinstance(message, NicSample)
             return self.nic.update(message)
         return []
 
+    def grow_holds(self) -> None:
+        """A row of holds for every GPU the error rules know."""
+        missing = len(self.errors.gpus) - len(self.holds)
+        if missing > 0:
+            self.holds = np.concatenate([self.holds, np.zeros((missing, HOLD_SLOTS, 4))])
+
     def flush(self) -> list[Finding]:
         """Close the open round, then flush the detectors."""
-        closed, self.open_round = self.open_round, {}
-        return (self._round(closed) if closed else []) + super().flush()
+        closed, self.open_round = self.open_round, GpuColumns.empty()
+        found: list[Finding] = []
+        if len(closed):
+            rounds = Rounds.of(closed, [list(range(len(closed)))], [0], [self.job])
+            found = [f for *_, f in sorted(judge_rounds([self], rounds), key=lambda i: i[:5])]
+        return found + super().flush()
 
-    def _detectors(self) -> tuple[Detector[Any], ...]:
-        dets = (self.errors, self.nic, self.thermal, self.power, self.clocks)
+    def _detectors(self) -> tuple[Any, ...]:
+        """What ticks and flushes (the round rules keep nothing pending between rounds)."""
+        dets: tuple[Any, ...] = (self.errors, self.nic)
         return dets if self.anomaly is None else (*dets, self.anomaly)
-
-    def _round(self, samples: dict[int, GpuSample]) -> list[Finding]:
-        rnd = GpuRound.of(self.node, self.job, samples)
-        found = self.thermal.update(rnd) + self.power.update(rnd) + self.clocks.update(rnd)
-        return found if self.anomaly is None else found + self.anomaly.update(rnd)
 
 
 class JobDetectors(_DetectorSet):

@@ -55,28 +55,26 @@ Example
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from guard.schemas import GpuSample
 from guard.schemas.nvml_codes import APPLICATION_XIDS, XID_GPU_LOST
 
 from .findings import Finding
+from .gpu_round import GpuColumns
 
-__all__ = ["GpuErrorDetector"]
+__all__ = ["GpuErrorDetector", "update_errors", "update_errors_at"]
 
-
-class _GpuErrorState:
-    __slots__ = ("dbe", "last_ts", "lost", "xid")
-
-    def __init__(self) -> None:
-        self.dbe: int | None = None
-        self.xid: int | None = None
-        self.last_ts = 0.0
-        self.lost = False
+#: a field the sample did not report (an Xid or the DBE total)
+_MISSING = -1
 
 
 class GpuErrorDetector:
-    """Per-node detector of hard GPU errors."""
+    """Per-node detector of hard GPU errors; each GPU's state is a row of small arrays
+    (the row of the GPU in :attr:`gpus`, which the node's other GPU rules share)."""
 
     name = "gpu_errors"
 
@@ -95,48 +93,43 @@ class GpuErrorDetector:
         self.min_siblings = min_siblings
         self.ignore_xids = frozenset(ignore_xids)
         self.info_xids = frozenset(info_xids)
-        self.gpus: dict[int, _GpuErrorState] = {}
+        #: GPU index -> row of the arrays below
+        self.gpus: dict[int, int] = {}
+        self.last_ts = np.empty(0)  # newest sample time
+        self.lost = np.empty(0, dtype=bool)  # claimed lost, not heard from since
+        self.codes = np.empty((0, 2), dtype=np.int64)  # last DBE total reported, last Xid
+
+    def rows(self, gpus: Sequence[int]) -> list[int]:
+        """Rows of ``gpus``, new GPUs added."""
+        known = self.gpus
+        out = []
+        for gpu in gpus:
+            row = known.get(gpu)
+            if row is None:
+                row = known[gpu] = len(known)
+                self.last_ts = np.append(self.last_ts, 0.0)
+                self.lost = np.append(self.lost, False)
+                self.codes = np.concatenate([self.codes, [[_MISSING, _MISSING]]])
+            out.append(row)
+        return out
 
     def update(self, message: GpuSample) -> list[Finding]:
-        """Errors reported by one sample (an Xid, a double-bit ECC increase)."""
-        s = message
-        if s.job is not None:
-            self.job = s.job
-        st = self.gpus.get(s.gpu)
-        if st is None:
-            st = self.gpus[s.gpu] = _GpuErrorState()
-        st.last_ts = max(st.last_ts, s.ts)
-        st.lost = False
-        found: list[Finding] = []
-        xid = s.xid
-        if xid is not None and xid != st.xid and xid not in self.ignore_xids:
-            application = xid in self.info_xids
-            detail = {"xid": xid, "lost_gpu": xid == XID_GPU_LOST, "application": application}
-            severity = "info" if application else "critical"
-            found.append(self._finding(s, "xid", detail, s.ts, severity))
-        st.xid = xid
-        dbe = s.ecc_dbe_total
-        if dbe is not None:
-            if st.dbe is not None and dbe > st.dbe:
-                found.append(
-                    self._finding(
-                        s, "ecc_dbe", {"ecc_dbe_total": dbe, "increase": dbe - st.dbe}, s.ts
-                    )
-                )
-            st.dbe = dbe
-        return found
+        """Errors reported by one sample (what tests use; the core hands in columns)."""
+        if message.job is not None:
+            self.job = message.job
+        return update_errors([self], np.zeros(1, dtype=np.intp), GpuColumns.of_samples([message]))
 
     def tick(self, now: float) -> list[Finding]:
         """GPUs silent for ``lost_after_s`` at event time ``now`` while siblings report."""
-        silent = [g for g, st in self.gpus.items() if now - st.last_ts >= self.lost_after_s]
-        if not silent or len(self.gpus) - len(silent) < self.min_siblings:
+        silent = now - self.last_ts >= self.lost_after_s
+        if not silent.any() or len(silent) - int(silent.sum()) < self.min_siblings:
             return []
         found: list[Finding] = []
-        for gpu in silent:
-            st = self.gpus[gpu]
-            if st.lost:
+        for gpu, row in self.gpus.items():
+            if not silent[row] or self.lost[row]:
                 continue
-            st.lost = True
+            self.lost[row] = True
+            last = float(self.last_ts[row])
             found.append(
                 Finding(
                     detector=self.name,
@@ -144,14 +137,14 @@ class GpuErrorDetector:
                     severity="critical",
                     node=self.node,
                     ts=now,
-                    since=st.last_ts,
+                    since=last,
                     score=1.0,
                     job=self.job,
                     gpu=gpu,
                     evidence={
                         "error": "lost_gpu",
-                        "silent_s": round(now - st.last_ts, 3),
-                        "last_seen_ts": st.last_ts,
+                        "silent_s": round(now - last, 3),
+                        "last_seen_ts": last,
                     },
                 )
             )
@@ -160,23 +153,85 @@ class GpuErrorDetector:
     def flush(self) -> list[Finding]:
         return []  # every error is found as it arrives or by tick
 
-    def _finding(
-        self,
-        s: GpuSample,
-        error: str,
-        detail: dict[str, Any],
-        since: float,
-        severity: str = "critical",
-    ) -> Finding:
-        return Finding(
-            detector=self.name,
-            category="gpu_error",
-            severity=severity,
-            node=s.node,
-            ts=s.ts,
-            since=since,
-            score=1.0,
-            job=s.job,
-            gpu=s.gpu,
-            evidence={"error": error, **detail},
-        )
+
+def update_errors(
+    nodes: Sequence[GpuErrorDetector], owner: np.ndarray, cols: GpuColumns
+) -> list[Finding]:
+    """:func:`update_errors_at` without the positions."""
+    return [f for _, f in update_errors_at(nodes, owner, cols)]
+
+
+def update_errors_at(
+    nodes: Sequence[GpuErrorDetector], owner: np.ndarray, cols: GpuColumns
+) -> list[tuple[int, Finding]]:
+    """One step's GPU samples (``cols``) of several nodes, row ``i`` of ``nodes[owner[i]]``:
+    each GPU's samples in arrival order against the one before (its Xid, its DBE total);
+    the findings in arrival order, each with its row. The Xid lists are the first node's.
+    Each sample's GPU row in its node is left in ``cols.row``."""
+    n = len(cols)
+    if not n:
+        return []
+    local = np.empty(n, dtype=np.intp)
+    base = np.zeros(len(nodes) + 1, dtype=np.intp)
+    for k, det in enumerate(nodes):
+        mine = np.flatnonzero(owner == k) if len(nodes) > 1 else np.arange(n)
+        local[mine] = det.rows(cols.gpu[mine].tolist())
+        base[k + 1] = base[k] + len(det.gpus)
+    cols.row = local
+    row = base[owner] + local
+    codes = np.concatenate([det.codes for det in nodes])
+    last_ts = np.concatenate([det.last_ts for det in nodes])
+    order = np.argsort(row, kind="stable")
+    r = row[order]
+    start = np.r_[True, r[1:] != r[:-1]]
+    xid, dbe = cols.xid[order], cols.dbe[order]
+    prev_xid = np.where(start, codes[r, 1], np.r_[_MISSING, xid[:-1]])
+    # the DBE total before each sample: the GPU's latest one reported, carried over gaps
+    known = (dbe != _MISSING) | start
+    carried = np.where(start & (dbe == _MISSING), codes[r, 0], dbe)
+    before = carried[np.maximum.accumulate(np.where(known, np.arange(n), 0))]
+    prev_dbe = np.where(start, codes[r, 0], np.r_[_MISSING, before[:-1]])
+    new_xid = (xid != _MISSING) & (xid != prev_xid)
+    rise = (dbe != _MISSING) & (prev_dbe != _MISSING) & (dbe > prev_dbe)
+    last = np.r_[start[1:], True]
+    codes[r[last], 1] = xid[last]
+    codes[r[last], 0] = before[last]
+    np.maximum.at(last_ts, row, cols.ts)
+    found: list[tuple[int, int, Finding]] = []
+    cfg = nodes[0]
+    for j in np.flatnonzero(new_xid | rise).tolist():
+        i = int(order[j])
+        if new_xid[j] and int(xid[j]) not in cfg.ignore_xids:
+            x = int(xid[j])
+            application = x in cfg.info_xids
+            detail = {"xid": x, "lost_gpu": x == XID_GPU_LOST, "application": application}
+            found.append(
+                (i, 0, _finding(cols, i, "xid", detail, "info" if application else "critical"))
+            )
+        if rise[j]:
+            detail = {"ecc_dbe_total": int(dbe[j]), "increase": int(dbe[j] - prev_dbe[j])}
+            found.append((i, 1, _finding(cols, i, "ecc_dbe", detail)))
+    for k, det in enumerate(nodes):
+        a, b = base[k], base[k + 1]
+        det.codes, det.last_ts = codes[a:b].copy(), last_ts[a:b].copy()
+        det.lost[np.unique(local[owner == k])] = False
+    found.sort(key=lambda item: item[:2])
+    return [(i, f) for i, _, f in found]
+
+
+def _finding(
+    cols: GpuColumns, i: int, error: str, detail: dict[str, Any], severity: str = "critical"
+) -> Finding:
+    ts = float(cols.ts[i])
+    return Finding(
+        detector=GpuErrorDetector.name,
+        category="gpu_error",
+        severity=severity,
+        node=cols.node[i],
+        ts=ts,
+        since=ts,
+        score=1.0,
+        job=cols.job[i],
+        gpu=int(cols.gpu[i]),
+        evidence={"error": error, **detail},
+    )

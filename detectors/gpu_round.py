@@ -1,19 +1,22 @@
-"""Sampling rounds of one node's GPUs: the peer group, and the message, of node telemetry rules.
+"""Sampling rounds of GPUs as columns: the peer groups, and the input, of the node GPU rules.
 
-A node agent samples all its GPUs every interval. The node's detectors
-(:class:`~guard.detectors.engine.NodeDetectors`) collect the latest sample of each GPU and
-close the round when a GPU reports again (or on flush), so each rule sees one consistent
-snapshot of the node as one :class:`GpuRound`, can compare a GPU with its siblings
-(:meth:`GpuRound.peer_median`), and runs once per round instead of once per message.
-Missing GPUs, gaps and slightly out-of-order samples only make a round smaller.
+A node agent samples all its GPUs every interval. A node's round is the latest sample of each
+GPU, closed when a GPU reports again, at the end of a batch record (the agent's one sampling
+instant of the node: a round as it is), or at flush, so each rule sees one consistent
+snapshot of the node and compares a GPU with its siblings. Missing GPUs, gaps and slightly
+out-of-order samples only make a round smaller.
 
-The rules over a round (thermal, power, clocks) share :class:`GpuRoundRule`: one
-:class:`~guard.detectors.hold.Hold` per GPU, made on the GPU's first hit, and nothing
-pending between rounds; and a second set of holds (:meth:`GpuRoundRule.watched`) for
-anomalies without impact, which are ``info`` observations, never claims.
+**Columns.** The core decodes a step's GPU records of every node straight into
+:class:`GpuColumns` (one row per sample, a numeric array per field, NaN where a sample does
+not report a field) and closes the rounds of all its nodes at once into :class:`Rounds`: each
+field as a matrix of a row per round and a column per GPU of the round, with the siblings'
+medians per round (:meth:`Rounds.median`). The rules (thermal, power, clocks) are array
+operations over those matrices; their holds (:func:`~guard.detectors.hold.step_holds`) are
+rows of the node's state array (:class:`GpuRoundRule`). Per-sample Python work is the round
+assembly over integers; findings (rare) are built per event.
 
 **Claims need impact.** A GPU that is hot or draws odd power is a fault only when it is or
-will soon be slower: :func:`impact_of` names the signal that shows it — a throttle or brake
+will soon be slower: :func:`impact_codes` names the signal that shows it — a throttle or brake
 reason bit held (``reason_bits``), an SM-clock deficit against its loaded siblings
 (``sm_clock_deficit``), a power deficit against them (``power_deficit``), or a temperature
 within ``margin_c`` of the GPU's own slowdown threshold (``near_slowdown_temp``; NVML's
@@ -23,207 +26,355 @@ that runs 10 deg C above its siblings at full clocks (its airflow position) has 
 Example
 -------
 >>> from guard.schemas import GpuSample
->>> from guard.detectors.gpu_round import GpuRound
->>> rnd = GpuRound.of("n", "job", {g: GpuSample(ts=1.0 + 0.1 * g, node="n", gpu=g,
-...                                             temp_c=60.0 + 10 * g) for g in range(2)})
->>> rnd.ts, sorted(rnd.samples), rnd.peer_median("temp_c", min_peers=2)
-(1.1, [0, 1], 65.0)
->>> rnd.peer_median("temp_c") is None  # fewer than three GPUs report it
-True
+>>> from guard.detectors.gpu_round import GpuColumns, Rounds
+>>> cols = GpuColumns.of_samples([GpuSample(ts=1.0 + 0.1 * g, node="n", gpu=g,
+...                                         temp_c=60.0 + 10 * g) for g in range(4)])
+>>> rounds = Rounds.of(cols, [[0, 1, 2, 3]], owner=[0], job=["job"])
+>>> rounds.ts.tolist(), rounds.median("temp").tolist()
+([1.3], [75.0])
+>>> rounds.median("temp", min_peers=5).tolist()  # fewer than five GPUs report it
+[nan]
 
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import reduce
-from operator import attrgetter, or_
 from typing import Any
+
+import numpy as np
 
 from guard.schemas import GpuSample
 from guard.schemas.nvml_codes import SW_POWER_CAP, TROUBLE_REASONS
 
 from .findings import Finding
-from .hold import Hold
-from .robust import median
+from .hold import step_holds
 
-__all__ = ["GpuRound", "GpuRoundRule", "RoundMedians", "impact_of"]
+__all__ = [
+    "FIELDS",
+    "IMPACTS",
+    "GpuColumns",
+    "GpuRoundRule",
+    "Rounds",
+    "impact_codes",
+]
 
-_UNKNOWN = object()
-_TS = attrgetter("ts")
-#: attribute readers of :meth:`GpuRound.peer_values`, by name (one C-level call per GPU)
-_READERS: dict[str, attrgetter[Any]] = {}
-
-
-@dataclass(frozen=True, slots=True)
-class GpuRound:
-    """One node's closed sampling round: the latest sample of each GPU, by GPU index."""
-
-    node: str
-    job: str | None
-    ts: float
-    samples: dict[int, GpuSample]
-    #: peer medians already computed, by (attribute, min_peers): the rules of one round
-    #: ask for the same ones (power, clocks and impact tests all want the SM clock's)
-    medians: dict[tuple[str, int], float | None] = field(
-        default_factory=dict, compare=False, repr=False
-    )
-    #: :meth:`peer_values` already read, by attribute
-    readings: dict[str, list[Any]] = field(default_factory=dict, compare=False, repr=False)
-
-    @classmethod
-    def of(cls, node: str, job: str | None, samples: dict[int, GpuSample]) -> GpuRound:
-        """The round of ``samples``, at the event time of its latest sample."""
-        return cls(node, job, max(map(_TS, samples.values())), samples)
-
-    def peer_values(self, attr: str) -> list[Any]:
-        """``attr`` of the GPUs that report it (not ``None``), in GPU order; read once.
-
-        The rules screen a whole round with their ``min`` or ``max`` (one C-level call
-        instead of a test per GPU): healthy rounds, the common case, then cost no loop.
-        """
-        values = self.readings.get(attr)
-        if values is None:
-            read = _READERS.get(attr)
-            if read is None:
-                read = _READERS[attr] = attrgetter(attr)
-            values = [v for v in map(read, self.samples.values()) if v is not None]
-            self.readings[attr] = values
-        return values
-
-    def reason_bits(self) -> int:
-        """The clock-event reason bits any GPU of the round reports (OR of all)."""
-        return reduce(or_, self.peer_values("clock_event_reasons"), 0)
-
-    def peer_median(self, attr: str, min_peers: int = 3) -> float | None:
-        """Median of ``attr`` over the GPUs that report it; ``None`` below ``min_peers``."""
-        key = (attr, min_peers)
-        known = self.medians.get(key, _UNKNOWN)
-        if known is not _UNKNOWN:
-            return known  # type: ignore[return-value]
-        values = self.peer_values(attr)
-        found = median(values) if len(values) >= min_peers else None
-        self.medians[key] = found
-        return found
+#: numeric fields of a GPU sample as columns: column name -> the sample's field
+FIELDS = {
+    "temp": "temp_c",
+    "slowdown": "temp_slowdown_c",
+    "power": "power_w",
+    "limit": "power_limit_w",
+    "clock": "sm_clock_mhz",
+    "util": "util_pct",
+}
+#: what :func:`impact_codes` returns, by code (0: none)
+IMPACTS = (None, "reason_bits", "sm_clock_deficit", "power_deficit", "near_slowdown_temp")
+_INT64_MAX = 2**63 - 1
 
 
-@dataclass(frozen=True, slots=True)
-class RoundMedians:
-    """The siblings' medians an impact test compares a GPU with (``None``: too few report)."""
+def _floats(rows: Sequence[Mapping[str, Any]], name: str) -> np.ndarray:
+    """A float field of ``rows`` (NaN: not reported); a field absent from a row is NaN in
+    one C-level conversion, an explicit null (rare) takes the slower path."""
+    values = [r.get(name, np.nan) for r in rows]
+    try:
+        return np.array(values, dtype=np.float64)
+    except TypeError:
+        return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
 
-    sm_clock_mhz: float | None
-    power_w: float | None
-    util_pct: float | None
 
-    @classmethod
-    def of(cls, rnd: GpuRound) -> RoundMedians:
-        return cls(
-            rnd.peer_median("sm_clock_mhz"), rnd.peer_median("power_w"), rnd.peer_median("util_pct")
+def _ints(rows: Sequence[Mapping[str, Any]], name: str, missing: int) -> np.ndarray:
+    """An integer field of ``rows`` (``missing``: not reported), capped at int64's largest."""
+    values = [r.get(name, missing) for r in rows]
+    try:
+        return np.array(values, dtype=np.int64)
+    except (TypeError, OverflowError):
+        return np.array(
+            [missing if v is None else min(v, _INT64_MAX) for v in values], dtype=np.int64
         )
 
 
-def impact_of(
-    s: GpuSample,
-    med: RoundMedians,
+@dataclass(slots=True)
+class GpuColumns:
+    """GPU samples as columns, one row per sample, in arrival order (NaN: not reported;
+    ``reasons`` 0, ``xid`` and ``dbe`` -1 when not reported)."""
+
+    node: list[str]
+    job: list[str | None]
+    gpu: np.ndarray  # int64
+    ts: np.ndarray
+    temp: np.ndarray
+    slowdown: np.ndarray
+    power: np.ndarray
+    limit: np.ndarray
+    clock: np.ndarray
+    util: np.ndarray
+    reasons: np.ndarray  # int64
+    xid: np.ndarray  # int64
+    dbe: np.ndarray  # int64
+    #: the GPU's row in its node's state (-1: not looked up yet)
+    row: np.ndarray  # intp
+    #: the last sample of a batch record (one sampling instant of the node: a round)
+    ends: np.ndarray  # bool
+
+    def __len__(self) -> int:
+        return len(self.node)
+
+    @classmethod
+    def of(
+        cls,
+        rows: Sequence[Mapping[str, Any]],
+        node: list[str] | None = None,
+        job: list[str | None] | None = None,
+        ts: list[float] | None = None,
+    ) -> GpuColumns:
+        """Columns of sample dicts (the fields of :class:`~guard.schemas.GpuSample`); a
+        batch's entries get ``node``, ``job`` and ``ts`` from their record's."""
+        return cls(
+            node=[r["node"] for r in rows] if node is None else node,
+            job=[r.get("job") for r in rows] if job is None else job,
+            gpu=np.array([r["gpu"] for r in rows], dtype=np.int64),
+            ts=np.array([r["ts"] for r in rows] if ts is None else ts, dtype=np.float64),
+            **{c: _floats(rows, name) for c, name in FIELDS.items()},
+            reasons=_ints(rows, "clock_event_reasons", 0),
+            xid=_ints(rows, "xid", -1),
+            dbe=_ints(rows, "ecc_dbe_total", -1),
+            row=np.full(len(rows), -1, dtype=np.intp),
+            ends=np.zeros(len(rows), dtype=bool),
+        )
+
+    @classmethod
+    def of_samples(cls, samples: Iterable[GpuSample]) -> GpuColumns:
+        return cls.of([s.__dict__ for s in samples])
+
+    @classmethod
+    def of_records(
+        cls, records: Sequence[tuple[Mapping[str, Any], Sequence[Mapping[str, Any]]]]
+    ) -> GpuColumns:
+        """Columns of decoded records: each its common fields (``ts``, ``node``, ``job``)
+        and its entries (:func:`~guard.schemas.sample_decoder.decode_rows`)."""
+        rows: list[Mapping[str, Any]] = []
+        node: list[str] = []
+        job: list[str | None] = []
+        ts: list[float] = []
+        ends: list[int] = []
+        for head, items in records:
+            n = len(items)
+            rows += items
+            node += [head["node"]] * n
+            job += [head.get("job")] * n
+            at = head["ts"]
+            ts += [at if (t := e.get("ts")) is None else t for e in items]
+            if n > 1 or items[0] is not head:  # a batch record: its last entry ends a round
+                ends.append(len(rows) - 1)
+        cols = cls.of(rows, node, job, ts)
+        cols.ends[ends] = True
+        return cols
+
+    @classmethod
+    def concat(cls, parts: Sequence[GpuColumns]) -> GpuColumns:
+        """The rows of ``parts``, one after the other."""
+        if len(parts) == 1:
+            return parts[0]
+        return cls(
+            node=[n for p in parts for n in p.node],
+            job=[j for p in parts for j in p.job],
+            **{name: np.concatenate([getattr(p, name) for p in parts]) for name in _ARRAYS},
+        )
+
+    def take(self, at: np.ndarray) -> GpuColumns:
+        """The rows ``at``, in that order."""
+        pick = at.tolist()
+        return GpuColumns(
+            node=[self.node[i] for i in pick],
+            job=[self.job[i] for i in pick],
+            **{name: getattr(self, name)[at] for name in _ARRAYS},
+        )
+
+    @classmethod
+    def empty(cls) -> GpuColumns:
+        return cls.of([])
+
+
+_ARRAYS = ("gpu", "ts", *FIELDS, "reasons", "xid", "dbe", "row", "ends")
+
+
+@dataclass(slots=True)
+class Rounds:
+    """Closed rounds of many nodes: each field a matrix, a row per round and a column per
+    GPU of the round in the order its samples came (NaN beyond a round's GPUs)."""
+
+    cols: GpuColumns
+    at: np.ndarray  # (rounds, width) rows of ``cols``; -1 beyond a round's GPUs
+    owner: np.ndarray  # each round's node, a position in the caller's list
+    job: list[str | None]
+    ts: np.ndarray = field(init=False)
+    valid: np.ndarray = field(init=False)
+    _medians: dict[tuple[str, int], np.ndarray] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.valid = self.at >= 0
+        self.ts = np.where(self.valid, self.cols.ts[self.at], -np.inf).max(1)
+        self._medians = {}
+
+    @classmethod
+    def of(
+        cls, cols: GpuColumns, rounds: Sequence[Sequence[int]], owner: Any, job: list[str | None]
+    ) -> Rounds:
+        """The rounds whose samples are the rows ``rounds`` of ``cols``."""
+        width = max((len(r) for r in rounds), default=0)
+        at = np.full((len(rounds), width), -1, dtype=np.intp)
+        for k, rows in enumerate(rounds):
+            at[k, : len(rows)] = rows
+        return cls(cols, at, np.asarray(owner, dtype=np.intp), job)
+
+    def __len__(self) -> int:
+        return len(self.at)
+
+    def matrix(self, name: str) -> np.ndarray:
+        """A column of the samples as a (rounds, width) matrix; NaN (or 0) beyond a round."""
+        values: np.ndarray = getattr(self.cols, name)[self.at]
+        if values.dtype.kind == "f":
+            values[~self.valid] = np.nan
+        else:
+            values[~self.valid] = 0
+        return values
+
+    def median(self, name: str, min_peers: int = 3) -> np.ndarray:
+        """Median of ``name`` over the GPUs of each round that report it; NaN below
+        ``min_peers`` of them."""
+        key = (name, min_peers)
+        found = self._medians.get(key)
+        if found is None:
+            values = np.sort(self.matrix(name), axis=1)  # NaN last
+            n = (~np.isnan(values)).sum(1)
+            rows = np.arange(len(values))
+            hi = values[rows, np.maximum(n // 2, 0)] if values.shape[1] else np.full(len(n), np.nan)
+            lo = values[rows, np.maximum(n // 2 - 1, 0)] if values.shape[1] else hi
+            found = np.where(n % 2 == 1, hi, 0.5 * (lo + hi))
+            found[n < min_peers] = np.nan
+            self._medians[key] = found
+        return found
+
+
+def impact_codes(
+    rounds: Rounds,
     slowdown_c: float,
     margin_c: float = 2.0,
     clock_deficit: float = 0.05,
     power_deficit: float = 0.2,
     min_util: float = 50.0,
     reasons: int = TROUBLE_REASONS,
-) -> str | None:
-    """The first signal that ``s``'s GPU is or will soon be slower, or ``None``.
+) -> np.ndarray:
+    """The first signal that each GPU of each round is or will soon be slower, as an index
+    into :data:`IMPACTS` (0: none), a (rounds, width) matrix.
 
-    ``slowdown_c`` is the threshold used when the sample does not carry NVML's own
+    ``slowdown_c`` is the threshold used when a sample does not carry NVML's own
     (``temp_slowdown_c``). Deficits count only under load, against loaded siblings; the power
     deficit only from ``power_deficit`` (20 %): healthy GPUs at the same clocks and load differ
     by several per cent in draw (silicon, cooling), which costs no speed.
     """
-    bits = s.clock_event_reasons or 0
-    if bits & reasons:
-        return "reason_bits"
-    loaded = s.util_pct is not None and s.util_pct >= min_util
+    bits = rounds.matrix("reasons")
+    util, clock, power = rounds.matrix("util"), rounds.matrix("clock"), rounds.matrix("power")
+    med_util = rounds.median("util")[:, None]
+    med_clock = rounds.median("clock")[:, None]
+    med_power = rounds.median("power")[:, None]
+    troubled = (bits & reasons) != 0
     # a GPU at its power limit (0x4 alone) is held back by its limit, which every loaded
     # GPU touches now and then: a deficit then is the power rule's business, not this one's
-    capped = bool(bits & SW_POWER_CAP) and not (bits & reasons)
-    if loaded and not capped and med.util_pct is not None and med.util_pct >= min_util:
-        if (
-            s.sm_clock_mhz is not None
-            and med.sm_clock_mhz
-            and s.sm_clock_mhz < (1.0 - clock_deficit) * med.sm_clock_mhz
-        ):
-            return "sm_clock_deficit"
-        if (
-            s.power_w is not None
-            and med.power_w
-            and s.power_w < (1.0 - power_deficit) * med.power_w
-        ):
-            return "power_deficit"
-    threshold = s.temp_slowdown_c if s.temp_slowdown_c is not None else slowdown_c
-    if s.temp_c is not None and s.temp_c >= threshold - margin_c:
-        return "near_slowdown_temp"
-    return None
+    capped = ((bits & SW_POWER_CAP) != 0) & ~troubled
+    loaded = (util >= min_util) & ~capped & (med_util >= min_util)
+    clock_low = loaded & (med_clock != 0) & (clock < (1.0 - clock_deficit) * med_clock)
+    power_low = loaded & (med_power != 0) & (power < (1.0 - power_deficit) * med_power)
+    slowdown = rounds.matrix("slowdown")
+    threshold = np.where(np.isnan(slowdown), slowdown_c, slowdown)
+    near = rounds.matrix("temp") >= threshold - margin_c
+    return np.select([troubled, clock_low, power_low, near], [1, 2, 3, 4], 0)
 
 
 class GpuRoundRule:
-    """Base of the per-round rules: a hold per GPU; ``update`` is the rule's own."""
+    """Base of the per-round rules: their thresholds, and the holds they keep per GPU as
+    slots of the node's state rows (:meth:`held`). ``judge`` is the rule's own: the findings
+    of a wave of rounds (at most one round of each node), as ``(round, gpu column, order,
+    finding)``."""
 
     name = "gpu_round_rule"
+    #: holds a GPU has under this rule (claims, then observations without impact)
+    slots = 1
 
     def __init__(self, raise_after: int, within: int, clear_after: int) -> None:
         self.hold_args = (raise_after, within, clear_after)
-        self.holds: dict[int, Hold] = {}
-        self.watch: dict[int, Hold] = {}  # anomalies without impact: info observations
 
-    def update(self, message: GpuRound) -> list[Finding]:
+    def judge(
+        self, rounds: Rounds, state: np.ndarray, rows: np.ndarray, nodes: Sequence[str]
+    ) -> list[tuple[int, int, int, Finding]]:
         raise NotImplementedError
 
-    def tick(self, now: float) -> list[Finding]:
-        return []  # nothing is pending between rounds
-
-    def flush(self) -> list[Finding]:
-        return []
-
     def held(
-        self, gpu: int, condition: bool, ts: float, holds: dict[int, Hold] | None = None
-    ) -> tuple[Hold, str] | None:
-        """The GPU's hold and its event when this round raises or clears it, else ``None``."""
-        holds = self.holds if holds is None else holds
-        hold = holds.get(gpu)
-        if hold is None:
-            if not condition:
-                return None  # the common case: a healthy GPU needs no state
-            hold = holds[gpu] = Hold(*self.hold_args)
-        event = hold.update(condition, ts)
-        return None if event is None else (hold, event)
-
-    def watched(self, gpu: int, condition: bool, ts: float) -> tuple[Hold, str] | None:
-        """:meth:`held` for the GPU's anomaly-without-impact hold (an ``info`` finding)."""
-        return self.held(gpu, condition, ts, self.watch)
-
-    def finding(
         self,
-        rnd: GpuRound,
-        gpu: int,
-        held: tuple[Hold, str],
-        category: str,
-        severity: str,
-        score: float,
-        evidence: dict[str, Any],
-    ) -> Finding:
-        """The finding of ``gpu`` in ``rnd``; the evidence ends with the hold's start."""
-        hold, event = held
-        evidence["since_ts"] = hold.since
-        return Finding(
-            self.name,
-            category,
-            severity,
-            rnd.node,
-            rnd.ts,
-            hold.since,
-            score,
-            job=rnd.job,
-            gpu=gpu,
-            evidence=evidence,
-            clear=event == "clear",
-        )
+        state: np.ndarray,
+        rounds: Rounds,
+        rows: np.ndarray,
+        cond: np.ndarray,
+        look: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Update one hold of each GPU of ``rounds`` (``state``: that slot's rows, ``rows``:
+        each cell's row) with ``cond``, on the cells ``look`` (default: every GPU; the rule
+        decides which GPUs it looks at). Returns the round and GPU column of each event, and
+        the event (:data:`~guard.detectors.hold.RAISE` or ``CLEAR``); a hold's run starts at
+        its GPU's sample time. Cells without a condition and nothing going keep their state
+        (the common case: a healthy GPU)."""
+        look = rounds.valid if look is None else look & rounds.valid
+        held = state[rows[look]]
+        c = cond[look]
+        busy = c | (held[:, 0] != 0) | (held[:, 1] != 0)
+        if not busy.any():
+            return _NONE, _NONE, _NONE
+        r, j = np.nonzero(look)
+        r, j, part = r[busy], j[busy], held[busy]
+        events = step_holds(part, c[busy], rounds.cols.ts[rounds.at[r, j]], *self.hold_args)
+        state[rows[r, j]] = part
+        hit = events != 0
+        return r[hit], j[hit], events[hit]
+
+
+_NONE = np.empty(0, dtype=np.intp)
+
+
+def finding(
+    rule: GpuRoundRule,
+    rounds: Rounds,
+    nodes: Sequence[str],
+    r: int,
+    j: int,
+    category: str,
+    severity: str,
+    score: float,
+    evidence: dict[str, Any],
+    since: float,
+    clear: bool,
+) -> Finding:
+    """The finding of GPU ``j`` of round ``r``; the evidence ends with the hold's start."""
+    evidence["since_ts"] = since
+    i = int(rounds.at[r, j])
+    return Finding(
+        rule.name,
+        category,
+        severity,
+        nodes[int(rounds.owner[r])],
+        float(rounds.ts[r]),
+        since,
+        score,
+        job=rounds.job[r],
+        gpu=int(rounds.cols.gpu[i]),
+        evidence=evidence,
+        clear=clear,
+    )
+
+
+def opt(x: Any) -> float | None:
+    """A matrix cell as the sample had it: None where not reported."""
+    v = float(x)
+    return None if math.isnan(v) else v

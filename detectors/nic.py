@@ -420,22 +420,11 @@ class _Step:
             return None
         node = owner[order]
         nominal = nominal[order]
-        speed = cols.speed[order]
-        known = ~np.isnan(speed)
-        lead = start & ~known  # a port's speed carries over from its last sample
-        speed[lead] = state[r[lead], SPEED]
-        speed = speed[np.maximum.accumulate(np.where(known | start, np.arange(n), -1))]
-        now = cols.counters[order]
-        prev = np.empty_like(now)
-        prev[start] = self.counts[r[start]]
-        prev[~start] = now[np.flatnonzero(~start) - 1]
-        self.counts[r[last]] = now[last]
+        speed = self._speeds(cols.speed[order], r, start)
+        rise = self._rises(cols.counters[order], r, start, last, fresh)
         state[r[last], TS] = t[last]
         state[r[last], SPEED] = speed[last]
         iv = ~fresh
-        rise = np.where(now > np.maximum(prev, 0), now - prev, 0)
-        rise[prev == MISSING] = 0
-        rise[fresh] = 0
         dt = np.where(iv, t - before, 1.0)
         phys, retrans = rise[:, _PHYS].sum(1) / dt, rise[:, _RETRANS].sum(1) / dt
         marks, wait = rise[:, _MARKS].sum(1), rise[:, _WAIT]
@@ -449,39 +438,44 @@ class _Step:
         rank = np.arange(n) - np.repeat(
             np.flatnonzero(start), np.diff(np.r_[np.flatnonzero(start), n])
         )
-        found = []
-        for j in np.flatnonzero(rise[:, _FLAPS]).tolist():
-            flaps = int(rise[j, _FLAPS])
-            evidence = {"signal": "link_downed", "increase": flaps, "interval_s": float(dt[j])}
-            severity = "critical" if flaps >= 3 else "warning"
-            found.append((order[j], 0, _finding(cols, order[j], "link", severity, t[j], evidence)))
+        found = _flaps(cols, order, rise[:, _FLAPS], dt, t)
+        seq = (cols, order, r, t, rank, iv)  # the step's samples, each port's in order
         found += self._held(
-            cols,
-            order,
-            r,
-            t,
-            rank,
-            iv,
-            down,
-            DOWN,
-            lambda j, i, since, clear: self._down_finding(cols, i, since, clear),
+            *seq, down, DOWN, lambda j, i, since, clear: self._down_finding(cols, i, since, clear)
         )
         judged = (errors, speed, nominal, phys, retrans)
         found += self._held(
-            cols,
-            order,
-            r,
-            t,
-            rank,
-            iv,
+            *seq,
             errors | slow,
             DEGRADED,
             lambda j, i, since, clear: self._degraded_finding(cols, j, i, since, clear, judged),
         )
-        found += self._node_congestion(
-            cols, order, r, t, rank, node, iv, cong, marks / dt, wait / dt
-        )
+        found += self._node_congestion(*seq[:5], node, iv, cong, marks / dt, wait / dt)
         return found
+
+    def _speeds(self, speed: np.ndarray, r: np.ndarray, start: np.ndarray) -> np.ndarray:
+        """Each sample's link speed, a port's last known one where a sample has none."""
+        known = ~np.isnan(speed)
+        lead = start & ~known  # a port's speed carries over from its last sample
+        speed[lead] = self.state[r[lead], SPEED]
+        out: np.ndarray = speed[
+            np.maximum.accumulate(np.where(known | start, np.arange(len(r)), -1))
+        ]
+        return out
+
+    def _rises(
+        self, now: np.ndarray, r: np.ndarray, start: np.ndarray, last: np.ndarray, fresh: np.ndarray
+    ) -> np.ndarray:
+        """What each sample's counters added to its port's sample before (a reset, a counter
+        missing before, a port's first sample: 0); the ports keep their last counters."""
+        prev = np.empty_like(now)
+        prev[start] = self.counts[r[start]]
+        prev[~start] = now[np.flatnonzero(~start) - 1]
+        self.counts[r[last]] = now[last]
+        rise = np.where(now > np.maximum(prev, 0), now - prev, 0)
+        rise[prev == MISSING] = 0
+        rise[fresh] = 0
+        return rise
 
     def _held(
         self,
@@ -580,22 +574,9 @@ class _Step:
                     "ecn_cnp_per_s": round(float(marks_per_s[j]), 1),
                     "xmit_wait_per_s": round(float(wait_per_s[j]), 1),
                 }
-                found.append(
-                    (
-                        order[j],
-                        3,
-                        _finding(
-                            cols,
-                            order[j],
-                            "nic",
-                            "info",
-                            part[e, 3],
-                            evidence,
-                            clear=events[e] == CLEAR,
-                            device=None,
-                        ),
-                    )
-                )
+                clear = events[e] == CLEAR
+                f = _finding(cols, order[j], "nic", "info", part[e, 3], evidence, clear, None)
+                found.append((order[j], 3, f))
         return found
 
     def nominal(self, cols: NicColumns, owner: np.ndarray) -> np.ndarray:
@@ -734,6 +715,19 @@ class _Step:
                 )
             )
         return found
+
+
+def _flaps(
+    cols: NicColumns, order: np.ndarray, flaps: np.ndarray, dt: np.ndarray, t: np.ndarray
+) -> list[tuple[int, int, Finding]]:
+    """A finding at once for each sample whose ``link_downed`` rose (a link flap)."""
+    found = []
+    for j in np.flatnonzero(flaps).tolist():
+        n = int(flaps[j])
+        evidence = {"signal": "link_downed", "increase": n, "interval_s": float(dt[j])}
+        severity = "critical" if n >= 3 else "warning"
+        found.append((order[j], 0, _finding(cols, order[j], "link", severity, t[j], evidence)))
+    return found
 
 
 def _finding(

@@ -96,10 +96,10 @@ from typing import Any
 import numpy as np
 from river import anomaly, stats
 
-from guard.schemas import GpuSample, StepTiming
+from guard.schemas import StepTiming
 
 from .findings import Finding
-from .gpu_round import GpuRound
+from .gpu_round import Rounds
 from .hold import Hold
 from .nic import ERROR_COLUMNS, NicDetector
 from .nic import TS as NIC_TS
@@ -383,21 +383,26 @@ class GpuPeerAnomaly:
         #: each port's (time, error total) when this feed last read it (nan: never)
         self.nic_kept = np.empty((0, 2))
 
-    def update(self, message: GpuRound) -> list[Finding]:
-        """Observe the round's GPUs (one round every ``sample_s``: a window's mean needs no
+    def update(self, rounds: Rounds, r: int, node: str) -> list[Finding]:
+        """Observe round ``r``'s GPUs (one round every ``sample_s``: a window's mean needs no
         more, and the node's other rules already see every round)."""
-        if message.ts < self.next_round:
+        ts = float(rounds.ts[r])
+        if ts < self.next_round:
             return []
-        self.next_round = message.ts + self.sample_s
+        self.next_round = ts + self.sample_s
         nic = self._nic_errors()
+        cols, job = rounds.cols, rounds.job[r]
         found: list[Finding] = []
-        for gpu, s in message.samples.items():
-            values = _gpu_values(s)
+        for i in rounds.at[r][rounds.valid[r]].tolist():
+            values = {
+                name: float(v)
+                for name, column in _GPU_VALUES
+                if not np.isnan(v := getattr(cols, column)[i])  # NaN: not reported
+            }
             if nic is not None:
                 values["nic_errors"] = nic
-            found += self.detector.observe(
-                s.ts, gpu, message.node, values, message.node, gpu, job=message.job
-            )
+            gpu = int(cols.gpu[i])
+            found += self.detector.observe(float(cols.ts[i]), gpu, node, values, node, gpu, job=job)
         return found
 
     def _nic_errors(self) -> float | None:
@@ -424,15 +429,8 @@ class GpuPeerAnomaly:
         return self.detector.flush()
 
 
-def _gpu_values(s: GpuSample) -> dict[str, float]:
-    values: dict[str, float] = {}
-    if s.temp_c is not None:
-        values["temp_c"] = s.temp_c
-    if s.power_w is not None:
-        values["power"] = s.power_w
-    if s.sm_clock_mhz is not None:
-        values["sm_clock"] = s.sm_clock_mhz
-    return values
+#: the features of a GPU's values, and the column each is read from
+_GPU_VALUES = (("temp_c", "temp"), ("power", "power"), ("sm_clock", "clock"))
 
 
 class RankPeerAnomaly:

@@ -31,36 +31,43 @@ raise_after, within, clear_after
 Example
 -------
 >>> from guard.schemas import GpuSample
->>> from guard.detectors.gpu_round import GpuRound
->>> from guard.detectors.power import PowerDetector
->>> det = PowerDetector()
+>>> from guard.detectors.engine import NodeDetectors
+>>> node = NodeDetectors("n1")
 >>> found = []
->>> for t in range(4):
-...     samples = {g: GpuSample(ts=10.0 * t, node="n1", gpu=g, util_pct=98, sm_clock_mhz=1980,
-...                             power_w=690 - (250 if g == 2 else 0), power_limit_w=700,
-...                             clock_event_reasons=0x4 if g == 2 else 0) for g in range(8)}
-...     found += det.update(GpuRound.of("n1", "job", samples))
+>>> for t in range(5):
+...     for g in range(8):
+...         found += node.update(GpuSample(ts=10.0 * t, node="n1", job="job", gpu=g,
+...                                        util_pct=98, sm_clock_mhz=1980,
+...                                        power_w=690 - (250 if g == 2 else 0), power_limit_w=700,
+...                                        clock_event_reasons=0x4 if g == 2 else 0))
 >>> [(f.gpu, f.severity, f.evidence["below_peers_pct"], f.evidence.get("impact")) for f in found]
 [(2, 'info', 36.2, None), (2, 'warning', 36.2, 'sw_power_cap')]
-
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from guard.schemas.nvml_codes import HW_POWER_BRAKE, SW_POWER_CAP
 
 from .findings import Finding
-from .gpu_round import GpuRound, GpuRoundRule
+from .gpu_round import GpuRoundRule, Rounds, finding, opt
+from .hold import CLEAR
 
 __all__ = ["PowerDetector"]
 
+#: the impact a claim names, by code
+_IMPACTS = (None, "hw_power_brake", "sw_power_cap", "sm_clock_deficit")
+
 
 class PowerDetector(GpuRoundRule):
-    """Per-node power rule over sibling GPUs."""
+    """Per-node power rule over sibling GPUs (slots: claim, info)."""
 
     name = "power"
+    slots = 2
 
     def __init__(
         self,
@@ -78,87 +85,66 @@ class PowerDetector(GpuRoundRule):
         self.min_util = min_util
         self.util_band = util_band
 
-    def update(self, message: GpuRound) -> list[Finding]:
-        """Findings of one sampling round (raises and clears of the GPUs' holds)."""
-        power_med = message.peer_median("power_w")
-        limit_med = message.peer_median("power_limit_w")
-        limit_cut = None if limit_med is None else self.limit_ratio * limit_med
-        if not self.watch and not self.holds and self._calm(message, power_med, limit_cut):
-            return []  # the common case: a healthy round, no GPU with history
-        util_med = message.peer_median("util_pct")
-        clock_med = message.peer_median("sm_clock_mhz")
-        found: list[Finding] = []
-        low_ratio, min_util, band = self.low_ratio, self.min_util, self.util_band
-        watch, holds = self.watch, self.holds
-        for gpu, s in message.samples.items():
-            bits = s.clock_event_reasons or 0
-            brake = bool(bits & HW_POWER_BRAKE)
-            limit = s.power_limit_w
-            capped = limit_cut is not None and limit is not None and limit < limit_cut
-            below = 0.0
-            if s.power_w is not None and power_med:
-                below = 1.0 - s.power_w / power_med
-            low = (
-                below >= low_ratio
-                and s.util_pct is not None
-                and util_med is not None
-                and s.util_pct >= min_util
-                and abs(s.util_pct - util_med) <= band
-            )
-            odd = capped or low
-            if not (brake or odd or gpu in watch or gpu in holds):
-                continue  # the common case: a healthy GPU without state
-            impact = None
-            if brake:
-                impact = "hw_power_brake"
-            elif odd:
-                if bits & SW_POWER_CAP:
-                    impact = "sw_power_cap"  # held back by its limit
-                elif (
-                    s.sm_clock_mhz is not None
-                    and clock_med is not None
-                    and s.sm_clock_mhz < 0.97 * clock_med
-                ):
-                    impact = "sm_clock_deficit"
-            watched = self.watched(gpu, odd, s.ts) if odd or gpu in watch else None
-            held = (
-                self.held(gpu, True, s.ts)
-                if impact is not None
-                else (self.held(gpu, False, s.ts) if gpu in holds else None)
-            )
-            if held is None and watched is None:
-                continue
-            evidence: dict[str, Any] = {
-                "metric": "power_w",
-                "power_w": s.power_w,
-                "peer_median_w": power_med,
-                "below_peers_pct": round(100.0 * below, 1),
-                "power_limit_w": s.power_limit_w,
-                "peer_median_limit_w": limit_med,
-                "util_pct": s.util_pct,
-                "reasons": hex(bits),
-            }
-            score = round(max(below, 1.0 if brake else 0.0, 0.5 if capped else 0.0), 3)
-            if watched is not None:
-                found.append(
-                    self.finding(message, gpu, watched, "power", "info", score, dict(evidence))
+    def judge(
+        self, rounds: Rounds, state: np.ndarray, rows: np.ndarray, nodes: Sequence[str]
+    ) -> list[tuple[int, int, int, Finding]]:
+        """Findings of a wave of rounds (raises and clears of the GPUs' holds)."""
+        power, limit = rounds.matrix("power"), rounds.matrix("limit")
+        util, clock = rounds.matrix("util"), rounds.matrix("clock")
+        bits = rounds.matrix("reasons")
+        power_med = rounds.median("power")[:, None]
+        limit_med = rounds.median("limit")[:, None]
+        util_med = rounds.median("util")[:, None]
+        clock_med = rounds.median("clock")[:, None]
+        brake = (bits & HW_POWER_BRAKE) != 0
+        capped = limit < self.limit_ratio * limit_med  # NaN: False
+        rated = ~np.isnan(power) & ~np.isnan(power_med) & (power_med != 0)
+        below = np.where(rated, 1.0 - power / np.where(rated, power_med, 1.0), 0.0)
+        low = (
+            (below >= self.low_ratio)
+            & (util >= self.min_util)
+            & (np.abs(util - util_med) <= self.util_band)
+        )
+        odd = capped | low
+        impact = np.select(
+            [brake, odd & ((bits & SW_POWER_CAP) != 0), odd & (clock < 0.97 * clock_med)],
+            [1, 2, 3],
+            0,
+        )
+        watched = self.held(state[:, 1], rounds, rows, odd)
+        claimed = self.held(state[:, 0], rounds, rows, impact != 0)
+        seen = {"power": power, "limit": limit, "util": util, "bits": bits, "below": below}
+        medians = {"power": power_med, "limit": limit_med}
+        found = []
+        for slot, (rs, js, events) in ((1, watched), (0, claimed)):
+            for r, j, event in zip(rs.tolist(), js.tolist(), events.tolist(), strict=True):
+                evidence = _evidence(seen, medians, r, j)
+                b = float(below[r, j])
+                score = round(max(b, 1.0 if brake[r, j] else 0.0, 0.5 if capped[r, j] else 0.0), 3)
+                severity = "info"
+                if slot == 0:
+                    evidence["impact"] = _IMPACTS[int(impact[r, j])] or "hw_power_brake"
+                    severity = "warning"
+                since = float(state[rows[r, j], slot, 3])
+                clear = event == CLEAR
+                f = finding(
+                    self, rounds, nodes, r, j, "power", severity, score, evidence, since, clear
                 )
-            if held is not None:
-                evidence["impact"] = impact or "hw_power_brake"
-                found.append(self.finding(message, gpu, held, "power", "warning", score, evidence))
+                found.append((r, j, 1 - slot, f))
         return found
 
-    def _calm(self, rnd: GpuRound, power_med: float | None, limit_cut: float | None) -> bool:
-        """No GPU of ``rnd`` is braked, capped or low: the lowest limit and the lowest draw
-        decide, as the tests fall with them (a NaN leaves it to the per-GPU tests)."""
-        if rnd.reason_bits() & HW_POWER_BRAKE:
-            return False
-        limits = rnd.peer_values("power_limit_w")
-        if limit_cut is not None and limits and not min(limits) >= limit_cut:
-            return False
-        if not self.low_ratio > 0.0:
-            return False
-        if not power_med:
-            return True  # every GPU's shortfall counts as 0
-        powers = rnd.peer_values("power_w")
-        return power_med > 0.0 and 1.0 - min(powers) / power_med < self.low_ratio
+
+def _evidence(
+    seen: dict[str, np.ndarray], medians: dict[str, np.ndarray], r: int, j: int
+) -> dict[str, Any]:
+    """What GPU ``j`` of round ``r`` drew and was allowed, against its siblings."""
+    return {
+        "metric": "power_w",
+        "power_w": opt(seen["power"][r, j]),
+        "peer_median_w": opt(medians["power"][r, 0]),
+        "below_peers_pct": round(100.0 * float(seen["below"][r, j]), 1),
+        "power_limit_w": opt(seen["limit"][r, j]),
+        "peer_median_limit_w": opt(medians["limit"][r, 0]),
+        "util_pct": opt(seen["util"][r, j]),
+        "reasons": hex(int(seen["bits"][r, j])),
+    }

@@ -39,19 +39,18 @@ NVIDIA NVML ``nvmlDeviceGetCurrentClocksEventReasons`` (clocks-event reason bits
 Example
 -------
 >>> from guard.schemas import GpuSample
->>> from guard.detectors.gpu_round import GpuRound
->>> from guard.detectors.thermal import ThermalDetector
->>> det = ThermalDetector()
+>>> from guard.detectors.engine import NodeDetectors
+>>> node = NodeDetectors("n1")
 >>> found = []
->>> for t in range(5):
+>>> for t in range(6):
 ...     temps = {g: 62.0 + g % 2 + (20.0 if g == 4 else 0.0) + (12.0 if g == 7 else 0.0)
 ...              for g in range(8)}
-...     samples = {g: GpuSample(ts=10.0 * t, node="n1", gpu=g, temp_c=temps[g],
-...                             temp_slowdown_c=87.0, util_pct=98, sm_clock_mhz=1980,
-...                             clock_event_reasons=0x40 if g == 4 else 0) for g in range(8)}
-...     found += det.update(GpuRound.of("n1", None, samples))
+...     for g in range(8):
+...         found += node.update(GpuSample(ts=10.0 * t, node="n1", gpu=g, temp_c=temps[g],
+...                                        temp_slowdown_c=87.0, util_pct=98, sm_clock_mhz=1980,
+...                                        clock_event_reasons=0x40 if g == 4 else 0))
 >>> sorted((f.gpu, f.severity, f.evidence["above_peers_c"], f.evidence.get("impact"))
-...        for f in found)
+...        for f in found if f.detector == "thermal")
 [(4, 'info', 19.0, None), (4, 'warning', 19.0, 'reason_bits'), (7, 'info', 12.0, None)]
 
 GPU 7 runs 12 deg C above its siblings at full clocks: observed, not claimed.
@@ -60,12 +59,16 @@ GPU 7 runs 12 deg C above its siblings at full clocks: observed, not claimed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from guard.schemas.nvml_codes import HW_SLOWDOWN, THERMAL_REASONS
 
 from .findings import Finding
-from .gpu_round import GpuRound, GpuRoundRule, RoundMedians, impact_of
+from .gpu_round import IMPACTS, GpuRoundRule, Rounds, finding, impact_codes, opt
+from .hold import CLEAR
 
 __all__ = ["ThermalDetector"]
 
@@ -73,9 +76,10 @@ _REASONS = THERMAL_REASONS | HW_SLOWDOWN  # a power brake is the power rule's cl
 
 
 class ThermalDetector(GpuRoundRule):
-    """Per-node thermal rule over sibling GPUs and absolute limits."""
+    """Per-node thermal rule over sibling GPUs and absolute limits (slots: claim, info)."""
 
     name = "thermal"
+    slots = 2
 
     def __init__(
         self,
@@ -93,59 +97,56 @@ class ThermalDetector(GpuRoundRule):
         self.critical_c = critical_c
         self.margin_c = margin_c
 
-    def update(self, message: GpuRound) -> list[Finding]:
-        """Findings of one sampling round (raises and clears of the GPUs' holds)."""
-        center = message.peer_median("temp_c")
-        if not self.watch and not self.holds and self._calm(message, center):
-            return []  # the common case: a healthy round, no GPU with history
-        medians: RoundMedians | None = None
-        found: list[Finding] = []
-        delta, limit, watch, holds = self.peer_delta_c, self.limit_c, self.watch, self.holds
-        for gpu, s in message.samples.items():
-            temp = s.temp_c
-            bits = (s.clock_event_reasons or 0) & THERMAL_REASONS
-            above = temp - center if (temp is not None and center is not None) else 0.0
-            hot = above >= delta or (temp is not None and temp >= limit)
-            if not (hot or bits or gpu in watch or gpu in holds):
-                continue  # the common case: a healthy GPU without state
-            impact = None
-            if hot or bits:
-                if medians is None:
-                    medians = RoundMedians.of(message)
-                impact = impact_of(s, medians, self.limit_c, self.margin_c, reasons=_REASONS)
-            claim = bool(bits) or (hot and impact is not None)
-            watched = self.watched(gpu, hot, s.ts) if hot or gpu in watch else None
-            held = self.held(gpu, claim, s.ts) if claim or gpu in holds else None
-            if held is None and watched is None:
-                continue
-            evidence: dict[str, Any] = {
-                "metric": "temp_c",
-                "temp_c": temp,
-                "peer_median_c": center,
-                "above_peers_c": round(above, 1),
-                "limit_c": self.limit_c,
-                "temp_slowdown_c": s.temp_slowdown_c,
-                "thermal_bits": hex(bits),
-            }
-            score = round(max(above / self.peer_delta_c, 1.0 if bits else 0.0), 3)
-            if watched is not None:
-                found.append(
-                    self.finding(message, gpu, watched, "thermal", "info", score, dict(evidence))
+    def judge(
+        self, rounds: Rounds, state: np.ndarray, rows: np.ndarray, nodes: Sequence[str]
+    ) -> list[tuple[int, int, int, Finding]]:
+        """Findings of a wave of rounds (raises and clears of the GPUs' holds); ``state``
+        holds the claim's hold, then the observation's, of each row."""
+        temp = rounds.matrix("temp")
+        center = rounds.median("temp")[:, None]
+        bits = rounds.matrix("reasons") & THERMAL_REASONS
+        above = np.where(np.isnan(temp) | np.isnan(center), 0.0, temp - center)
+        hot = (above >= self.peer_delta_c) | (temp >= self.limit_c)
+        impact = np.zeros(temp.shape, dtype=np.int64)
+        if hot.any():
+            impact = impact_codes(rounds, self.limit_c, self.margin_c, reasons=_REASONS)
+        claim = (bits != 0) | (hot & (impact != 0))
+        watched = self.held(state[:, 1], rounds, rows, hot)
+        claimed = self.held(state[:, 0], rounds, rows, claim)
+        found = []
+        for slot, (rs, js, events) in ((1, watched), (0, claimed)):
+            for r, j, event in zip(rs.tolist(), js.tolist(), events.tolist(), strict=True):
+                t = opt(temp[r, j])
+                evidence: dict[str, Any] = {
+                    "metric": "temp_c",
+                    "temp_c": t,
+                    "peer_median_c": opt(center[r, 0]),
+                    "above_peers_c": round(float(above[r, j]), 1),
+                    "limit_c": self.limit_c,
+                    "temp_slowdown_c": opt(rounds.matrix("slowdown")[r, j]),
+                    "thermal_bits": hex(int(bits[r, j])),
+                }
+                score = round(
+                    max(float(above[r, j]) / self.peer_delta_c, 1.0 if bits[r, j] else 0.0), 3
                 )
-            if held is not None:
-                evidence["impact"] = impact or "reason_bits"
-                critical = temp is not None and temp >= self.critical_c
-                severity = "critical" if critical else "warning"
-                found.append(self.finding(message, gpu, held, "thermal", severity, score, evidence))
+                severity = "info"
+                if slot == 0:
+                    evidence["impact"] = IMPACTS[int(impact[r, j])] or "reason_bits"
+                    critical = t is not None and t >= self.critical_c
+                    severity = "critical" if critical else "warning"
+                since = float(state[rows[r, j], slot, 3])
+                f = finding(
+                    self,
+                    rounds,
+                    nodes,
+                    r,
+                    j,
+                    "thermal",
+                    severity,
+                    score,
+                    evidence,
+                    since,
+                    event == CLEAR,
+                )
+                found.append((r, j, 1 - slot, f))
         return found
-
-    def _calm(self, rnd: GpuRound, center: float | None) -> bool:
-        """No GPU of ``rnd`` is hot or reports a thermal reason bit: the hottest one decides,
-        as both tests rise with the temperature (a NaN leaves it to the per-GPU tests)."""
-        if not self.peer_delta_c > 0.0 or rnd.reason_bits() & THERMAL_REASONS:
-            return False
-        temps = rnd.peer_values("temp_c")
-        if not temps:
-            return True
-        hottest = max(temps)
-        return hottest < self.limit_c and (center is None or hottest - center < self.peer_delta_c)

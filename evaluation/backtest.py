@@ -22,7 +22,8 @@ from guard.detectors.baselines import NvrxBaseline, StaticRulesBaseline
 from guard.detectors.core import MessageFeed
 from guard.detectors.engine import EngineConfig
 from guard.schemas import Flag, GuardMessage, SchemaError, encode
-from guard.schemas.sample_decoder import parse_samples
+from guard.schemas.codec import leading_kind
+from guard.schemas.sample_decoder import Rows, decode_rows, parse_samples
 
 __all__ = ["BacktestStats", "FlagSource", "make_detector", "read_messages", "run_backtest"]
 
@@ -30,7 +31,7 @@ DETECTORS = ("guard", "static", "nvrx")
 
 
 class FlagSource(Protocol):
-    def update(self, msg: GuardMessage) -> list[Flag]: ...
+    def update(self, msg: Any) -> list[Flag]: ...
 
     def flush(self) -> list[Flag]: ...
 
@@ -73,17 +74,30 @@ class BacktestStats:
         }
 
 
+#: what the readers give: a message, or (``rows``) a GPU or NIC record decoded to its fields
+Item = GuardMessage | Rows
+#: the record kinds the detection core takes as fields (its columns)
+_ROW_KINDS = frozenset({b"gpu", b"gpu_batch", b"nic", b"nic_batch"})
+
+
 def _read_file(
-    path: Path, stats: BacktestStats, line: list[int] | None = None
-) -> Iterator[GuardMessage]:
-    """Each message of the file (a batch record: its samples, in entry order); ``line[0]``
-    is kept at the line number of the message last yielded. The common line costs one
-    parse: a blank or bad one is told apart only when the parse refuses it."""
+    path: Path, stats: BacktestStats, line: list[int] | None = None, rows: bool = False
+) -> Iterator[Item]:
+    """Each message of the file (a batch record: its samples, in entry order), or with
+    ``rows`` each GPU and NIC record as its fields (what the core's columns take: no model
+    per sample); ``line[0]`` is kept at the line number of the item last yielded. The common
+    line costs one parse: a blank or bad one is told apart only when the parse refuses it."""
     parse = parse_samples
     with path.open("rb") as fh:
         for number, text in enumerate(fh, 1):
             stats.bytes_read += len(text)
             try:
+                if rows and leading_kind(text) in _ROW_KINDS:
+                    found: Item = decode_rows(text, None)
+                    if line is not None:
+                        line[0] = number
+                    yield found
+                    continue
                 samples = parse(text)
             except SchemaError as exc:
                 if not text.isspace():
@@ -103,26 +117,27 @@ def _skipped(stats: BacktestStats, path: Path, number: int, exc: SchemaError) ->
 
 
 def read_messages(
-    paths: Iterable[Path], stats: BacktestStats | None = None
-) -> Iterator[GuardMessage]:
+    paths: Iterable[Path], stats: BacktestStats | None = None, rows: bool = False
+) -> Iterator[Item]:
     """Messages of all files, merged by event time (each file is read as it comes; ties in
-    event time go by line number, then by the files' order)."""
+    event time go by line number, then by the files' order); ``rows``: GPU and NIC records
+    as their fields (for ``guard``'s core, :func:`_read_file`)."""
     stats = stats or BacktestStats()
     files = [Path(p) for p in paths]
     if len(files) == 1:  # nothing to merge: the file's own reader, no key or tuple per message
-        return _read_file(files[0], stats)
-    merged = heapq.merge(*(_numbered(p, stats) for p in files), key=lambda item: item[:2])
+        return _read_file(files[0], stats, rows=rows)
+    merged = heapq.merge(*(_numbered(p, stats, rows) for p in files), key=lambda item: item[:2])
     return (msg for _, _, msg in merged)
 
 
-def _numbered(path: Path, stats: BacktestStats) -> Iterator[tuple[float, int, GuardMessage]]:
+def _numbered(path: Path, stats: BacktestStats, rows: bool) -> Iterator[tuple[float, int, Item]]:
     line = [0]
-    for msg in _read_file(path, stats, line):
-        yield msg.ts, line[0], msg
+    for item in _read_file(path, stats, line, rows):
+        yield (item[1]["ts"] if type(item) is tuple else item.ts), line[0], item
 
 
 def run_backtest(
-    messages: Iterable[GuardMessage],
+    messages: Iterable[Item],
     out: IO[bytes],
     detector: FlagSource,
     stats: BacktestStats | None = None,
@@ -143,12 +158,12 @@ def run_backtest(
             stats.flags += 1
             stats.claims += flag.severity != "info"
 
-    for msg in messages:
-        count += 1
+    for items, msg in enumerate(messages, 1):
+        count += len(msg[2]) if type(msg) is tuple else 1  # samples, a record's by its entries
         flags = process(msg)
         if flags:
             write(flags)
-        if progress is not None and not count & 0xFFF:
+        if progress is not None and not items & 0xFFF:
             now = time.perf_counter()
             if now >= next_report:
                 next_report = now + progress_every_s

@@ -8,9 +8,9 @@ import os
 import sys
 import tomllib
 from collections.abc import Callable, Sequence
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from guard import installed_version
 from guard.config import Settings, load_settings
 from guard.errors import EXIT_FAILURE, EXIT_INTERRUPTED, GuardError
 
@@ -24,13 +24,6 @@ EPILOG = (
 )
 
 
-def _version() -> str:
-    try:
-        return version("guard-telemetry")
-    except PackageNotFoundError:  # a source tree that is not installed
-        return "unknown"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="guard",
@@ -40,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--config", help="TOML config file (default: $GUARD_CONFIG or ./guard.toml)"
     )
-    parser.add_argument("--version", action="version", version=f"guard {_version()}")
+    parser.add_argument("--version", action="version", version=f"guard {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(
@@ -105,10 +98,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from guard.commands.common import own_the_process
 
         own_the_process()
-    if getattr(args, "_main_sets_log_level", False) and args.log_level:
+    if getattr(args, "_main_sets_log_level", False):
         from guard.commands.common import configure_logging
 
-        configure_logging(args.log_level)
+        configure_logging(args.log_level or "warning")  # warnings formatted like the services
     try:
         settings = _load(args.config)
         code: int = args.handler(args, settings)

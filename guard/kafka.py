@@ -7,11 +7,14 @@ murmur2) expects, and stamp each record with the message's event time.
 
 from __future__ import annotations
 
+import logging
+import re
 import ssl
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -44,8 +47,60 @@ __all__ = [
     "wait_for_broker",
 ]
 
+
 DLQ_ERROR_HEADER = "guard-error"
 DLQ_SOURCE_HEADER = "guard-source"
+
+
+_AFTER_MS = re.compile(r"after \d+ms")
+
+
+class LibrdkafkaLog:
+    """librdkafka's own log (``logger`` of every client) as Guard's logger
+    ``guard.kafka.librdkafka``: formatted like Guard's lines instead of raw ``%3|...|FAIL|``
+    lines from librdkafka's threads, one level lower (a failed connection is a retry; Guard
+    says what failed when it gives up: ``--log-level error`` hides them), and each distinct
+    line at most once every ``every_s`` (a broker away repeats the same line many times a
+    second).
+
+    >>> import logging, sys
+    >>> logging.basicConfig(stream=sys.stdout, format="%(levelname)s %(message)s")
+    >>> log = LibrdkafkaLog(every_s=60)
+    >>> for _ in range(3):
+    ...     log.log(logging.ERROR, "%s [%s] %s", "FAIL", "guard#producer-1", "refused")
+    WARNING FAIL [guard#producer-1] refused
+    """
+
+    DEMOTED: ClassVar[dict[int, int]] = {
+        logging.CRITICAL: logging.ERROR,
+        logging.ERROR: logging.WARNING,
+        logging.WARNING: logging.INFO,
+    }
+
+    def __init__(self, name: str = "guard.kafka.librdkafka", every_s: float = 60.0) -> None:
+        self.logger = logging.getLogger(name)
+        self.every_s = every_s
+        self._said: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        level = self.DEMOTED.get(level, logging.DEBUG)
+        if not self.logger.isEnabledFor(level):
+            return
+        text = msg % args if args else msg
+        key = _AFTER_MS.sub("after ms", text)  # "failed (after 0ms in state CONNECT)"
+        now = time.monotonic()
+        with self._lock:
+            if now - self._said.get(key, -self.every_s) < self.every_s:
+                return
+            if len(self._said) > 1000:  # bounded: the lines name brokers and clients
+                self._said.clear()
+            self._said[key] = now
+        self.logger.log(level, "%s", text)
+
+
+#: The one librdkafka log of this process (its memory of lines already said is shared).
+librdkafka_log = LibrdkafkaLog()
 
 
 class BrokerUnreachable(GuardError):
@@ -88,6 +143,7 @@ def client_config(settings: Settings) -> dict[str, Any]:
         "client.id": k.client_id,
         "security.protocol": k.security_protocol,
         "log.connection.close": False,  # idle brokers closing connections is not news
+        "logger": librdkafka_log,
     }
     optional = {
         "sasl.mechanism": k.sasl_mechanism,
@@ -174,6 +230,9 @@ def make_consumer(
         }
     )
     conf.update(overrides)
+    feed = conf.get("stats_cb")
+    if hasattr(feed, "for_group"):  # guard.metrics.LagFeed: the lag is this group's
+        conf["stats_cb"] = feed.for_group(group_id)
     consumer = Consumer(conf)
     if topics is not None:
         callbacks = {"on_assign": on_assign, "on_revoke": on_revoke}

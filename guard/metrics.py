@@ -3,20 +3,28 @@
 A service keeps its own plain counters — the numbers its progress lines print — and
 registers them here as callback families (a prometheus_client custom collector reads them
 at scrape time): a progress line and a scrape read the same counters, and the hot paths
-pay nothing for being observed. Consumer lag comes from librdkafka's statistics
-(:meth:`Metrics.kafka_conf`) or is set by the service (faust).
+pay nothing for being observed. Durations are prometheus_client histograms, declared once
+per process next to the code that observes them (:mod:`guard.streams.metrics`,
+:mod:`guard.sweeps.metrics`) and added to a service's registry with :meth:`Metrics.include`.
+Every registry also has the process, platform and garbage-collector collectors and
+``guard_build_info{version}``. Consumer lag comes from librdkafka's statistics
+(:meth:`Metrics.kafka_conf`; the group is the consumer's own, see :func:`guard.kafka.make_consumer`)
+or is set by the service (faust).
 
-``/healthz`` answers 200 while the service's loop beats (:meth:`Metrics.beat`) and 503 with
-the reason once it has not for ``stale_s``; before the first beat, 200 ``starting`` for
-``startup_s``.
+The endpoint is prometheus_client's own HTTP server (content negotiation, gzip, OpenMetrics);
+``/healthz`` is routed in front of its WSGI app: 200 while the service's loop beats
+(:meth:`Metrics.beat`) and 503 with the reason once it has not for ``stale_s``; before the
+first beat, 200 ``starting`` for ``startup_s``.
 
 >>> m = Metrics("streams")
 >>> counts = {"gpu": 3}
 >>> by_kind = lambda: {(kind,): n for kind, n in counts.items()}
->>> m.counter("guard_messages_total", "messages handled", by_kind, ("kind",))
+>>> m.counter("guard_streams_messages_total", "messages handled", by_kind, ("kind",))
 >>> counts["gpu"] += 1
->>> m.value("guard_messages_total", kind="gpu")
+>>> m.value("guard_streams_messages_total", kind="gpu")
 4.0
+>>> m.value("guard_build_info", version=installed_version())
+1.0
 """
 
 from __future__ import annotations
@@ -25,19 +33,26 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Info,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from guard import installed_version
 from guard.schemas import SchemaError
 
-__all__ = ["Metrics", "MetricsServer", "dead_letter_reason"]
+__all__ = ["DEAD_LETTER_REASONS", "LagFeed", "Metrics", "MetricsServer", "dead_letter_reason"]
 
 log = logging.getLogger("guard.metrics")
 
@@ -66,6 +81,10 @@ def dead_letter_reason(error: BaseException | str) -> str:
     return error if isinstance(error, str) else type(error).__name__
 
 
+#: What :func:`dead_letter_reason` answers for a bad message (other failures: their type).
+DEAD_LETTER_REASONS = ("not_json", "invalid_field", "invalid_message", "too_large")
+
+
 @dataclass(frozen=True)
 class _Family:
     name: str
@@ -73,6 +92,7 @@ class _Family:
     kind: str  # counter | gauge
     labels: tuple[str, ...]
     read: Callable[[], Reading]
+    zero: tuple[tuple[str, ...], ...] = ()
 
 
 class Metrics(Collector):
@@ -84,30 +104,53 @@ class Metrics(Collector):
         self.startup_s = startup_s
         self.started = time.monotonic()
         self.last_beat: float | None = None
-        self.lag: dict[tuple[str, str], float] = {}
+        #: records behind, by (consumer group, topic, partition)
+        self.lag: dict[tuple[str, str, str], float] = {}
         self._families: dict[str, _Family] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
+        self.include(PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR)
+        build = Info("guard_build", "the Guard release this process runs", registry=None)
+        build.info({"version": installed_version()})
+        self.include(build)
         self.gauge("guard_up", "1 while the service runs", lambda: {(service,): 1}, ("service",))
+        self.gauge(
+            "guard_healthy",
+            "1 while /healthz answers 200 (the service's loop turns), else 0",
+            lambda: float(self.health()[0]),
+        )
         self.gauge(
             "guard_consumer_lag",
             "records between a consumer's position and the partition's end",
             lambda: dict(self.lag),
-            ("topic", "partition"),
+            ("group", "topic", "partition"),
         )
 
     # -- families ------------------------------------------------------------------------
 
     def counter(
-        self, name: str, doc: str, read: Callable[[], Reading], labels: tuple[str, ...] = ()
+        self,
+        name: str,
+        doc: str,
+        read: Callable[[], Reading],
+        labels: tuple[str, ...] = (),
+        zero: Iterable[tuple[str, ...]] = (),
     ) -> None:
-        """A counter family whose value ``read()`` returns (a running total, never reset)."""
-        self._add(_Family(name, doc, "counter", labels, read))
+        """A counter family whose value ``read()`` returns (a running total, never reset).
+        ``zero``: label values shown as 0 before their first count, so that ``rate()`` and
+        ``increase()`` see that first count (a series born at 1 shows no increase)."""
+        self._add(_Family(name, doc, "counter", labels, read, tuple(zero)))
 
     def gauge(
         self, name: str, doc: str, read: Callable[[], Reading], labels: tuple[str, ...] = ()
     ) -> None:
         self._add(_Family(name, doc, "gauge", labels, read))
+
+    def include(self, *collectors: Collector) -> None:
+        """Serve these prometheus_client collectors too (histograms declared per process,
+        the process collector): each is registered in this service's registry."""
+        for collector in collectors:
+            self.registry.register(collector)
 
     def _add(self, family: _Family) -> None:
         if family.name in self._families:
@@ -127,8 +170,11 @@ class Metrics(Collector):
                 log.warning("metric %s could not be read: %s", f.name, exc)
                 continue
             if isinstance(reading, Mapping):
-                for values, number in list(reading.items()):
-                    metric.add_metric([str(v) for v in values], float(number))
+                numbers = {tuple(map(str, k)): float(n) for k, n in list(reading.items())}
+                for values in f.zero:
+                    numbers.setdefault(values, 0.0)
+                for values, number in numbers.items():
+                    metric.add_metric(list(values), number)
             else:
                 metric.add_metric([], float(reading))
             yield metric
@@ -140,10 +186,11 @@ class Metrics(Collector):
     # -- Kafka consumer lag --------------------------------------------------------------
 
     def kafka_conf(self, interval_ms: int = 5000) -> dict[str, Any]:
-        """librdkafka settings that feed ``guard_consumer_lag`` from a consumer's statistics."""
-        return {"statistics.interval.ms": interval_ms, "stats_cb": self.on_kafka_stats}
+        """librdkafka settings that feed ``guard_consumer_lag`` from a consumer's statistics
+        (:func:`guard.kafka.make_consumer` names the group: ``stats_cb.for_group``)."""
+        return {"statistics.interval.ms": interval_ms, "stats_cb": LagFeed(self)}
 
-    def on_kafka_stats(self, raw: str) -> None:
+    def on_kafka_stats(self, raw: str, group: str = "") -> None:
         try:
             topics = json.loads(raw).get("topics", {})
         except ValueError:
@@ -156,7 +203,7 @@ class Metrics(Collector):
                 if at < 0:
                     at = p.get("committed_offset", -1)
                 if partition != "-1" and end >= 0 and at >= 0:
-                    self.lag[(topic, partition)] = max(0, end - at)
+                    self.lag[(group, topic, partition)] = max(0, end - at)
 
     # -- health ----------------------------------------------------------------------------
 
@@ -180,61 +227,63 @@ class Metrics(Collector):
         if port == 0:
             return None
         try:
-            return MetricsServer(self, host, port).start()
+            httpd, thread = start_http_server(port, host, registry=self.registry)
         except OSError as exc:
             log.error(
                 "metrics: cannot listen on %s:%d (%s); no /metrics for this %s. Give each "
-                "process its own port%s, or 0 to turn it off",
+                "process its own port (--metrics-port%s), or 0 to turn it off",
                 host,
                 port,
                 exc,
                 self.service,
-                f" ({setting})" if setting else "",
+                f" or {setting}" if setting else "",
             )
             return None
+        httpd.set_app(_with_health(httpd.get_app(), self))
+        server = MetricsServer(httpd, thread)
+        log.info("metrics on :%d (/metrics, /healthz)", server.port)
+        return server
 
 
+class LagFeed:
+    """librdkafka's ``stats_cb`` for one consumer: its lag, under its group's name."""
+
+    def __init__(self, metrics: Metrics, group: str = "") -> None:
+        self.metrics = metrics
+        self.group = group
+
+    def for_group(self, group: str) -> LagFeed:
+        return LagFeed(self.metrics, group)
+
+    def __call__(self, raw: str) -> None:
+        self.metrics.on_kafka_stats(raw, self.group)
+
+
+@dataclass(frozen=True)
 class MetricsServer:
-    """A small HTTP server for one :class:`Metrics`: ``/metrics`` and ``/healthz``."""
+    """prometheus_client's HTTP server of one :class:`Metrics`, running on its thread."""
 
-    def __init__(self, metrics: Metrics, host: str, port: int) -> None:
-        handler = type("Handler", (_Handler,), {"metrics": metrics})
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self._thread = threading.Thread(
-            target=self.httpd.serve_forever, name="guard-metrics", daemon=True
-        )
+    httpd: WSGIServer
+    thread: threading.Thread
 
-    def start(self) -> MetricsServer:
-        self._thread.start()
-        log.info("metrics on :%d (/metrics, /healthz)", self.port)
-        return self
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_address[1])
 
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
 
 
-class _Handler(BaseHTTPRequestHandler):
-    metrics: Metrics
+def _with_health(app: Callable[..., Iterable[bytes]], metrics: Metrics) -> Callable[..., Any]:
+    """prometheus_client's WSGI app with ``/healthz`` in front of it."""
 
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == "/metrics":
-            self._answer(200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST)
-        elif path == "/healthz":
-            healthy, why = self.metrics.health()
-            self._answer(200 if healthy else 503, f"{why}\n".encode(), "text/plain")
-        else:
-            self._answer(404, b"try /metrics or /healthz\n", "text/plain")
+    def routed(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != "/healthz":
+            return app(environ, start_response)
+        healthy, why = metrics.health()
+        status = "200 OK" if healthy else "503 Service Unavailable"
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+        return [f"{why}\n".encode()]
 
-    def _answer(self, status: int, body: bytes, content_type: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:  # scrapes are not news
-        pass
+    return routed

@@ -35,6 +35,7 @@ from guard.kafka import DLQ_ERROR_HEADER, DLQ_SOURCE_HEADER, faust_broker_settin
 from guard.metrics import dead_letter_reason
 from guard.schemas import SchemaError, encode
 
+from .metrics import flags_sent
 from .processing import KeyedState, StreamsCounters, engine_config_of, topic_kinds
 
 __all__ = ["create_app"]
@@ -222,6 +223,7 @@ class _Wiring:
                     await self.remediation.send(
                         key=flag.kafka_key(), value=encode(flag), timestamp=flag.ts
                     )
+                flags_sent(out.flags, "faust")
 
         self.app.agent(self.findings, name="fusion")(fusion)
 

@@ -33,6 +33,7 @@ from guard.kafka import dead_letter, make_consumer, make_producer, produce_raw, 
 from guard.metrics import Metrics, dead_letter_reason
 from guard.schemas import encode
 
+from .metrics import flags_sent
 from .processing import KeyedState, StreamsCounters, engine_config_of, topic_kinds
 
 __all__ = ["NativeWorker"]
@@ -203,6 +204,7 @@ class NativeWorker:
                 flag.kafka_key(),
                 timestamp=int(flag.ts * 1000),
             )
+        flags_sent(out.flags, "native")
 
     def _dead_letters(self, batch: list[Message], bad: Iterable[tuple[int, Exception]]) -> None:
         for index, error in bad:

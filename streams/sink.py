@@ -35,6 +35,8 @@ from guard.schemas.tables import Table
 from guard.schemas.topics import KIND_BY_TOPIC
 from guard.store import insert_columns
 
+from .metrics import timed_insert
+
 __all__ = ["Batch", "ClickHouseSink", "SinkStats", "Tables", "sink_topics"]
 
 log = logging.getLogger("guard.sink")
@@ -144,6 +146,7 @@ class ClickHouseSink:
         self._insert = insert or (
             lambda tables, token: insert_columns(client, settings, tables, dedup_token=token)
         )
+        self._insert = timed_insert(self._insert)  # guard_sink_insert_duration_seconds
         self.batch_rows = settings.clickhouse.batch_rows
         self.batch_seconds = settings.clickhouse.batch_seconds
         self.max_buffer_rows = max_buffer_rows or 4 * self.batch_rows

@@ -2,7 +2,10 @@
 by result, flags by outcome, webhook deliveries.
 
 Read at scrape time from the orchestrator's own records and counters, plus a listener that
-counts the sweep results and node states it publishes; see :mod:`guard.metrics`.
+counts the sweep results and node states it publishes; see :mod:`guard.metrics`. Two
+histograms, declared here once per process, are observed where the work ends: a sweep's
+duration (:func:`sweep_finished`, the orchestrator) and a webhook delivery's, retries
+included (:func:`webhook_delivery`, the notifier).
 """
 
 from __future__ import annotations
@@ -10,10 +13,35 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from guard.metrics import Metrics
+from prometheus_client import Histogram
+
+from guard.metrics import DEAD_LETTER_REASONS, Metrics
 from guard.schemas import NODE_STATES, GuardMessage, NodeState, SweepResult
 
-__all__ = ["observe_orchestrator"]
+__all__ = ["SWEEP_DURATION", "WEBHOOK_DELIVERY", "observe_orchestrator"]
+
+SWEEP_DURATION = Histogram(
+    "guard_sweep_duration_seconds",
+    "a sweep from its start to its result (timeouts included), by sweep and result",
+    ["sweep", "result"],
+    buckets=(1, 5, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200),
+    registry=None,
+)
+WEBHOOK_DELIVERY = Histogram(
+    "guard_webhook_delivery_duration_seconds",
+    "a webhook notification from the first attempt to delivered or given up, by result",
+    ["result"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+    registry=None,
+)
+
+
+def sweep_finished(sweep: str, passed: bool, seconds: float) -> None:
+    SWEEP_DURATION.labels(sweep, "passed" if passed else "failed").observe(max(0.0, seconds))
+
+
+def webhook_delivery(delivered: bool, seconds: float) -> None:
+    WEBHOOK_DELIVERY.labels("delivered" if delivered else "failed").observe(seconds)
 
 
 class _Published:
@@ -64,12 +92,14 @@ def observe_orchestrator(metrics: Metrics, orchestrator: Any) -> None:
         "sweeps finished, by sweep and result",
         lambda: {k: float(n) for k, n in dict(published.sweeps).items()},
         ("sweep", "result"),
+        [(sweep, result) for sweep in ("single", "multi") for result in ("passed", "failed")],
     )
     m.counter(
         "guard_node_transitions_total",
         "node states published, by state",
         lambda: {(s,): n for s, n in dict(published.transitions).items()},
         ("state",),
+        [(state,) for state in NODE_STATES],
     )
     m.counter(
         "guard_flags_received_total", "flags by outcome", lambda: stat("flags_"), ("outcome",)
@@ -94,6 +124,7 @@ def observe_orchestrator(metrics: Metrics, orchestrator: Any) -> None:
         "records sent to the dead-letter topic, by reason",
         lambda: {(r,): n for r, n in dict(orchestrator.dead_reasons).items()},
         ("reason",),
+        [(reason,) for reason in DEAD_LETTER_REASONS],
     )
     webhook = orchestrator.webhook
     for name, doc, attr in (
@@ -102,3 +133,9 @@ def observe_orchestrator(metrics: Metrics, orchestrator: Any) -> None:
         ("guard_webhook_dropped_total", "webhooks dropped from a full queue", "dropped"),
     ):
         m.counter(name, doc, lambda attr=attr: getattr(webhook, attr, 0) if webhook else 0)
+    for sweep in ("single", "multi"):  # every series exists (zero) before the first sweep
+        for result in ("passed", "failed"):
+            SWEEP_DURATION.labels(sweep, result)
+    for result in ("delivered", "failed"):
+        WEBHOOK_DELIVERY.labels(result)
+    m.include(SWEEP_DURATION, WEBHOOK_DELIVERY)

@@ -61,6 +61,7 @@ from guard.schemas import (
 )
 
 from .executors import NO_EXECUTOR_HINT, SweepExecutor
+from .metrics import sweep_finished
 from .policy import SweepPolicy
 from .scheduler import SchedulerAdapter, SchedulerError
 from .states import (
@@ -618,6 +619,7 @@ class Orchestrator:
         )
         self._sweeps.setdefault(job.node, collections.deque(maxlen=10)).append(result)
         self._emit(result)
+        sweep_finished(job.sweep, result.passed, result.ts - job.started)
         self.stats[f"sweeps_{'passed' if result.passed else 'failed'}"] += 1
         if not result.passed:
             failing = [c for c in checks if not c.passed]

@@ -58,6 +58,8 @@ from typing import Any, Literal
 
 from guard.schemas import CATEGORIES, NodeState, stable_id
 
+from .metrics import webhook_delivery
+
 __all__ = [
     "SIGNATURE_HEADER",
     "Episode",
@@ -295,7 +297,10 @@ class WebhookNotifier:
             payload: Any = [alert(episode, self.generator_url)]
         else:
             payload = alertmanager_payload(episode, self.generator_url)
-        if self._post(payload):
+        start = time.monotonic()
+        delivered = self._post(payload)
+        webhook_delivery(delivered, time.monotonic() - start)
+        if delivered:
             self.delivered += 1
             return True
         self.failed += 1

@@ -5,7 +5,11 @@
 
 Four dashboards over the ClickHouse tables (plugin ``grafana-clickhouse-datasource``, SQL
 with its macros ``$__timeFilter``, ``$__timeInterval``, ``$__toTime``, ``$__interval_s``) plus
-Prometheus panels for what only the services' metrics know (consumer lag, dead letters).
+Prometheus panels for what only the services' metrics know (consumer lag, dead letters,
+latencies). Every query names its datasource through a variable (``$datasource`` for
+ClickHouse, ``$prometheus``) that defaults to the provisioned one, so a dashboard imported
+next to other datasources can be pointed at them. Flags and cordons are annotations on every
+time axis.
 The rules for ``FINAL`` and ``-Merge`` are in docs/grafana.md; in short: counts and lists
 read ReplacingMergeTree tables with ``FINAL`` (a message the at-least-once sink delivered
 twice is one row only after a merge), the ``gpu_1m`` rollup is read with ``-Merge`` and
@@ -43,8 +47,13 @@ HERE = Path(__file__).resolve().parent
 DASHBOARD_DIR = HERE / "dashboards"
 
 CLICKHOUSE_TYPE = "grafana-clickhouse-datasource"
-CLICKHOUSE = dm.DataSourceRef(type_val=CLICKHOUSE_TYPE, uid="guard-clickhouse")
-PROMETHEUS = dm.DataSourceRef(type_val="prometheus", uid="guard-prometheus")
+PROMETHEUS_TYPE = "prometheus"
+#: The provisioned datasources (provisioning/datasources/guard.yaml): the defaults of the
+#: datasource variables every query goes through.
+PROVISIONED = {CLICKHOUSE_TYPE: ("Guard ClickHouse", "guard-clickhouse"),
+               PROMETHEUS_TYPE: ("Guard Prometheus", "guard-prometheus")}  # fmt: skip
+CLICKHOUSE = dm.DataSourceRef(type_val=CLICKHOUSE_TYPE, uid="${datasource}")
+PROMETHEUS = dm.DataSourceRef(type_val=PROMETHEUS_TYPE, uid="${prometheus}")
 
 #: Node states counted against ``orchestrator.max_cordoned_fraction`` (repair is not, by default).
 CAPPED_STATES = ("cordoned", "sweeping", "failed")
@@ -69,14 +78,21 @@ NIC_ERROR_COUNTERS = (
 #: Metric names the Prometheus panels use (exported by the services, guard/metrics.py).
 PROMETHEUS_METRICS = (
     "guard_consumer_lag",
-    "guard_messages_total",
+    "guard_streams_messages_total",
     "guard_flags_total",
+    "guard_flag_latency_seconds_bucket",
     "guard_dead_letters_total",
+    "guard_sink_insert_duration_seconds_bucket",
     "guard_sweeps_total",
+    "guard_sweep_duration_seconds_bucket",
     "guard_cordoned_nodes",
     "guard_webhook_failures_total",
+    "guard_webhook_delivery_duration_seconds_bucket",
     "guard_agent_spool_bytes",
     "guard_checkpoints_refused_total",
+    "process_resident_memory_bytes",
+    "process_cpu_seconds_total",
+    "guard_build_info",
 )
 
 
@@ -166,12 +182,47 @@ def table_panel(title: str, sql: str, description: str, w: int = 24, h: int = 8)
     return _place(panel, title, description, w, h)
 
 
-def prom_panel(title: str, expr: str, legend: str, unit: str, description: str) -> timeseries.Panel:
-    target = (
-        prometheus.Dataquery().datasource(PROMETHEUS).expr(expr).legend_format(legend).ref_id("A")
-    )
-    panel = timeseries.Panel().datasource(PROMETHEUS).with_target(target).unit(unit)
+def prom_panel(
+    title: str, queries: Sequence[tuple[str, str]], unit: str, description: str
+) -> timeseries.Panel:
+    """A time series of PromQL ``queries``: (expression, legend) each, one target each (so
+    series with equal label sets from different queries all show)."""
+    panel = timeseries.Panel().datasource(PROMETHEUS).unit(unit)
+    for ref, (expr, legend) in zip("ABCDEFGH", queries, strict=False):
+        panel = panel.with_target(
+            prometheus.Dataquery()
+            .datasource(PROMETHEUS)
+            .expr(expr)
+            .legend_format(legend)
+            .ref_id(ref)
+        )
     return _place(panel, title, description, 12, 8)
+
+
+def quantiles(histogram: str, by: str, legend: str) -> list[tuple[str, str]]:
+    """Median and 95th percentile of a histogram over the rate interval, by ``by``."""
+    return [
+        (
+            f"histogram_quantile({q}, sum by (le, {by})"
+            f" (rate({histogram}_bucket[$__rate_interval])))",
+            f"{legend} p{round(q * 100)}",
+        )
+        for q in (0.5, 0.95)
+    ]
+
+
+def datasource_var(plugin: str, name: str, label: str) -> gd.DatasourceVariable:
+    text, uid = PROVISIONED[plugin]
+    return (
+        gd.DatasourceVariable(name)
+        .label(label)
+        .type(plugin)
+        .current(dm.VariableOption(selected=True, text=text, value=uid))
+    )
+
+
+DATASOURCE_VAR = datasource_var(CLICKHOUSE_TYPE, "datasource", "ClickHouse")
+PROMETHEUS_VAR = datasource_var(PROMETHEUS_TYPE, "prometheus", "Prometheus")
 
 
 def multi_var(name: str, label: str, sql: str) -> gd.QueryVariable:
@@ -208,6 +259,51 @@ CAP_VAR = (
 
 Section = tuple[str, Sequence[Any]]
 
+#: Guard's own transitions that take a node out of the pool or put it back.
+CORDON_STATES = ("cordoned", "failed", "repair")
+
+
+def annotation(name: str, color: str, sql: str) -> gd.AnnotationQuery:
+    """An annotation from ClickHouse: rows of ``time``, ``text`` and ``tags`` (comma-separated),
+    through Grafana's standard annotation support (the plugin's query as the target)."""
+    return (
+        gd.AnnotationQuery()
+        .name(name)
+        .datasource(CLICKHOUSE)
+        .enable(True)
+        .icon_color(color)
+        .target(ClickHouseQueryBuilder(sql, "Anno", kind="table"))
+    )
+
+
+def annotations(node_filter: bool) -> list[gd.AnnotationQuery]:
+    """Claims (warning and critical flags) and Guard's cordons and releases, on every time
+    axis of a dashboard; only the selected nodes' where the dashboard selects nodes."""
+    nodes = f" AND {in_var('node', 'node')}" if node_filter else ""
+    return [
+        annotation(
+            "Flags",
+            "orange",
+            "SELECT ts AS time,\n"
+            "  concat(severity, ' ', category, ' on ', node,"
+            " if(isNull(gpu), '', concat(' gpu', toString(gpu))), ': ',"
+            " JSONExtractString(evidence, 'summary')) AS text,\n"
+            "  concat(category, ',', severity, ',', detector) AS tags\n"
+            "FROM flags FINAL WHERE $__timeFilter(ts) AND severity != 'info' AND node != ''"
+            f"{nodes}\nORDER BY time LIMIT 1000",
+        ),
+        annotation(
+            "Cordons and releases",
+            "purple",
+            "SELECT ts AS time, concat(node, ' ', ifNull(prev, '?'), ' -> ', state, ': ', reason)"
+            " AS text,\n  concat(state, ',', actor) AS tags\n"
+            "FROM node_states FINAL WHERE $__timeFilter(ts)\n"
+            f"  AND (state IN ({quoted(CORDON_STATES)})"
+            f" OR (state = 'healthy' AND prev IN ({quoted(CAPPED_STATES)}))){nodes}\n"
+            "ORDER BY time LIMIT 1000",
+        ),
+    ]
+
 
 def dashboard(
     uid: str, title: str, description: str, variables: Sequence[Any], sections: Sequence[Section]
@@ -224,8 +320,11 @@ def dashboard(
         .tooltip(dm.DashboardCursorSync.CROSSHAIR)
         .readonly()
     )
-    for variable in variables:
+    for variable in (DATASOURCE_VAR, *variables):  # first: the other variables query it
         board = board.with_variable(variable)
+    selects_nodes = any(v.build().name == "node" for v in variables)
+    for note in annotations(selects_nodes):
+        board = board.annotation(note)
     for other, name in (("guard-fleet", "Fleet"), ("guard-node", "Node"), ("guard-job", "Job")):
         if other != uid:
             board = board.link(
@@ -262,6 +361,7 @@ def fleet() -> gd.Dashboard:
             ("Node states", fleet_state_panels()),
             ("Flags", [flags_by("category"), flags_by("severity")]),
             ("Cordons and sweeps", [cordon_cap(), sweep_results(), time_to_detect()]),
+            ("GPU errors", [gpu_errors()]),
         ],
     )
 
@@ -356,6 +456,25 @@ def sweep_results() -> timeseries.Panel:
     )
 
 
+def gpu_errors() -> table.Panel:
+    return table_panel(
+        "GPUs with errors in the range",
+        "SELECT node, gpu, arrayStringConcat(arrayMap(x -> toString(x), groupUniqArray(xid)),"
+        " ', ') AS xids,\n"
+        "  max(ecc_sbe_total) - min(ecc_sbe_total) AS new_ecc_sbe,"
+        " max(ecc_dbe_total) - min(ecc_dbe_total) AS new_ecc_dbe,\n"
+        "  max(pcie_replay_total) - min(pcie_replay_total) AS new_pcie_replays,"
+        " max(ts) AS last_sample\n"
+        f"FROM gpu_samples WHERE $__timeFilter(ts) AND {in_var('node', 'node')}\n"
+        "GROUP BY node, gpu\n"
+        "HAVING xids != '' OR new_ecc_sbe > 0 OR new_ecc_dbe > 0 OR new_pcie_replays > 0\n"
+        "ORDER BY new_ecc_dbe DESC, xids DESC, new_ecc_sbe DESC, new_pcie_replays DESC"
+        " LIMIT 200",
+        "Every GPU that reported an Xid, or whose ECC or PCIe replay counters grew, in the "
+        "range (growth = newest minus oldest reading; a reset in the range hides it).",
+    )
+
+
 def time_to_detect() -> table.Panel:
     return table_panel(
         "Time to detect and to cordon",
@@ -427,20 +546,65 @@ def gpu_rollup() -> timeseries.Panel:
     )
 
 
-def nic_counter_delta(counters: Sequence[str], outer: str) -> str:
-    """``outer`` over the per-interval increase ``d`` (over ``dt`` seconds) of cumulative NIC
-    counters; a negative step is a reset or wrap, shown as 0."""
+def counter_delta(series: str, value: str, source: str, where: str, outer: str) -> str:
+    """``outer`` over the per-interval increase ``d`` (over ``dt`` seconds) of a cumulative
+    counter ``value`` per ``series``; a negative step is a reset or wrap (shown as 0 by
+    ``greatest(d, 0)``)."""
     return (
         f"{outer} FROM (\n"
-        f"  SELECT $__timeInterval(ts) AS time, concat({NIC_SERIES}, ' ', counter) AS series,\n"
-        "    max(counters[counter]) AS v,\n"
+        f"  SELECT $__timeInterval(ts) AS time, {series} AS series,\n"
+        f"    max({value}) AS v,\n"
         "    v - lagInFrame(v, 1, v) OVER (PARTITION BY series ORDER BY time) AS d,\n"
         "    dateDiff('second', lagInFrame(time, 1, time) OVER (PARTITION BY series ORDER BY"
         " time), time) AS dt\n"
-        f"  FROM nic_samples ARRAY JOIN [{quoted(counters)}] AS counter\n"
-        f"  WHERE $__timeFilter(ts) AND {in_var('node', 'node')} AND mapContains(counters,"
-        " counter)\n"
+        f"  FROM {source}\n"
+        f"  WHERE {where}\n"
         "  GROUP BY time, series)\n"
+    )
+
+
+def nic_counter_delta(counters: Sequence[str], outer: str) -> str:
+    """``outer`` over the per-interval increase of cumulative NIC counters (a map column)."""
+    return counter_delta(
+        f"concat({NIC_SERIES}, ' ', counter)",
+        "counters[counter]",
+        f"nic_samples ARRAY JOIN [{quoted(counters)}] AS counter",
+        f"$__timeFilter(ts) AND {in_var('node', 'node')} AND mapContains(counters, counter)",
+        outer,
+    )
+
+
+def gpu_counter_panel(title: str, columns: Sequence[str], description: str) -> timeseries.Panel:
+    """Increase per interval of cumulative GPU counters (columns of gpu_samples), per GPU."""
+    names = quoted(columns)
+    return ts_panel(
+        title,
+        counter_delta(
+            f"concat({GPU_SERIES}, ' ', counter)",
+            "value",
+            f"gpu_samples ARRAY JOIN [{names}] AS counter, [{', '.join(columns)}] AS value",
+            f"$__timeFilter(ts) AND {NODE_GPU} AND value IS NOT NULL",
+            "SELECT time, series, greatest(d, 0) AS increase",
+        )
+        + "ORDER BY time",
+        "short",
+        description,
+        w=12,
+    )
+
+
+def xid_panel() -> timeseries.Panel:
+    return ts_panel(
+        "Xid errors",
+        f"SELECT $__timeInterval(ts) AS time, concat({GPU_SERIES}, ' Xid ', toString(xid))"
+        " AS series, count() AS samples\n"
+        f"FROM gpu_samples WHERE $__timeFilter(ts) AND {NODE_GPU} AND xid IS NOT NULL\n"
+        "GROUP BY time, series ORDER BY time",
+        "short",
+        "Samples per interval that report an Xid, by GPU and code (a sample carries the last "
+        "Xid of its interval).",
+        w=8,
+        bars=True,
     )
 
 
@@ -507,6 +671,21 @@ def node() -> gd.Dashboard:
         gpu_metric("GPU temperature", "temp_c", "celsius", "max"),
         gpu_metric("GPU power", "power_w", "watt"),
         gpu_metric("SM clock", "sm_clock_mhz", "rotmhz", "min"),
+        gpu_metric("GPU utilisation", "util_pct", "percent"),
+        gpu_metric("Memory utilisation", "mem_util_pct", "percent"),
+        xid_panel(),
+        gpu_counter_panel(
+            "ECC errors",
+            ("ecc_sbe_total", "ecc_dbe_total"),
+            "New single-bit (corrected) and double-bit (uncorrectable) ECC errors per interval "
+            "and GPU: a DBE is a fault the sweep confirms; SBEs that climb foretell one.",
+        ),
+        gpu_counter_panel(
+            "PCIe replays",
+            ("pcie_replay_total",),
+            "New PCIe replays per interval and GPU: a link that retransmits slows every "
+            "host-device copy (a reseat or a riser, not the GPU).",
+        ),
         clock_reasons(),
         gpu_rollup(),
     ]
@@ -708,48 +887,118 @@ def guard_metric_panels() -> list[timeseries.Panel]:
     return [
         prom_panel(
             "Consumer lag",
-            "sum by (job, topic) (guard_consumer_lag)",
-            "{{job}} {{topic}}",
+            [("sum by (job, group, topic) (guard_consumer_lag)", "{{group}} {{topic}}")],
             "short",
-            "Records the consumers are behind the end of their topics.",
+            "Records each consumer group is behind the end of its topics.",
         ),
         prom_panel(
             "Messages handled",
-            f"sum by (job, kind) (rate(guard_messages_total{rate}))",
-            "{{job}} {{kind}}",
+            [(f"sum by (job, kind) (rate(guard_streams_messages_total{rate}))", "{{kind}}")],
             "short",
-            "Messages per second each service handles, by kind.",
+            "Valid telemetry messages per second the streams workers handle, by kind.",
         ),
         prom_panel(
             "Flags raised",
-            f"sum by (category, severity) (rate(guard_flags_total{rate}))",
-            "{{category}} {{severity}}",
+            [
+                (
+                    f"sum by (category, severity) (rate(guard_flags_total{rate}))",
+                    "{{category}} {{severity}}",
+                )
+            ],
             "short",
             "Flags per second from the streams, by category and severity.",
         ),
         prom_panel(
+            "Event to flag latency",
+            quantiles("guard_flag_latency_seconds", "engine", "{{engine}}"),
+            "s",
+            "From a flag's event time to the worker sending it, by engine: the detectors' "
+            "windows plus transport. A replay of old telemetry shows its age here.",
+        ),
+        prom_panel(
             "Dead letters",
-            f"sum by (job, reason) (increase(guard_dead_letters_total{rate}))",
-            "{{job}} {{reason}}",
+            [
+                (
+                    f"sum by (job, reason) (increase(guard_dead_letters_total{rate}))",
+                    "{{job}} {{reason}}",
+                )
+            ],
             "short",
             "Records sent to the dead-letter topic, by reason (a bad message, never a stop).",
         ),
         prom_panel(
-            "Sweeps, cordons and webhook failures",
-            f"sum by (result) (increase(guard_sweeps_total{rate})) or "
-            "sum(guard_cordoned_nodes) or "
-            f"sum(increase(guard_webhook_failures_total{rate}))",
-            "{{result}}",
-            "short",
-            "Sweeps by result, nodes cordoned now, failed webhook deliveries.",
+            "Sink insert duration",
+            quantiles("guard_sink_insert_duration_seconds", "result", "{{result}}"),
+            "s",
+            "One batch insert into ClickHouse (ok, or failed and retried).",
         ),
         prom_panel(
-            "Agent spool and refused checkpoints",
-            "sum by (instance) (guard_agent_spool_bytes) or "
-            f"sum(increase(guard_checkpoints_refused_total{rate}))",
-            "{{instance}}",
+            "Sweeps, cordons and webhook failures",
+            [
+                (
+                    f"sum by (sweep, result) (increase(guard_sweeps_total{rate}))",
+                    "{{sweep}} {{result}}",
+                ),
+                ("sum(guard_cordoned_nodes)", "cordoned now"),
+                (f"sum(increase(guard_webhook_failures_total{rate}))", "webhooks given up"),
+            ],
+            "short",
+            "Sweeps finished by result, nodes out of the pool on suspicion now, and webhook "
+            "notifications given up after every retry (three queries: their series all show).",
+        ),
+        prom_panel(
+            "Sweep and webhook duration",
+            [
+                *quantiles("guard_sweep_duration_seconds", "sweep", "{{sweep}} sweep"),
+                *quantiles(
+                    "guard_webhook_delivery_duration_seconds", "result", "webhook {{result}}"
+                ),
+            ],
+            "s",
+            "A sweep from its start to its result, and a webhook notification from its first "
+            "attempt to delivered or given up (retries included).",
+        ),
+        prom_panel(
+            "Agent spool",
+            [("sum by (instance) (guard_agent_spool_bytes)", "{{instance}}")],
             "bytes",
-            "Bytes the agents hold while the broker is away; checkpoints the streams refused.",
+            "Bytes each agent holds on disk while the broker is away.",
+        ),
+        prom_panel(
+            "Refused checkpoints",
+            [(f"sum by (job) (increase(guard_checkpoints_refused_total{rate}))", "{{job}}")],
+            "short",
+            "Checkpoints the streams refused (forged, of another format or key): their keys "
+            "started cold.",
+        ),
+        prom_panel(
+            "Memory of each process",
+            [
+                (
+                    'sum by (job, instance) (process_resident_memory_bytes{job=~"guard-.*"})',
+                    "{{instance}}",
+                )
+            ],
+            "bytes",
+            "Resident memory of each Guard process (prometheus_client's process collector).",
+        ),
+        prom_panel(
+            "CPU of each process",
+            [
+                (
+                    "sum by (job, instance)"
+                    f' (rate(process_cpu_seconds_total{{job=~"guard-.*"}}{rate}))',
+                    "{{instance}}",
+                )
+            ],
+            "short",
+            "Cores each Guard process keeps busy (1: one core).",
+        ),
+        prom_panel(
+            "Releases running",
+            [("count by (version, job) (guard_build_info)", "{{job}} {{version}}")],
+            "short",
+            "Processes by Guard release: more than one version means a rollout in progress.",
         ),
     ]
 
@@ -760,7 +1009,7 @@ def guard_self() -> gd.Dashboard:
         "Guard / Guard itself",
         "The pipeline's own health: from the ClickHouse tables, and from the services' "
         "Prometheus metrics (consumer lag, dead letters) that only they know.",
-        [],
+        [PROMETHEUS_VAR],
         [("From ClickHouse", guard_store_panels()), ("From Prometheus", guard_metric_panels())],
     )
 

@@ -13,6 +13,7 @@ from guard.errors import UsageError
 
 from .common import (
     add_log_level,
+    add_metrics_port,
     apply_options,
     non_negative_float,
     non_negative_int,
@@ -164,6 +165,7 @@ def cmd_agent(args: argparse.Namespace, settings: Settings) -> int:
             "agent.gpu_source": "gpu_source",
             "agent.dcgm_url": "dcgm_url",
             "agent.sysfs_root": "sysfs",
+            "metrics.agent_port": "metrics_port",
         },
     )
     code: int = run_agent(args, settings)
@@ -287,4 +289,5 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--truth", help="with --simulate: write the ground truth here")
     p.add_argument("--once", action="store_true", help="one sampling cycle, then exit")
     p.add_argument("--dry-run", action="store_true", help="print messages instead of publishing")
+    add_metrics_port(p, "metrics.agent_port")
     add_log_level(p, "info")

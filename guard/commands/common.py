@@ -19,6 +19,7 @@ __all__ = [
     "GC_THRESHOLDS",
     "LOG_LEVELS",
     "add_log_level",
+    "add_metrics_port",
     "apply_options",
     "configure_logging",
     "own_the_process",
@@ -90,6 +91,31 @@ def add_log_level(
         choices=LOG_LEVELS,
         help=help_text or f"log level (default: {default})",
     )
+
+
+def add_metrics_port(parser: argparse.ArgumentParser, setting: str) -> None:
+    """``--metrics-port``: this process's ``/metrics`` and ``/healthz`` port, over ``setting``
+    (one port per process: ``guard-streams@PORT.service`` passes its instance name)."""
+    section, name = setting.split(".")
+    default = Settings.model_fields[section].annotation.model_fields[name].default  # type: ignore[union-attr]
+    parser.add_argument(
+        "--metrics-port",
+        type=port_number,
+        default=None,
+        metavar="PORT",
+        help=f"/metrics and /healthz port, 0 for none (default: {setting}, {default})",
+    )
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number (0 to 65535)")
+    return value
 
 
 def configure_logging(level: str) -> None:

@@ -39,7 +39,7 @@ def cmd_backtest(args: argparse.Namespace, settings: Any) -> int:
                 f"backtest: {', '.join(missing)} not found (JSONL files, or `clickhouse` / a DSN)"
             )
         messages, total, unit = (
-            read_messages(paths, stats),
+            read_messages(paths, stats, rows=args.detector == "guard"),
             sum(p.stat().st_size for p in paths),
             "bytes",
         )

@@ -11,7 +11,7 @@ from typing import Any
 from guard.config import Settings
 from guard.errors import GuardError, UsageError
 
-from .common import add_log_level, apply_options, configure_logging
+from .common import add_log_level, add_metrics_port, apply_options, configure_logging
 
 __all__ = ["register", "when"]
 
@@ -74,7 +74,13 @@ def cmd_orchestrator(args: argparse.Namespace, settings: Settings) -> int:
     configure_logging(args.log_level)
     args.node_list = [n for n in args.nodes.split(",") if n] if args.nodes else None
     apply_options(
-        settings, args, {"orchestrator.scheduler": "scheduler", "orchestrator.nodes": "node_list"}
+        settings,
+        args,
+        {
+            "orchestrator.scheduler": "scheduler",
+            "orchestrator.nodes": "node_list",
+            "metrics.orchestrator_port": "metrics_port",
+        },
     )
     o = settings.orchestrator
     executor, clock = None, time.time
@@ -125,4 +131,5 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--sim-start", type=float, help="simulated time at --wall-start")
     p.add_argument("--wall-start", type=float, help="wall time of --sim-start (default: now)")
     p.add_argument("--sweep-delay", type=float, default=0.0, help="simulated sweep duration, s")
+    add_metrics_port(p, "metrics.orchestrator_port")
     add_log_level(p, "warning", "transitions are printed anyway; info adds scheduler actions")

@@ -77,6 +77,7 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
             settings.clickhouse.dsn = args.sources[0]
         client = connect(settings)
         source = ClickHouseSource(client, settings.clickhouse.database, only)
+        _something_stored(source, settings, args)
     else:
         paths = [Path(p) for p in args.sources]
         missing = [str(p) for p in paths if not p.is_file()]
@@ -100,6 +101,42 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
             "and old ones fall to retention: use --retime now"
         )
     return EXIT_INTERRUPTED if stats.interrupted else 0
+
+
+def _something_stored(source: Any, settings: Settings, args: argparse.Namespace) -> None:
+    """A store without Guard's tables, or without telemetry in the selection, is one line
+    saying so (not the driver's exception, not an empty replay that exits 0)."""
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    where = (
+        f"ClickHouse at {settings.masked()['clickhouse']['dsn']} "
+        f"(database {settings.clickhouse.database!r})"
+    )
+    try:
+        span = source.span()
+    except ClickHouseError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise GuardError(
+            f"replay: {where} has no Guard tables to read ({first}): nothing was stored there; "
+            "run `guard sink` (or `guard db migrate`) against it first, or give the DSN "
+            "Guard stores in"
+        ) from None
+    if span is None:
+        chosen = [
+            f"{option} {value}"
+            for option, value in (
+                ("--from", args.start),
+                ("--to", args.end),
+                ("--nodes", ",".join(sorted(args.nodes)) if args.nodes else None),
+                ("--jobs", ",".join(sorted(args.jobs)) if args.jobs else None),
+            )
+            if value is not None
+        ]
+        selection = f" for {' '.join(chosen)}" if chosen else ""
+        raise GuardError(
+            f"replay: {where} holds no telemetry{selection}: nothing to replay"
+            + ("; widen the selection" if chosen else "; is a `guard sink` storing into it?")
+        )
 
 
 def _run_with_bar(replayer: Any, source: Any, args: argparse.Namespace, stop: Any) -> Any:

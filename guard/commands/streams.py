@@ -13,7 +13,13 @@ from typing import Any
 
 from guard.config import Settings
 
-from .common import add_log_level, apply_options, configure_logging, tune_gc_for_the_data_path
+from .common import (
+    add_log_level,
+    add_metrics_port,
+    apply_options,
+    configure_logging,
+    tune_gc_for_the_data_path,
+)
 
 __all__ = ["register"]
 
@@ -34,7 +40,7 @@ def cmd_streams(args: argparse.Namespace, settings: Settings) -> int:
     from guard.metrics import Metrics
 
     create_topics(settings)  # the input topics must exist before the workers subscribe
-    apply_options(settings, args, {"streams.engine": "engine"})
+    apply_options(settings, args, {"streams.engine": "engine", "streams.web_port": "metrics_port"})
     metrics = Metrics("streams", stale_s=settings.metrics.stale_s)
     if settings.streams.engine == "native":
         tune_gc_for_the_data_path()
@@ -46,12 +52,13 @@ def cmd_streams(args: argparse.Namespace, settings: Settings) -> int:
 
     app = create_app(settings)
     counters = app.guard_counters  # type: ignore[attr-defined]
-    observe_streams(metrics, counters, app.guard_checkpoint_totals)  # type: ignore[attr-defined]
+    checkpoints = app.guard_checkpoint_totals  # type: ignore[attr-defined]
+    observe_streams(metrics, counters, checkpoints, "faust")
     _serve(metrics, settings.streams.web_port, settings, "streams.web_port")
 
     @app.timer(interval=min(settings.streams.progress_s, 5.0))
     async def heartbeat() -> None:
-        metrics.lag = faust_lag(app.consumer)
+        metrics.lag = faust_lag(app.consumer, settings.streams.app_id)
         metrics.beat()
 
     @app.timer(interval=settings.streams.progress_s)
@@ -76,7 +83,7 @@ def _run_native(settings: Settings, log_level: str, metrics: Any) -> int:
     configure_logging(log_level)
     with stop_on_signals() as stop:
         worker = NativeWorker(settings, metrics=metrics)
-        observe_streams(metrics, worker.counters, worker.checkpoint_totals)
+        observe_streams(metrics, worker.counters, worker.checkpoint_totals, "native")
         server = _serve(metrics, settings.streams.web_port, settings, "streams.web_port")
 
         def report(counters: Any) -> None:
@@ -99,6 +106,7 @@ def cmd_sink(args: argparse.Namespace, settings: Settings) -> int:
     from guard.streams.sink import ClickHouseSink
 
     configure_logging(args.log_level)
+    apply_options(settings, args, {"metrics.sink_port": "metrics_port"})
     create_topics(settings)
     client = connect(settings)
     migrate(client, settings)
@@ -140,6 +148,8 @@ def register(sub: Any, add: Any) -> None:
         default=None,
         help="transport (default from config: native)",
     )
+    add_metrics_port(p, "streams.web_port")
     p = add("sink", cmd_sink, "store Guard's topics in ClickHouse")
     p.add_argument("--group", default="guard-sink", help="consumer group id")
+    add_metrics_port(p, "metrics.sink_port")
     add_log_level(p, "info")

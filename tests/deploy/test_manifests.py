@@ -231,6 +231,11 @@ def test_compose_grafana_gets_the_provisioning_and_its_variables() -> None:
         for t in s["targets"]
     }
     assert targets == set(SERVICES)
+    # the alerting rules are loaded from where the stack mounts them
+    mounts = dict(v.rsplit(":", 2)[:2] for v in _compose()["services"]["prometheus"]["volumes"])
+    [rules] = prometheus["rule_files"]
+    source = {inside: outside for outside, inside in mounts.items()}[rules]
+    assert (COMPOSE / source).resolve() == ROOT / "deploy" / "prometheus" / "guard-rules.yml"
 
 
 # --- systemd ---------------------------------------------------------------------------------
@@ -245,11 +250,11 @@ def test_systemd_unit_verifies(unit: Path, tmp_path: Path) -> None:
     guard = str(Path(sys.executable).parent / "guard")
     text = unit.read_text()
     [exec_start] = re.findall(r"^ExecStart=(.+)$", text, re.M)
-    argv = shlex.split(exec_start)
+    argv = shlex.split(exec_start.replace("%i", "6067"))  # a template's instance: its port
     assert argv[0] == "/opt/guard/bin/guard"
     build_parser().parse_args(argv[1:])
     # verify checks that ExecStart's program exists: point it at this checkout's guard
-    name = unit.name.replace("@.", "@1.")
+    name = unit.name.replace("@.", "@6067.")
     (tmp_path / name).write_text(text.replace("/opt/guard/bin/guard", guard))
     result = subprocess.run(
         [analyze, "verify", str(tmp_path / name)],
@@ -282,6 +287,17 @@ def test_systemd_unit_is_hardened_to_ok(unit: Path, tmp_path: Path) -> None:
     assert float(found.group(1)) <= 4.0, result.stdout
     text = unit.read_text()
     assert "CapabilityBoundingSet=\n" in text and "SystemCallFilter=@system-service" in text
+
+
+def test_each_streams_instance_serves_metrics_on_its_own_port() -> None:
+    """guard-streams@6066 and @6067 on one host: each has /metrics and /healthz."""
+    text = (SYSTEMD / "guard-streams@.service").read_text()
+    [exec_start] = re.findall(r"^ExecStart=(.+)$", text, re.M)
+    ports = [
+        build_parser().parse_args(shlex.split(exec_start.replace("%i", i))[1:]).metrics_port
+        for i in ("6066", "6067")
+    ]
+    assert ports == [6066, 6067]
 
 
 def test_there_is_a_unit_for_every_service() -> None:

@@ -54,9 +54,11 @@ def assert_one_line_error(done: subprocess.CompletedProcess[str], code: int, *wo
     err = done.stderr
     assert "Traceback" not in err, err[-3000:]
     assert done.returncode == code, (done.returncode, err[-3000:])
-    # librdkafka's own log lines (``%3|...|FAIL|``) come from its threads, before or after
-    # Guard's error: they are still printed (issue 30 keeps that open), the error is Guard's
-    last = [line for line in err.strip().splitlines() if not line.startswith("%")][-1]
+    # librdkafka's own log goes through Python logging (guard.kafka.LibrdkafkaLog): never its
+    # raw ``%3|...|FAIL|`` lines from its threads, and Guard's error is the last line
+    lines = err.strip().splitlines()
+    assert not [line for line in lines if line.startswith("%")], err[-3000:]
+    last = lines[-1]
     assert last.startswith("guard") and "error:" in last, err[-3000:]
     for word in words:
         assert word in last, last
@@ -161,6 +163,26 @@ def test_a_missing_broker_is_one_line(tmp_path: Path) -> None:
     env = {"GUARD_KAFKA_BOOTSTRAP": "127.0.0.1:9"}
     done = guard("node", "list", "--timeout", "2", cwd=tmp_path, env=env)
     assert_one_line_error(done, 1, "127.0.0.1:9")
+    # what librdkafka said about it: formatted, a warning, once (not once per retry)
+    said = [line for line in done.stderr.splitlines() if "guard.kafka.librdkafka" in line]
+    assert len(said) <= 1 and all(" WARNING " in line for line in said), done.stderr
+    # --log-level error: Guard's error alone
+    done = guard("node", "list", "--timeout", "2", "--log-level", "error", cwd=tmp_path, env=env)
+    assert_one_line_error(done, 1, "127.0.0.1:9")
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_replay_from_an_empty_store_is_one_line(tmp_path: Path, kafka_bootstrap: str) -> None:
+    """A live broker, a chDB store with nothing in it: first no database at all, then Guard's
+    tables but no telemetry (after `guard db migrate`)."""
+    env = {"GUARD_KAFKA_BOOTSTRAP": kafka_bootstrap}
+    done = guard("replay", "clickhouse", "--quiet", cwd=tmp_path, env=env)
+    assert_one_line_error(done, 1, "has no Guard tables", "guard sink")
+    assert guard("db", "migrate", cwd=tmp_path, env=env).returncode == 0
+    done = guard("replay", "clickhouse", "--quiet", cwd=tmp_path, env=env)
+    assert_one_line_error(done, 1, "holds no telemetry", "nothing to replay")
+    done = guard("replay", "clickhouse", "--nodes", "node-1", "--quiet", cwd=tmp_path, env=env)
+    assert_one_line_error(done, 1, "holds no telemetry for --nodes node-1", "widen")
 
 
 def _required(command: list[str], tmp_path: Path) -> list[str]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from guard import installed_version
 from guard.agents.daemon import AgentDaemon, JobTracker
 from guard.agents.metrics import observe_agent
 from guard.agents.nic import NicCollector
@@ -35,6 +36,9 @@ from ..streams.test_faust_app import gpu_round, streams_worker, wait_for
 from ..streams.test_sink import _publish, _run_until
 from ..sweeps.helpers import NODES, flag, wait_until
 from ..sweeps.test_service import send, slow_gpu
+
+SWEEPS = "guard_sweep_duration_seconds"
+WEBHOOKS = "guard_webhook_delivery_duration_seconds"
 
 
 def free_port() -> int:
@@ -90,10 +94,16 @@ def test_a_running_worker_serves_metrics_that_move_with_its_work(
     first = publish_round(settings, t0, 6, xid_at=None)
     log = tmp_path / "worker.log"
     with streams_worker(settings, log, engine, GUARD_STREAMS_WEB_PORT=str(port)):
-        wait_for(lambda: scrape(port).get(("guard_records_total", ())) == first, log, 120)
+        records = ("guard_streams_records_total", ())
+        wait_for(lambda: scrape(port).get(records) == first, log, 120)
         before = scrape(port)
-        assert before[("guard_messages_total", (("kind", "gpu"),))] == first
+        assert before[("guard_streams_messages_total", (("kind", "gpu"),))] == first
         assert before[("guard_up", (("service", "streams"),))] == 1
+        # prometheus_client's process collector and the release this process runs
+        assert before[("process_cpu_seconds_total", ())] > 0
+        assert ("guard_build_info", (("version", installed_version()),)) in before
+        flag_count = ("guard_flag_latency_seconds_count", (("engine", engine),))
+        assert flag_count in before  # the series is there before the first flag
         wait_for(lambda: health(port) == (200, "ok"), log, 30)  # the loop beats
 
         more = publish_round(settings, t0 + 60, 6, xid_at=3)
@@ -106,7 +116,7 @@ def test_a_running_worker_serves_metrics_that_move_with_its_work(
         def flagged() -> bool:
             got = scrape(port)
             return (
-                got.get(("guard_records_total", ())) == total
+                got.get(records) == total
                 and got.get(
                     ("guard_flags_total", (("category", "gpu_error"), ("severity", "critical"))), 0
                 )
@@ -115,7 +125,12 @@ def test_a_running_worker_serves_metrics_that_move_with_its_work(
 
         wait_for(flagged, log, 120)
         after = scrape(port)
-        assert after[("guard_messages_total", (("kind", "gpu"),))] == first + more
+        assert after[("guard_streams_messages_total", (("kind", "gpu"),))] == first + more
+        # every flag sent is one latency observation of this engine: the Xid came ~4 min ago
+        flags = sum(v for k, v in after.items() if k[0] == "guard_flags_total")
+        assert after[flag_count] == flags >= 1
+        latency = ("guard_flag_latency_seconds_sum", (("engine", engine),))
+        assert after[latency] / after[flag_count] > 60
         assert after[("guard_dead_letters_total", (("reason", "not_json"),))] == 1
         assert after[("guard_dead_letters_total", (("reason", "invalid_field"),))] == 1
         assert after[("guard_findings_total", ())] > before.get(("guard_findings_total", ()), 0)
@@ -127,7 +142,9 @@ def test_a_running_worker_serves_metrics_that_move_with_its_work(
             lags = [
                 v
                 for (name, labels), v in scrape(port).items()
-                if name == "guard_consumer_lag" and ("topic", gpu) in labels
+                if name == "guard_consumer_lag"
+                and ("topic", gpu) in labels
+                and ("group", f"streams-{settings.kafka.topic_prefix}") in labels  # the app id
             ]
             return len(lags) == settings.kafka.telemetry_partitions and not any(lags)
 
@@ -159,8 +176,10 @@ def test_healthz_fails_when_the_loop_stops_beating() -> None:
         time.sleep(0.3)
         code, why = health(server.port)
         assert code == 503 and "no progress since the start" in why
+        assert scrape(server.port)[("guard_healthy", ())] == 0  # what the alert rule reads
         metrics.beat()
         assert health(server.port) == (200, "ok")
+        assert scrape(server.port)[("guard_healthy", ())] == 1
         time.sleep(0.3)
         code, why = health(server.port)
         assert code == 503 and "no progress for" in why
@@ -168,6 +187,21 @@ def test_healthz_fails_when_the_loop_stops_beating() -> None:
             assert r.headers["Content-Type"].startswith("text/plain")
     finally:
         server.close()
+
+
+def test_labelled_counters_show_known_label_values_as_zero_before_the_first_count() -> None:
+    """A series born at 1 shows Prometheus no increase: the first dead letter, flag or failed
+    sweep would be invisible to rate(), increase() and the alerting rules."""
+    metrics = Metrics("orchestrator")
+    reasons: dict[tuple[str, ...], float] = {}
+    zero = [("not_json",), ("invalid_field",)]
+    metrics.counter("guard_dead_letters_total", "dead letters", lambda: reasons, ("reason",), zero)
+    assert metrics.value("guard_dead_letters_total", reason="not_json") == 0
+    reasons[("not_json",)] = 1
+    reasons[("TypeError",)] = 2
+    assert metrics.value("guard_dead_letters_total", reason="not_json") == 1
+    assert metrics.value("guard_dead_letters_total", reason="TypeError") == 2
+    assert metrics.value("guard_dead_letters_total", reason="invalid_field") == 0
 
 
 def test_a_taken_port_is_logged_not_fatal(caplog: pytest.LogCaptureFixture) -> None:
@@ -191,12 +225,20 @@ def test_sink_metrics_count_rows_by_table_and_dead_letters(
     metrics = Metrics("sink")
     sink = ClickHouseSink(settings, client, group_id="sink-metrics", metrics=metrics)
     observe_sink(metrics, sink.stats)
+    inserts = "guard_sink_insert_duration_seconds_count"
+    before = metrics.value(inserts, result="ok") or 0  # histograms are the process's
     try:
         _run_until(sink, lambda: sink.stats.stored == sent and not sink.sealed)
+        # librdkafka's statistics come every 5 s: the lag is the sink's group's
+        _run_until(sink, lambda: any(g == "sink-metrics" for g, _, _ in metrics.lag))
     finally:
         sink.close()
     assert metrics.value("guard_sink_rows_total", table="gpu_samples") == sent
-    assert metrics.value("guard_records_total") == sent + 1
+    assert metrics.value("guard_sink_records_total") == sent + 1
+    assert metrics.value(inserts, result="ok") == before + sink.stats.batches
+    assert metrics.value("guard_sink_insert_duration_seconds_sum", result="ok") > 0
+    assert sink.stats.batches > 0
+    assert {g for g, _, _ in metrics.lag} == {"sink-metrics"}
     assert metrics.value("guard_dead_letters_total", reason="invalid_field") == 1
     assert metrics.value("guard_sink_batches_total") == sink.stats.batches >= 1
     assert metrics.health() == (True, "ok")  # the loop beat
@@ -212,6 +254,12 @@ def test_orchestrator_metrics_follow_states_sweeps_and_webhook_failures(
     faulty = flag("node-005", "f-5", now - 2)
     send(s, faulty, flag("node-010", "f-10", now - 1), faulty, raw=b"\xff not a flag")
     metrics = Metrics("orchestrator")
+    before = {
+        (sweep, result): metrics.value(f"{SWEEPS}_count", sweep=sweep, result=result) or 0
+        for sweep in ("single", "multi")
+        for result in ("passed", "failed")
+    }
+    failed_webhooks = metrics.value(f"{WEBHOOKS}_count", result="failed") or 0
     orch = KafkaOrchestrator(
         s,
         scheduler=DryRunScheduler(),
@@ -239,6 +287,12 @@ def test_orchestrator_metrics_follow_states_sweeps_and_webhook_failures(
     assert value("guard_dead_letters_total", reason="not_json") == 1
     assert value("guard_node_transitions_total", state="cordoned") == 2
     assert value("guard_webhook_deliveries_total") == 0
+    # a duration for each sweep and each delivery given up (the histograms are the process's)
+    for (sweep, result), was in before.items():
+        total = value("guard_sweeps_total", sweep=sweep, result=result) or 0
+        assert value(f"{SWEEPS}_count", sweep=sweep, result=result) == was + total
+    failures = value("guard_webhook_failures_total")
+    assert value(f"{WEBHOOKS}_count", result="failed") == failed_webhooks + failures
 
 
 def test_agent_metrics_count_published_kinds_and_the_spool(
@@ -258,7 +312,7 @@ def test_agent_metrics_count_published_kinds_and_the_spool(
         wait_until(lambda: len(publisher.spool) == published, tick=publisher.poll)
     finally:
         publisher.close(timeout_s=1.0)
-    assert metrics.value("guard_messages_total", kind="nic") == published > 0
+    assert metrics.value("guard_agent_messages_total", kind="nic") == published > 0
     assert metrics.value("guard_agent_cycles_total") == 5
     assert metrics.value("guard_agent_records_total", outcome="published") == published
     assert metrics.value("guard_agent_spool_records") == len(publisher.spool) == published

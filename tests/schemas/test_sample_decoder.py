@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -174,3 +175,25 @@ def test_name_lengths_count_characters_as_pydantic_does() -> None:
         for n in (252, 253, 254):
             value = ('{"kind":"gpu","ts":5.0,"node":"' + char * n + '","gpu":0}').encode()
             assert _got(value, "gpu") == _reference(value, "gpu"), (char, n)
+
+
+def test_a_counter_name_longer_than_the_contract_allows_is_refused_as_pydantic_does() -> None:
+    """The fast path decodes counter names as plain strings (a constrained key costs msgspec
+    ~4x) and checks their length after: 128 characters pass, 129 are pydantic's refusal."""
+    from guard.schemas.sample_decoder import decode_rows
+
+    for length, ok in ((128, True), (129, False)):
+        name = ("c" * length).encode()
+        single = b'{"kind":"nic","ts":5.0,"node":"n1","device":"d","port":1,"counters":{"' + name
+        single += b'":1,"symbol_error":0}}'
+        batch = b'{"kind":"nic_batch","ts":5.0,"node":"n1","ports":[{"device":"d","port":1},'
+        batch += b'{"device":"d","port":2,"counters":{"symbol_error":0,"' + name + b'":1}}]}'
+        for value in (single, batch):
+            assert _got(value, "nic") == _reference(value, "nic"), value
+            got = _got(value, "nic")
+            assert (not isinstance(got, str)) == ok, got
+            if ok:
+                assert decode_rows(value, "nic")[2][-1]["counters"][name.decode()] == 1
+            else:
+                with pytest.raises(SchemaError, match="counters"):
+                    decode_rows(value, "nic")

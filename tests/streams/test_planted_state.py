@@ -74,17 +74,21 @@ def test_a_planted_state_record_runs_nothing_and_stops_nothing(
     app_id = f"planted-{settings.kafka.topic_prefix}"
     marker = tmp_path / "pwned"
     refusals = _plant(settings, engine, app_id, marker)
-    producer = make_producer(settings)
-    t0 = time.time() - 120
-    for i in range(12):
-        for node in ("node-a", "node-b", "node-c"):
-            xid = 5 if (node == "node-b" and i == 4) else None
-            for m in gpu_round(t0 + 10 * i, node, xid_gpu=xid):
-                produce(producer, settings, m)
-    assert producer.flush(30) == 0
-
     log = tmp_path / "worker.log"
     with streams_worker(settings, log, engine, app_id) as worker:
+        # the telemetry comes once the worker runs: in one CI run a faust worker started on
+        # the 288 records already waiting handled 287 and never the last; the cause is not
+        # known (faust's start-up is suspected; the note of issue 25 says more), and this test
+        # is about planted state, not start-up
+        wait_for(lambda: bool(_latest_progress(log)), log, 60)
+        producer = make_producer(settings)
+        t0 = time.time() - 120
+        for i in range(12):
+            for node in ("node-a", "node-b", "node-c"):
+                xid = 5 if (node == "node-b" and i == 4) else None
+                for m in gpu_round(t0 + 10 * i, node, xid_gpu=xid):
+                    produce(producer, settings, m)
+        assert producer.flush(30) == 0
         flags = read_flags(settings, want=1, timeout_s=90, worker=worker)
         wait_for(lambda: _latest_progress(log).get("telemetry", 0) >= 288, log)
         wait_for(lambda: _latest_progress(log).get("refused", 0) >= refusals, log, 30)

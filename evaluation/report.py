@@ -275,10 +275,23 @@ def _step_figure(data: ReportData) -> Any:
         title="Step time with and without Guard (gaps: the job was down; dotted: a cordon)",
         xaxis={**CLOCK_AXIS, "range": [_clock(data.start_ts), _clock(data.end_ts)]},
         legend=LEGEND_ABOVE,
-        yaxis_title="step time, s",
-        yaxis_type="log",
+        yaxis={"title": "step time, s", "type": "log", **_log_ticks(data)},
     )
     return fig
+
+
+#: Step times worth a label on the log axis (plotly's own labels 20, 30 as "2", "3").
+NICE_STEP_S = (0.1, 0.2, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 3600)
+
+
+def _log_ticks(data: ReportData) -> dict[str, Any]:
+    """Tick values for the step-time axis, each labelled in full, over the steps' range."""
+    values = [s for runs in data.steps.values() for log in runs.values() for _, s in log if s > 0]
+    if not values:
+        return {}
+    lo, hi = min(values) / 1.5, max(values) * 1.5
+    ticks = [v for v in NICE_STEP_S if lo <= v <= hi]
+    return {"tickvals": ticks, "ticktext": [f"{v:g}" for v in ticks]} if ticks else {}
 
 
 def _state_spans(data: ReportData) -> list[tuple[str, str, float, float]]:
@@ -414,7 +427,9 @@ def _goodput_figure(data: ReportData) -> Any:
         )
     ujobs = list(data.useful)
     for job, runs in sorted(data.useful.items()):
-        for label, curve in sorted(runs.items(), key=_guard_on_top):
+        for label, binned in sorted(runs.items(), key=_guard_on_top):
+            # every run starts from nothing at the start
+            curve = [(0.0, 0.0), *binned] if binned and binned[0][0] > 0 else binned
             fig.add_scatter(
                 x=[_clock(data.start_ts + t) for t, _ in curve],
                 y=[n for _, n in curve],

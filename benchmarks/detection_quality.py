@@ -31,6 +31,8 @@ and the same in steps (seconds / the nominal step time of the node's job in the 
 fleet, Guard only. To fit a shared two-core machine it samples every 10 s (dcgm-exporter's
 default is 30 s) and its jobs step every 10 s (the other families: 1 s and 2-3 s), so it has
 fewer rounds per hour than they do: read it together with the ``confounders`` family.
+``--soak-fleet`` runs it on the fleet family's shared fleet instead (its 5 s and 8 s jobs,
+clock offsets, churn and hot idle nodes; samples still every 10 s).
 
 Real data: Alibaba PAI mini-batch times (job 1: worker 6 is slow at t = 1811-1941 s, workers
 3-9 never otherwise; job 3: workers 0 and 1 slow throughout, no other; a claim against any
@@ -89,7 +91,17 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "hot_idle_nodes": 2,
     },
     "soak": {"random_faults": 0, "sample_interval_s": 10.0, "step_s_nominal": 10.0},
+    # the soak on a shared fleet (--soak-fleet): the fleet family's jobs and confounders
+    "soak-fleet": {
+        "random_faults": 0,
+        "sample_interval_s": 10.0,
+        "clock_offset_s": 0.5,
+        "job_lifetime_s": 900.0,
+        "job_gap_s": 90.0,
+        "hot_idle_nodes": 2,
+    },
 }
+SOAKS = ("soak", "soak-fleet")
 
 # (family, nodes, duration_s, seed, severity): severity scales every drawn slowdown
 FULL = [
@@ -213,7 +225,7 @@ def run_scenario(spec: tuple[str, int, float, int, float]) -> dict[str, Tally]:
 
     family, nodes, duration, seed, severity = spec
     options = dict(FAMILIES[family])
-    if family == "fleet":
+    if family in ("fleet", "soak-fleet"):
         options["jobs"] = fleet_jobs(nodes)
     sim = ClusterSimulator(
         SimConfig(
@@ -225,7 +237,7 @@ def run_scenario(spec: tuple[str, int, float, int, float]) -> dict[str, Tally]:
             **options,
         )
     )
-    names = ("guard",) if family == "soak" else DETECTORS
+    names = ("guard",) if family in SOAKS else DETECTORS
     detectors: dict[str, Any] = {name: make_detector(name) for name in names}
     flags: dict[str, list[Any]] = {name: [] for name in detectors}
     processes = [(flags[name], det.update) for name, det in detectors.items()]
@@ -512,9 +524,15 @@ def main(argv: list[str] | None = None) -> int:
         help="healthy node-hours of the soak family (default: 2000, 0 with --quick)",
     )
     parser.add_argument(
+        "--soak-fleet",
+        action="store_true",
+        help="the soak on a shared fleet: 5 s and 8 s jobs, host clocks off by up to +-0.5 s, "
+        "churn, hot idle nodes (the fleet family's options, no fault)",
+    )
+    parser.add_argument(
         "--family",
         action="append",
-        choices=[f for f in FAMILIES if f != "soak"],
+        choices=[f for f in FAMILIES if f not in SOAKS],
         help="only this simulated family (repeatable; default: all), no real data",
     )
     args = parser.parse_args(argv)
@@ -523,7 +541,8 @@ def main(argv: list[str] | None = None) -> int:
         specs = [spec for spec in specs if spec[0] in args.family]
     soak = args.soak_hours if args.soak_hours is not None else (0.0 if args.quick else 2000.0)
     runs = math.ceil(soak * 3600.0 / (SOAK_NODES * SOAK_RUN_S)) if soak > 0 else 0
-    specs += [("soak", SOAK_NODES, SOAK_RUN_S, 100 + i, 1.0) for i in range(runs)]
+    soak_family = "soak-fleet" if args.soak_fleet else "soak"
+    specs += [(soak_family, SOAK_NODES, SOAK_RUN_S, 100 + i, 1.0) for i in range(runs)]
     started = time.perf_counter()
     tallies: dict[tuple[str, str], Tally] = {}
     if args.jobs > 1:

@@ -1,20 +1,24 @@
 # syntax=docker/dockerfile:1
-# Guard's container image: one image, every service (`guard agent|streams|sink|orchestrator`).
+# Guard's services image (`guard streams|sink|orchestrator`; it runs `guard agent` too, but
+# GPU nodes get the slim deploy/images/Containerfile.agent, and sweeps
+# deploy/images/Containerfile.sweep: docs/operations.md#images-by-role).
 # Build from the repository root:  docker build -t guard:local .
+#                                  deploy/images/build.sh services  (buildah, Debian base)
 # NVML (the agent's GPU source) comes from the host driver through the NVIDIA container
 # runtime (runtimeClassName: nvidia in Kubernetes, `--gpus all` / `runtime: nvidia` in Docker);
 # the image ships no driver library of its own.
 
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# any Debian-like base with python3 (>= 3.11) and its venv module
+ARG BASE=docker.io/library/python:3.11-slim-bookworm
 
 # --- build: a virtual environment with Guard and its dependencies ----------------------------
-FROM ${PYTHON_IMAGE} AS build
+FROM ${BASE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # a compiler for any dependency without a wheel for this platform; it stays in this stage
 RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential \
  && rm -rf /var/lib/apt/lists/*
-RUN python -m venv /opt/guard
+RUN python3 -m venv /opt/guard
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY guard/ guard/
@@ -31,7 +35,7 @@ RUN /opt/guard/bin/pip install --upgrade pip \
  && /opt/guard/bin/guard --version
 
 # --- runtime: the environment only, as an unprivileged user ----------------------------------
-FROM ${PYTHON_IMAGE} AS runtime
+FROM ${BASE} AS runtime
 LABEL org.opencontainers.image.title="guard" \
       org.opencontainers.image.description="Grey-node and straggler detection for GPU training fleets" \
       org.opencontainers.image.licenses="Apache-2.0"

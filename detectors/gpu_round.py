@@ -96,28 +96,39 @@ def _ints(rows: Sequence[Mapping[str, Any]], name: str, missing: int) -> np.ndar
         )
 
 
-@dataclass(slots=True)
-class GpuColumns:
-    """GPU samples as columns, one row per sample, in arrival order (NaN: not reported;
-    ``reasons`` 0, ``xid`` and ``dbe`` -1 when not reported)."""
+#: the float columns of :class:`GpuColumns`, in the order of its float matrix
+_FLOATS = ("ts", *FIELDS)
+#: its integer columns: GPU index, reason bits (0: none), Xid and DBE total (-1: not
+#: reported), the GPU's row in its node's state (-1: not looked up yet), and 1 on the last
+#: sample of a batch record (one sampling instant of the node: a round)
+_INTS = ("gpu", "reasons", "xid", "dbe", "row", "ends")
 
-    node: list[str]
-    job: list[str | None]
-    gpu: np.ndarray  # int64
-    ts: np.ndarray
-    temp: np.ndarray
-    slowdown: np.ndarray
-    power: np.ndarray
-    limit: np.ndarray
-    clock: np.ndarray
-    util: np.ndarray
-    reasons: np.ndarray  # int64
-    xid: np.ndarray  # int64
-    dbe: np.ndarray  # int64
-    #: the GPU's row in its node's state (-1: not looked up yet)
-    row: np.ndarray  # intp
-    #: the last sample of a batch record (one sampling instant of the node: a round)
-    ends: np.ndarray  # bool
+
+def _column(matrix: str, k: int) -> property:
+    def get(self: GpuColumns) -> np.ndarray:
+        out: np.ndarray = getattr(self, matrix)[:, k]
+        return out
+
+    def put(self: GpuColumns, values: Any) -> None:
+        getattr(self, matrix)[:, k] = values
+
+    return property(get, put)
+
+
+class GpuColumns:
+    """GPU samples as columns, one row per sample, in arrival order: the numeric fields as
+    two matrices (floats, NaN where not reported; integers) read and written by field
+    name, so taking or joining rows is two array operations."""
+
+    __slots__ = ("floats", "ints", "job", "node")
+
+    def __init__(
+        self, node: list[str], job: list[str | None], floats: np.ndarray, ints: np.ndarray
+    ) -> None:
+        self.node = node
+        self.job = job
+        self.floats = floats
+        self.ints = ints
 
     def __len__(self) -> int:
         return len(self.node)
@@ -132,17 +143,23 @@ class GpuColumns:
     ) -> GpuColumns:
         """Columns of sample dicts (the fields of :class:`~guard.schemas.GpuSample`); a
         batch's entries get ``node``, ``job`` and ``ts`` from their record's."""
+        n = len(rows)
+        floats = np.empty((n, len(_FLOATS)))
+        floats[:, 0] = [r["ts"] for r in rows] if ts is None else ts
+        for k, name in enumerate(FIELDS.values(), 1):
+            floats[:, k] = _floats(rows, name)
+        ints = np.empty((n, len(_INTS)), dtype=np.int64)
+        ints[:, 0] = [r["gpu"] for r in rows]
+        ints[:, 1] = _ints(rows, "clock_event_reasons", 0)
+        ints[:, 2] = _ints(rows, "xid", -1)
+        ints[:, 3] = _ints(rows, "ecc_dbe_total", -1)
+        ints[:, 4] = -1
+        ints[:, 5] = 0
         return cls(
-            node=[r["node"] for r in rows] if node is None else node,
-            job=[r.get("job") for r in rows] if job is None else job,
-            gpu=np.array([r["gpu"] for r in rows], dtype=np.int64),
-            ts=np.array([r["ts"] for r in rows] if ts is None else ts, dtype=np.float64),
-            **{c: _floats(rows, name) for c, name in FIELDS.items()},
-            reasons=_ints(rows, "clock_event_reasons", 0),
-            xid=_ints(rows, "xid", -1),
-            dbe=_ints(rows, "ecc_dbe_total", -1),
-            row=np.full(len(rows), -1, dtype=np.intp),
-            ends=np.zeros(len(rows), dtype=bool),
+            [r["node"] for r in rows] if node is None else node,
+            [r.get("job") for r in rows] if job is None else job,
+            floats,
+            ints,
         )
 
     @classmethod
@@ -170,7 +187,7 @@ class GpuColumns:
             if n > 1 or items[0] is not head:  # a batch record: its last entry ends a round
                 ends.append(len(rows) - 1)
         cols = cls.of(rows, node, job, ts)
-        cols.ends[ends] = True
+        cols.ends[ends] = 1
         return cols
 
     @classmethod
@@ -179,26 +196,39 @@ class GpuColumns:
         if len(parts) == 1:
             return parts[0]
         return cls(
-            node=[n for p in parts for n in p.node],
-            job=[j for p in parts for j in p.job],
-            **{name: np.concatenate([getattr(p, name) for p in parts]) for name in _ARRAYS},
+            [n for p in parts for n in p.node],
+            [j for p in parts for j in p.job],
+            np.concatenate([p.floats for p in parts]),
+            np.concatenate([p.ints for p in parts]),
         )
 
     def take(self, at: np.ndarray) -> GpuColumns:
         """The rows ``at``, in that order."""
         pick = at.tolist()
         return GpuColumns(
-            node=[self.node[i] for i in pick],
-            job=[self.job[i] for i in pick],
-            **{name: getattr(self, name)[at] for name in _ARRAYS},
+            [self.node[i] for i in pick],
+            [self.job[i] for i in pick],
+            self.floats[at],
+            self.ints[at],
         )
 
     @classmethod
     def empty(cls) -> GpuColumns:
         return cls.of([])
 
-
-_ARRAYS = ("gpu", "ts", *FIELDS, "reasons", "xid", "dbe", "row", "ends")
+    ts = _column("floats", 0)
+    temp = _column("floats", 1)
+    slowdown = _column("floats", 2)
+    power = _column("floats", 3)
+    limit = _column("floats", 4)
+    clock = _column("floats", 5)
+    util = _column("floats", 6)
+    gpu = _column("ints", 0)
+    reasons = _column("ints", 1)
+    xid = _column("ints", 2)
+    dbe = _column("ints", 3)
+    row = _column("ints", 4)
+    ends = _column("ints", 5)
 
 
 @dataclass(slots=True)

@@ -444,6 +444,17 @@ class SweepSettings(Section):
     rdma_devices: list[str] = Field(
         default_factory=list, description="RDMA devices for ib_write_bw (default: all found)"
     )
+    dcgmi: str = Field(
+        "dcgmi", description="DCGM's dcgmi: the dcgm check runs `dcgmi diag` when it is found"
+    )
+    dcgm_level: int = Field(
+        1, ge=1, le=4, description="dcgmi diag -r LEVEL: 1 seconds, 2 ~2 min, 3 ~15 min, 4 longer"
+    )
+    dcgm_skip_ok: list[str] = Field(
+        default_factory=list,
+        description="DCGM tests (names as dcgmi reports them, lower case, _ for spaces) that may "
+        "skip; any other Skip leaves the GPU untested and fails the node",
+    )
 
 
 class Settings(BaseSettings):

@@ -62,6 +62,8 @@ __all__ = [
     "SweepExecutor",
     "make_executor",
     "parse_sweep_output",
+    "peer_checks",
+    "sweep_lines",
 ]
 
 
@@ -435,15 +437,9 @@ def parse_sweep_output(
     have been judged against that many and seen that many (a GPU node judged on CPU checks,
     or by a sweep that was told another count, does not pass).
     """
-    result: SweepResult | None = None
-    for line in reversed(stdout.splitlines()):
-        if line.startswith("{"):
-            try:
-                decoded = decode(line, "sweep")
-            except SchemaError:
-                continue
-            result = decoded if isinstance(decoded, SweepResult) else None
-            break
+    lines = sweep_lines(stdout)
+    # a multi-node job prints one line per node: the node's own is the verdict
+    result = next((r for r in reversed(lines) if r.node == node), lines[-1] if lines else None)
     command = shlex.join(argv)
     tail = (stderr or stdout).strip()[-500:]
     if result is None:
@@ -467,6 +463,40 @@ def parse_sweep_output(
         )
     checks += _coverage_problems(result, expected_gpus, command)
     return checks
+
+
+def sweep_lines(stdout: str) -> list[SweepResult]:
+    """Every ``sweep`` message in ``stdout``, one per line, in order (other lines skipped)."""
+    out = []
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            try:
+                decoded = decode(line, "sweep")
+            except SchemaError:
+                continue
+            if isinstance(decoded, SweepResult):
+                out.append(decoded)
+    return out
+
+
+def peer_checks(peer: str, code: int, stdout: str, stderr: str = "") -> list[SweepCheck]:
+    """What a multi-node sweep's peer adds to the node's verdict: ``peer_sweep_error`` when it
+    printed no ``sweep`` line of its own, ``peer_busy`` (untested) when its GPUs were busy with
+    other processes at the start (the all-reduce measured the sharing, not the link)."""
+    mine = [r for r in sweep_lines(stdout) if r.node == peer]
+    if not mine:
+        tail = (stderr or stdout).strip()[-300:]
+        return [
+            SweepCheck(
+                name="peer_sweep_error",
+                passed=False,
+                detail=f"peer {peer} printed no sweep line (exit {code}): {tail}",
+            )
+        ]
+    busy = [c for c in mine[-1].checks if c.name == "gpu_processes" and not c.passed]
+    return [
+        SweepCheck(name="peer_busy", passed=False, detail=f"peer {peer}: {c.detail}") for c in busy
+    ]
 
 
 def _coverage_problems(
@@ -556,6 +586,8 @@ class SshExecutor:
                 for check in failed:
                     if not check.passed:
                         checks.append(check.model_copy(update={"name": f"peer_{check.name}"}))
+            else:
+                checks += peer_checks(member, code, out, err)
         return checks
 
     def _one(self, node: str, argv: list[str]) -> list[SweepCheck]:
@@ -602,7 +634,9 @@ def make_executor(settings: Settings) -> SweepExecutor | None:
     if o.executor == "slurm":
         from .slurm import SlurmScheduler, SlurmSweepExecutor, SweepJob
 
-        return SlurmSweepExecutor(SlurmScheduler.from_settings(o), SweepJob.from_settings(o))
+        return SlurmSweepExecutor(
+            SlurmScheduler.from_settings(o), SweepJob.from_settings(o), o.rendezvous_port
+        )
     if o.executor == "kubernetes":
         from .kubernetes import KubernetesScheduler, KubernetesSweepExecutor
         from .slurm import SweepJob
@@ -616,6 +650,7 @@ def make_executor(settings: Settings) -> SweepExecutor | None:
             KubernetesScheduler.from_settings(o),
             o.kube_sweep_image,
             SweepJob.from_settings(o, poll_s=2.0),
+            o.rendezvous_port,
         )
     if o.executor == "ssh":
         return SshExecutor(

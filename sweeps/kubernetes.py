@@ -39,6 +39,7 @@ import json
 import logging
 import re
 import shlex
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -373,10 +374,14 @@ class KubernetesSweepExecutor:
     cordon and Guard's taint, once the node's training pods are gone; the checks come from the
     one ``sweep`` line the pod logs (``guard sweep run --json``)."""
 
-    sweep_kinds: tuple[str, ...] = ("single",)
+    sweep_kinds: tuple[str, ...] = ("single", "multi")  # multi: guard.sweeps.multinode
 
     def __init__(
-        self, scheduler: KubernetesScheduler, image: str, job: SweepJob | None = None
+        self,
+        scheduler: KubernetesScheduler,
+        image: str,
+        job: SweepJob | None = None,
+        rendezvous_port: int = 29500,
     ) -> None:
         from kubernetes import client
 
@@ -384,6 +389,9 @@ class KubernetesSweepExecutor:
         self.batch = client.BatchV1Api(scheduler._api_client)
         self.image = image
         self.job = job or SweepJob(poll_s=2.0)
+        self.rendezvous_port = rendezvous_port
+        self.peers_lock = threading.Lock()  # multinode.return_stranded_kube_peers runs once
+        self.stranded_peers_checked = False
 
     @property
     def drain_wait_s(self) -> float:
@@ -440,6 +448,10 @@ class KubernetesSweepExecutor:
         }
 
     def run(self, node: str, sweep: str, peers: Sequence[str], now: float) -> list[SweepCheck]:
+        if sweep == "multi":
+            from .multinode import run_kubernetes_multi
+
+            return run_kubernetes_multi(self, node, peers)
         deadline = time.monotonic() + self.job.drain_timeout_s
         while pods := self.scheduler.training_pods(node):
             if time.monotonic() > deadline:
@@ -472,6 +484,19 @@ class KubernetesSweepExecutor:
             )
 
     def _wait_and_read(self, ns: str, name: str, node: str, gpus: int | None) -> list[SweepCheck]:
+        try:
+            code, logs = self._wait_and_read_log(ns, name)
+        except TimeoutError as exc:
+            return [SweepCheck(name="sweep_job", passed=False, detail=str(exc))]
+        except LookupError as exc:
+            return [SweepCheck(name="sweep_job", passed=False, detail=str(exc))]
+        return parse_sweep_output(node, [f"job/{name}"], code, logs, "", expected_gpus=gpus)
+
+    def _wait_and_read_log(self, ns: str, name: str) -> tuple[int, str]:
+        """The Job's exit (0 succeeded, 1 failed) and its pod's log, once it finished.
+
+        Raises :class:`TimeoutError` past ``sweep_timeout_s`` and :class:`LookupError` when
+        the Job left no pod."""
         call = self.scheduler._call
         deadline = time.monotonic() + self.job.sweep_timeout_s
         while True:
@@ -480,8 +505,7 @@ class KubernetesSweepExecutor:
             if status is not None and (status.succeeded or status.failed):
                 break
             if time.monotonic() > deadline:
-                detail = f"Job {name} did not finish in {self.job.sweep_timeout_s:g} s"
-                return [SweepCheck(name="sweep_job", passed=False, detail=detail)]
+                raise TimeoutError(f"Job {name} did not finish in {self.job.sweep_timeout_s:g} s")
             time.sleep(self.job.poll_s)
         api = self.scheduler.api
         pods = call(
@@ -491,9 +515,7 @@ class KubernetesSweepExecutor:
             label_selector=f"job-name={name}",
         )
         if not pods.items:
-            return [SweepCheck(name="sweep_job", passed=False, detail=f"Job {name} left no pod")]
+            raise LookupError(f"Job {name} left no pod")
         pod = pods.items[0].metadata.name
         logs = call(f"reading the log of {pod}", api.read_namespaced_pod_log, pod, ns)
-        return parse_sweep_output(
-            node, [f"job/{name}"], 0 if status.succeeded else 1, logs, "", expected_gpus=gpus
-        )
+        return (0 if status.succeeded else 1), str(logs)

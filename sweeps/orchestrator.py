@@ -627,16 +627,22 @@ class Orchestrator:
             self._transition(rec, "failed", f"failed the {job.sweep}-node sweep: {summary}")
             self._send_to_repair(rec, f"failed the {job.sweep}-node sweep ({summary})")
             return
-        if job.sweep == "single" and self.executor and "multi" in self.executor.sweep_kinds:
+        network = sorted({f.category for f in rec.claims.values()} & NETWORK_CATEGORIES)
+        multi = bool(self.executor and "multi" in self.executor.sweep_kinds)
+        if job.sweep == "single" and multi:
             peers = self._choose_peers(rec.node)
             if peers:
                 self._start_sweep(rec, "multi", peers)
                 return
-            if self.settings.multi_sweep_peers > 0:
-                self._release(
-                    rec, "passed the single-node sweep; no healthy peer for a multi-node one"
-                )
-                return
+        if job.sweep == "single" and network:  # a link is only tested between two nodes
+            why = "no healthy peer for it" if multi else "this executor runs single-node ones only"
+            summary = f"untested: a {'/'.join(network)} flag needs a multi-node sweep, {why}"
+            self._transition(rec, "failed", f"passed the single-node sweep; {summary}")
+            self._send_to_repair(rec, summary)
+            return
+        if job.sweep == "single" and multi and self.settings.multi_sweep_peers > 0:
+            self._release(rec, "passed the single-node sweep; no healthy peer for a multi-node one")
+            return
         self._release(
             rec,
             "passed the single-node and multi-node sweeps"
@@ -671,6 +677,10 @@ class Orchestrator:
         # A stable but node-specific order spreads the peer load over the healthy nodes.
         healthy.sort(key=lambda n: stable_id("peer", node, n))
         return healthy[:want]
+
+
+#: Flags about the network: a single-node sweep cannot clear them (the link is between nodes).
+NETWORK_CATEGORIES = frozenset({"nic", "link", "comm_slow", "comm_hang"})
 
 
 def _describe(flag: Flag) -> str:

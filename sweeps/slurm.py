@@ -47,6 +47,7 @@ import logging
 import re
 import shlex
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -385,11 +386,16 @@ class SlurmSweepExecutor:
     ``sweep`` message it prints. The node must be drained by Guard (the orchestrator cordons
     first); see the module docstring."""
 
-    sweep_kinds: tuple[str, ...] = ("single",)
+    sweep_kinds: tuple[str, ...] = ("single", "multi")  # multi: guard.sweeps.multinode
 
-    def __init__(self, scheduler: SlurmScheduler, job: SweepJob | None = None) -> None:
+    def __init__(
+        self, scheduler: SlurmScheduler, job: SweepJob | None = None, rendezvous_port: int = 29500
+    ) -> None:
         self.scheduler = scheduler
         self.job = job or SweepJob()
+        self.rendezvous_port = rendezvous_port
+        self.peers_lock = threading.Lock()  # multinode.return_stranded_peers runs once
+        self.stranded_peers_checked = False
 
     @property
     def drain_wait_s(self) -> float:
@@ -397,6 +403,10 @@ class SlurmSweepExecutor:
         return self.job.drain_timeout_s
 
     def run(self, node: str, sweep: str, peers: Sequence[str], now: float) -> list[SweepCheck]:
+        if sweep == "multi":
+            from .multinode import run_slurm_multi
+
+            return run_slurm_multi(self, node, peers)
         try:
             reservation = self.scheduler.hold_for_sweep(
                 node, self.job.drain_timeout_s, self.job.poll_s

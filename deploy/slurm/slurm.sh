@@ -9,16 +9,22 @@
 #   deploy/slurm/slurm.sh stop     stop the daemons this script started (pid files) and drop state
 #   deploy/slurm/slurm.sh status   running or not, and the node's state
 #
-# Settings known to work here (see FIELD-NOTES.md): ProctrackType=proctrack/linuxproc,
-# TaskPlugin=task/none and no cgroup.conf (22.05 has no CgroupPlugin=disabled: slurmd would fail).
 # The node declares GUARD_CI_SLURM_GPUS (default 2) GPUs as GRES (GresTypes=gpu, `Gres=gpu:N`,
-# gres.conf `File=` device files that are links to /dev/null: slurmd drops a file-less GPU), so
-# that the sweep's
+# gres.conf `File=` device files: slurmd drops a file-less GPU), so that the sweep's
 # `srun --gres=gpu:N --exclusive` is scheduled by the real slurmctld, and the sweep on this
 # GPU-less host is judged against N expected GPUs (it must not pass).
+# Device cgroups, as on a GPU cluster: where the cgroup v1 devices hierarchy is writable and
+# mknod works (checked on this kind of machine), the GPU files are character devices with
+# NVIDIA's major number (195:i, no driver behind them) and Slurm runs ProctrackType=
+# proctrack/cgroup, TaskPlugin=task/cgroup with cgroup.conf ConstrainDevices=yes: a job opens
+# only the GPUs it was given (another one's open fails EPERM; its own ENXIO, no driver).
+# Elsewhere (cgroup v2 only, no mknod) or with GUARD_CI_SLURM_CGROUP=no it falls back to
+# proctrack/linuxproc, task/none, no cgroup.conf (22.05 has no CgroupPlugin=disabled: slurmd
+# would fail) and /dev/null links, and writes why to $dir/cgroup.state.
 # Slurm's ports are fixed (6817/6818), so there is one such cluster per host: its files live in
 # GUARD_CI_SLURM_DIR (default /var/tmp/guard-slurm), whichever checkout started it.
-# Environment: GUARD_CI_SLURM_DIR, GUARD_CI_SLURM_START_TIMEOUT (s, default 60).
+# Environment: GUARD_CI_SLURM_DIR, GUARD_CI_SLURM_START_TIMEOUT (s, default 60),
+# GUARD_CI_SLURM_CGROUP (auto: device cgroups where they work; no: never).
 set -euo pipefail
 
 dir="${GUARD_CI_SLURM_DIR:-/var/tmp/guard-slurm}"
@@ -41,11 +47,40 @@ install_packages() {
     slurmctld slurmd slurm-client munge >&2
 }
 
+# GPU device files, and whether Slurm constrains devices with cgroups: "on" or "off: why"
+gpu_devices() {
+  local i probe=/sys/fs/cgroup/devices/guard-slurm-probe.$$
+  rm -rf "$dir/dev"; mkdir -p "$dir/dev"
+  if [[ ${GUARD_CI_SLURM_CGROUP:-auto} == no ]]; then
+    cgroup="off: GUARD_CI_SLURM_CGROUP=no"
+  elif ! mknod "$dir/dev/nvidia0" c 195 0 2>/dev/null; then
+    cgroup="off: mknod is not allowed here"
+  elif ! mkdir "$probe" 2>/dev/null || ! rmdir "$probe"; then
+    cgroup="off: no writable cgroup v1 devices hierarchy at /sys/fs/cgroup/devices"
+  else
+    cgroup="on"
+  fi
+  rm -f "$dir/dev/nvidia0"
+  for ((i = 0; i < gpus; i++)); do
+    if [[ $cgroup == on ]]; then mknod "$dir/dev/nvidia$i" c 195 "$i"
+    else ln -sfn /dev/null "$dir/dev/nvidia$i"; fi
+  done
+  echo "$cgroup" > "$dir/cgroup.state"
+  [[ $cgroup == on ]] || log "device cgroups $cgroup"
+}
+
 write_conf() {
-  local cpus mem
+  local cpus mem proctrack=proctrack/linuxproc task=task/none
   cpus="$(nproc)"
   mem="$(awk '/MemTotal/ {printf "%d", $2 / 1024 * 0.9}' /proc/meminfo)"
   mkdir -p "$dir/state" "$dir/spool" "$dir/log"
+  gpu_devices
+  rm -f "$dir/cgroup.conf"
+  if [[ $cgroup == on ]]; then
+    proctrack=proctrack/cgroup task=task/cgroup
+    printf '%s\n' "CgroupPlugin=cgroup/v1" "CgroupMountpoint=/sys/fs/cgroup" \
+      "ConstrainDevices=yes" "ConstrainCores=no" "ConstrainRAMSpace=no" > "$dir/cgroup.conf"
+  fi
   cat > "$conf" <<CONF
 # written by deploy/slurm/slurm.sh: a one-host cluster for Guard's tests
 ClusterName=guard-ci
@@ -58,8 +93,8 @@ SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$dir/log/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+ProctrackType=$proctrack
+TaskPlugin=$task
 MpiDefault=none
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
@@ -76,10 +111,8 @@ KillWait=5
 NodeName=$node CPUs=$cpus RealMemory=$mem Gres=gpu:$gpus State=UNKNOWN
 PartitionName=guard Nodes=$node Default=YES MaxTime=INFINITE State=UP
 CONF
-  # slurmd reads gres.conf next to slurm.conf; gres/gpu wants a device file per GPU (it drops
-  # `Count=`-only GPUs), and there is no GPU here: each is a link to /dev/null
-  mkdir -p "$dir/dev"
-  for ((i = 0; i < gpus; i++)); do ln -sfn /dev/null "$dir/dev/nvidia$i"; done
+  # slurmd reads gres.conf (and cgroup.conf) next to slurm.conf; gres/gpu wants a device file
+  # per GPU (it drops `Count=`-only GPUs): gpu_devices made them
   echo "NodeName=$node Name=gpu File=$dir/dev/nvidia[0-$((gpus - 1))]" > "$dir/gres.conf"
 }
 
@@ -100,6 +133,7 @@ exports() {
   echo "export SLURM_CONF=$conf"
   echo "export GUARD_CI_SLURM_NODE=$node"
   echo "export GUARD_CI_SLURM_GPUS=$gpus"
+  echo "export GUARD_CI_SLURM_CGROUP_STATE='$(cat "$dir/cgroup.state" 2>/dev/null)'"
 }
 
 node_state() { SLURM_CONF="$conf" sinfo -h -n "$node" -o %T 2>/dev/null | head -1; }

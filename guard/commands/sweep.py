@@ -46,7 +46,11 @@ def _broker_listens(bootstrap: str, timeout_s: float = 2.0) -> bool:
 
 def _fleet(settings: Settings, node: str) -> Any:
     """The fleet baseline from ClickHouse or the sweeps topic; an empty one says why not."""
-    from guard.sweeps.baselines import FleetBaseline, sweeps_from_clickhouse
+    from guard.sweeps.baselines import (
+        FleetBaseline,
+        node_states_from_clickhouse,
+        sweeps_from_clickhouse,
+    )
 
     s = settings.sweep
     source = s.fleet_source
@@ -61,18 +65,22 @@ def _fleet(settings: Settings, node: str) -> Any:
             client = connect(settings)
             try:
                 past = sweeps_from_clickhouse(client, settings.clickhouse.database)
+                since = min((p.ts for p in past), default=0.0)
+                states = node_states_from_clickhouse(client, settings.clickhouse.database, since)
             finally:
                 client.close()
         else:
-            from guard.sweeps.service import read_sweeps
+            from guard.sweeps.service import read_node_states, read_sweeps
 
             if not _broker_listens(settings.kafka.bootstrap):
                 raise ConnectionError(f"no broker listens at {settings.kafka.bootstrap}")
             past = read_sweeps(settings, timeout_s=5.0)
+            views = read_node_states(settings, timeout_s=5.0, keep_history=True)
+            states = [s for view in views.values() for s in view.history]
     except Exception as exc:  # no store or broker reachable: floors only, and say so
         where = "ClickHouse" if source == "clickhouse" else settings.topic("sweeps")
         return FleetBaseline({}, f"{where} unavailable: {str(exc)[:160]}")
-    return FleetBaseline.from_sweeps(past, window=s.fleet_window, exclude_node=node)
+    return FleetBaseline.from_sweeps(past, states, window=s.fleet_window, exclude_node=node)
 
 
 def _context(args: argparse.Namespace, settings: Settings, node: str) -> tuple[Any, bool, list]:
@@ -96,6 +104,8 @@ def _context(args: argparse.Namespace, settings: Settings, node: str) -> tuple[A
         leave_out.append("nic")
     if not rdma or shutil.which(s.ib_write_bw) is None or args.node_rank > 1:
         leave_out.append("ib_write_bw")
+    if shutil.which(s.dcgmi) is None:
+        leave_out.append("dcgm")
     ctx = CheckContext(
         node=node,
         gpu=backend,
@@ -114,6 +124,9 @@ def _context(args: argparse.Namespace, settings: Settings, node: str) -> tuple[A
         node_rank=args.node_rank,
         ib_write_bw=s.ib_write_bw,
         rdma_devices=rdma,
+        dcgmi=s.dcgmi,
+        dcgm_level=s.dcgm_level,
+        dcgm_skip_ok=s.dcgm_skip_ok,
         progress=lambda text: print(f"  {text}", file=sys.stderr, flush=True),
     )
     return ctx, backend is not None, leave_out

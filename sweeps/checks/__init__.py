@@ -49,6 +49,7 @@ from .base import (
     run_timed,
 )
 from .cpu import CpuCountCheck, CpuMatmulCheck, CpuMemoryBandwidthCheck, CpuSoakCheck, cpu_model
+from .dcgm import DcgmDiagCheck
 from .gpu import GemmCheck, GpuSoakCheck, HbmCopyCheck, HostDeviceCheck
 from .network import IbWriteBwCheck, NcclAllReduceCheck, NicCheck
 from .nvml_health import GpuHealthCheck, XidCheck, sku_from_gpu_name
@@ -78,6 +79,7 @@ CPU_NOTE = "CPU path (no GPU on this host)"
 GPU_CHECKS: dict[str, Callable[[], Check]] = {
     "gpu_health": GpuHealthCheck,
     "xid": XidCheck,  # listens from the start of the sweep, reports at the end
+    "dcgm": DcgmDiagCheck,  # only when dcgmi is installed, unless asked for by name
     "gemm_bf16": lambda: GemmCheck("bf16"),
     "gemm_fp16": lambda: GemmCheck("fp16"),
     "gemm_tf32": lambda: GemmCheck("tf32"),
@@ -110,7 +112,7 @@ def select_checks(
     """The checks to run: ``names`` (all of the host's kind when None), in catalogue order.
 
     ``leave_out`` drops checks from the default set (``nic`` when no NIC is found and none
-    is expected, ``ib_write_bw`` when perftest is not installed). Raises
+    is expected, ``ib_write_bw`` when perftest is not installed, ``dcgm`` without ``dcgmi``). Raises
     :class:`ValueError` naming the unknown checks and the known ones.
     """
     catalogue = MULTI_CHECKS if sweep == "multi" else GPU_CHECKS if gpu else CPU_CHECKS

@@ -62,6 +62,9 @@ class CheckResult:
     judged: bool = False
     #: The baseline that judged it ("H100 SXM floor", "fleet median"); empty: none could.
     against: str = ""
+    #: A floor the check knows itself (value, source) where the SKU has none (ib_write_bw
+    #: from host memory: by the port's rate).
+    floor: tuple[float, str] | None = None
 
     def to_check(self) -> SweepCheck:
         return SweepCheck(
@@ -103,6 +106,9 @@ class CheckContext:
     node_rank: int = 0
     ib_write_bw: str = "ib_write_bw"
     rdma_devices: Sequence[str] = ()
+    dcgmi: str = "dcgmi"
+    dcgm_level: int = 1
+    dcgm_skip_ok: Sequence[str] = ()
     progress: Callable[[str], None] = field(default=lambda text: None)
     started: float = field(default_factory=time.time)
 

@@ -21,6 +21,7 @@ from typing import Any
 from .base import CheckContext, CheckError, CheckResult, median
 
 __all__ = [
+    "HOST_MEMORY_FLOORS",
     "NIC_ERROR_COUNTERS",
     "IbWriteBwCheck",
     "NcclAllReduceCheck",
@@ -166,7 +167,26 @@ class NcclAllReduceCheck:
         ]
 
 
+#: ``ib_write_bw`` from host memory (no ``--use_cuda``) by port rate: Azure's non-GPUDirect
+#: floors for its NDR 400, HDR 200 and EDR 100 hosts (azurehpc-health-checks@0e0a1ac).
+HOST_MEMORY_FLOORS: dict[int, tuple[float, str]] = {
+    400: (390.0, "azurehpc-health-checks@0e0a1ac conf/hb176rs_v4.conf: check_ib_bw_non_gdr 390"),
+    200: (190.0, "azurehpc-health-checks@0e0a1ac conf/hb120rs_v3.conf: check_ib_bw_non_gdr 190"),
+    100: (95.0, "azurehpc-health-checks@0e0a1ac conf/hc44rs.conf: check_ib_bw_non_gdr 95"),
+}
+
 _IB_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$", re.M)
+
+
+def _port_rates(ctx: CheckContext) -> dict[str, float]:
+    """The rate of each RDMA device's first port, from the NIC reader (none: no floor)."""
+    if ctx.nic is None:
+        return {}
+    return {
+        s.device: s.speed_gbps
+        for s in ctx.nic.sample(time.time(), None)
+        if s.port == 1 and s.speed_gbps is not None
+    }
 
 
 def parse_ib_write_bw(output: str) -> float | None:
@@ -176,9 +196,16 @@ def parse_ib_write_bw(output: str) -> float | None:
 
 
 class IbWriteBwCheck:
-    """``ib_write_bw_gbps:<dev>`` per RDMA port; node rank 0 is the client of peer 0."""
+    """RDMA write bandwidth per port; node rank 0 is the client of peer 0.
 
-    name = "ib_write_bw_gbps"
+    On a GPU node both ends write from and to GPU memory (``--use_cuda=<gpu>``, GPUDirect
+    RDMA): ``ib_write_bw_gdr_gbps:<dev>``, judged on the SKU's GPUDirect floors. Without a GPU
+    it is host memory: ``ib_write_bw_gbps:<dev>``, judged on the host-memory floor of the
+    port's rate (:data:`HOST_MEMORY_FLOORS`). A GPUDirect floor never judges a host-memory
+    number, nor the other way round.
+    """
+
+    name = "ib_write_bw"
 
     def __init__(self, base_port: int = 18515, timeout_s: float = 60) -> None:
         self.base_port, self.timeout_s = base_port, timeout_s
@@ -194,11 +221,15 @@ class IbWriteBwCheck:
             raise CheckError("no RDMA device to test (sweep.rdma_devices, or none found)")
         devices = list(ctx.rdma_devices)
         server = ctx.node_rank != 0
+        gpus = int(ctx.gpu.device_count()) if ctx.gpu is not None else 0
+        family = "ib_write_bw_gdr_gbps" if gpus else "ib_write_bw_gbps"
         argvs = [
             [ctx.ib_write_bw, "-d", dev, "-p", str(self.base_port + i), "--report_gbits"]
+            + ([f"--use_cuda={i % gpus}"] if gpus else [])
             + ([] if server else [ctx.peers[0]])
             for i, dev in enumerate(devices)
         ]
+        rates = _port_rates(ctx) if not gpus else {}
         if server:  # every port listens at once; each client connects in turn
             procs = [subprocess.Popen(a, stdout=subprocess.PIPE, text=True) for a in argvs]
             outputs = [self._wait(p) for p in procs]
@@ -211,15 +242,19 @@ class IbWriteBwCheck:
         for dev, argv, (code, stdout) in zip(devices, argvs, outputs, strict=True):
             value = parse_ib_write_bw(stdout)
             role = "server for" if server else "to"
+            memory = "GPU memory (GPUDirect RDMA)" if gpus else "host memory"
+            rate = rates.get(dev)
             out.append(
                 CheckResult(
-                    f"{self.name}:{dev}",
+                    f"{family}:{dev}",
                     value,
                     "Gb/s",
                     passed=value is not None and code == 0,
-                    detail=f"{role} {ctx.peers[0]}: {' '.join(argv)}"
+                    detail=f"{memory}, {role} {ctx.peers[0]}: {' '.join(argv)}"
+                    + ("" if rate is None else f"; port at {rate:g} Gb/s")
                     + ("" if value is not None else f" gave no result (exit {code})"),
                     judged=value is not None,
+                    floor=None if rate is None else HOST_MEMORY_FLOORS.get(int(rate)),
                 )
             )
         return out

@@ -1,4 +1,5 @@
-"""NVML health: GPU count and bus ids, uncorrectable ECC, row remapping, retired pages, Xids.
+"""NVML health: GPU count and bus ids, power limits, uncorrectable ECC, row remapping, retired
+pages, Xids.
 
 :class:`GpuHealthCheck` reads counters once; :class:`XidCheck` registers for Xid events when
 the sweep starts (``start``) and reports what arrived while the sweep ran (``run``, last).
@@ -8,6 +9,7 @@ compare within.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -68,7 +70,8 @@ def _optional(nvml: Any, call: Any, *args: Any) -> Any:
 
 
 class GpuHealthCheck:
-    """Count and bus ids against what the node should have; ECC, remapped rows, retired pages."""
+    """Count and bus ids against what the node should have; each GPU's enforced power limit
+    against its default; ECC, remapped rows, retired pages."""
 
     name = "gpu_health"
 
@@ -93,6 +96,8 @@ class GpuHealthCheck:
             pending = _optional(nvml, nvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
             if pending:
                 pages.append(f"gpu{i}: retirement pending")
+        out.append(self._processes(nvml, handles))
+        out += [self._power_limit(nvml, i, h) for i, h in enumerate(handles)]
         for name, bad, what in (
             ("ecc_uncorrectable", ecc, "uncorrectable ECC errors since boot"),
             ("remapped_rows_pending_or_failed", remap, "rows pending remap or failed"),
@@ -109,6 +114,57 @@ class GpuHealthCheck:
                 )
             )
         return out
+
+    @staticmethod
+    def _processes(nvml: Any, handles: list[Any]) -> CheckResult:
+        """``gpu_processes``: compute processes on the GPUs when the sweep starts, the sweep's
+        own aside. A busy GPU (the suspect's job not gone, a peer someone uses) cannot be
+        judged: the sweep would measure the sharing, so it is untested."""
+        busy = []
+        for i, h in enumerate(handles):
+            procs = _optional(nvml, nvml.nvmlDeviceGetComputeRunningProcesses, h) or []
+            pids = sorted({int(p.pid) for p in procs} - {os.getpid()})
+            if pids:
+                busy.append(f"gpu{i}: pid {', '.join(map(str, pids))}")
+        return CheckResult(
+            "gpu_processes",
+            float(len(busy)),
+            "gpus",
+            passed=not busy,
+            baseline=0.0,
+            detail=("untested: GPUs busy with other processes: " + "; ".join(busy))
+            if busy
+            else "no other compute process on the GPUs",
+        )
+
+    @staticmethod
+    def _power_limit(nvml: Any, gpu: int, handle: Any) -> CheckResult:
+        """``power_limit_w:gpu<i>``: the limit the GPU enforces against its default.
+
+        A cap below the default (``nvidia-smi -pl``, a BMC's or the rack's node-wide power
+        cap) slows every GPU alike, so the soak's sibling comparison cannot see it.
+        """
+        name = f"power_limit_w:gpu{gpu}"
+        enforced = _optional(nvml, nvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+        default = _optional(nvml, nvml.nvmlDeviceGetPowerManagementDefaultLimit, handle)
+        if enforced is None or default is None:
+            return CheckResult(
+                name,
+                None if enforced is None else enforced / 1000,
+                "W",
+                passed=False,
+                detail="untested: NVML does not report this GPU's enforced or default power limit",
+            )
+        capped = enforced < default
+        return CheckResult(
+            name,
+            enforced / 1000,
+            "W",
+            passed=not capped,
+            baseline=default / 1000,
+            detail=f"enforced {enforced / 1000:g} W, default {default / 1000:g} W"
+            + (": capped below its default (a power cap slows it)" if capped else ""),
+        )
 
     @staticmethod
     def _count(

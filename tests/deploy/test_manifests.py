@@ -25,9 +25,18 @@ import pytest
 import yaml
 
 from guard.cli import build_parser
-from guard.config import OrchestratorSettings, load_settings
+from guard.config import load_settings
 
 from ..tools import debian_tool
+from .kube import (
+    assert_agent_on_the_node,
+    assert_budgeted,
+    assert_matches_its_model,
+    assert_monitor_scrapes,
+    assert_probed,
+    assert_unprivileged_service,
+    is_core,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
@@ -72,18 +81,12 @@ def _workload(name: str) -> dict[str, Any]:
 
 
 #: Objects of the Kubernetes API itself (the ServiceMonitor is a CRD, checked on its own).
-CORE = [(n, d) for n, d in _docs() if not d["apiVersion"].startswith("monitoring.coreos.com/")]
+CORE = [(n, d) for n, d in _docs() if is_core(d)]
 
 
 @pytest.mark.parametrize("name,doc", CORE, ids=[f"{n}:{d['kind']}" for n, d in CORE])
 def test_manifest_deserialises_into_the_kubernetes_models(name: str, doc: dict[str, Any]) -> None:
-    from kubernetes import client
-
-    version = doc["apiVersion"].rpartition("/")[2]
-    api = client.ApiClient()
-    model = f"{version.capitalize()}{doc['kind']}"
-    obj = api._ApiClient__deserialize(doc, model)  # type: ignore[attr-defined]
-    assert api.sanitize_for_serialization(obj) == doc, f"{name}: keys the {model} model drops"
+    assert_matches_its_model(doc)
 
 
 def test_kustomization_lists_every_manifest() -> None:
@@ -92,25 +95,23 @@ def test_kustomization_lists_every_manifest() -> None:
     present = {p.name for p in KUBE.glob("*.yaml")} - {"kustomization.yaml"}
     assert present - OTHERS_FILES <= listed
     assert listed - present <= OTHERS_FILES, listed - present
-    assert {i["name"] for i in kustomization["images"]} == {"guard"}
+    assert {i["name"] for i in kustomization["images"]} == {"guard", "guard-agent"}
+    images = {
+        c["image"]
+        for _, doc in _docs()
+        if doc["kind"] in ("Deployment", "DaemonSet")
+        for c in doc["spec"]["template"]["spec"].get("initContainers", [])
+        + doc["spec"]["template"]["spec"]["containers"]
+    }
+    assert images == {"guard", "guard-agent"}  # the agent's slim image, the services' one
+    assert {c["image"] for c in _workload("agent")["spec"]["template"]["spec"]["containers"]} == {
+        "guard-agent"
+    }
 
 
 def test_agent_daemonset_runs_on_every_gpu_node_as_the_node() -> None:
     spec = _workload("agent")["spec"]["template"]["spec"]
-    assert spec["runtimeClassName"] == "nvidia"
-    taint = OrchestratorSettings().kube_taint_key
-    assert {"key": taint, "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
-    [agent] = spec["containers"]
-    env = {e["name"]: e for e in agent["env"]}
-    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    sys_volume = next(n for n, p in host_paths.items() if p == "/sys")
-    [mount] = [m for m in agent["volumeMounts"] if m["name"] == sys_volume]
-    assert mount.get("readOnly") is True
-    config = _configured()
-    assert mount["mountPath"] == config.agent.sysfs_root
-    socket_dir = str(Path(config.agent.socket_path).parent)
-    assert socket_dir in {m["mountPath"] for m in agent["volumeMounts"]}
+    assert_agent_on_the_node(spec, _configured())
 
 
 def _configured() -> Any:
@@ -124,19 +125,10 @@ def test_workloads_are_unprivileged_and_read_the_configmap() -> None:
     config = _configured()
     assert config.orchestrator.scheduler == "kubernetes"
     for name in SERVICES:
-        pod = _workload(name)["spec"]["template"]["spec"]
-        assert pod["securityContext"]["runAsNonRoot"] is True
-        assert pod["securityContext"]["runAsUser"] != 0
-        [container] = pod["containers"]
-        assert container["args"][0] == name
-        build_parser().parse_args(container["args"])  # a command and options Guard has
-        assert container["securityContext"]["allowPrivilegeEscalation"] is False
-        assert container["securityContext"]["readOnlyRootFilesystem"] is True
-        env = {e["name"]: e.get("value") for e in container["env"]}
-        assert env["GUARD_CONFIG"] == "/etc/guard/guard.toml"
-        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-        assert mounts["/etc/guard"] in {v["name"] for v in pod["volumes"] if "configMap" in v}
-        assert str(config.home) in mounts
+        container = assert_unprivileged_service(
+            _workload(name)["spec"]["template"]["spec"], name, str(config.home)
+        )
+        assert_probed(container)
     orchestrator = _workload("orchestrator")
     assert orchestrator["spec"]["replicas"] == 1
     assert orchestrator["spec"]["template"]["spec"]["serviceAccountName"] == "guard-orchestrator"
@@ -145,26 +137,16 @@ def test_workloads_are_unprivileged_and_read_the_configmap() -> None:
     ]
 
 
+def test_every_deployment_has_a_disruption_budget_over_its_pods() -> None:
+    pods = {d["metadata"]["name"]: d["spec"]["template"] for d in _of_kind("Deployment")}
+    assert set(pods) == {f"guard-{n}" for n in SERVICES if n != "agent"}
+    assert_budgeted(_of_kind("PodDisruptionBudget"), pods)
+
+
 def test_servicemonitor_scrapes_every_service() -> None:
     [monitor] = _of_kind("ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
-    selector = monitor["spec"]["selector"]["matchLabels"]
-    [endpoint] = monitor["spec"]["endpoints"]
-    services = [
-        s for s in _of_kind("Service") if selector.items() <= s["metadata"]["labels"].items()
-    ]
-    assert {s["spec"]["selector"]["app.kubernetes.io/name"] for s in services} == {
-        f"guard-{n}" for n in SERVICES
-    }
-    for service in services:
-        [port] = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
-        workload = _workload(service["spec"]["selector"]["app.kubernetes.io/name"][6:])
-        pod = workload["spec"]["template"]
-        assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
-        ports = {
-            p["name"]: p["containerPort"] for c in pod["spec"]["containers"] for p in c["ports"]
-        }
-        assert ports[port["targetPort"]] == port["port"]
+    assert_monitor_scrapes(monitor, _of_kind("Service"), _workload, set(SERVICES))
 
 
 # --- compose ---------------------------------------------------------------------------------
@@ -322,15 +304,22 @@ def _instructions(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def test_dockerfile_is_a_multi_stage_non_root_build_of_every_room() -> None:
-    steps = _instructions((ROOT / "Dockerfile").read_text())
+IMAGES = [ROOT / "Dockerfile", *sorted((ROOT / "deploy" / "images").glob("Containerfile.*"))]
+
+
+@pytest.mark.parametrize("path", IMAGES, ids=lambda p: p.name)
+def test_dockerfile_is_a_multi_stage_non_root_build_of_every_room(path: Path) -> None:
+    steps = _instructions(path.read_text())
     stages = [args.split() for op, args in steps if op == "FROM"]
     assert len(stages) >= 2 and all(len(s) == 3 and s[1].upper() == "AS" for s in stages)
     final = steps[max(i for i, (op, _) in enumerate(steps) if op == "FROM") :]
     users = [args for op, args in final if op == "USER"]
     assert users and users[-1].split(":")[0] not in ("0", "root")
     assert any(op == "COPY" and args.startswith(f"--from={stages[0][2]}") for op, args in final)
-    assert not any(op == "RUN" and "apt-get install" in args for op, args in final)
+    for op, args in final:
+        if op == "RUN" and "apt-get install" in args:  # only the sweep's RDMA tools, lean
+            assert path.name == "Containerfile.sweep", args
+            assert "--no-install-recommends" in args and "rm -rf /var/lib/apt/lists" in args
     entry = next(args for op, args in final if op == "ENTRYPOINT")
     assert entry == '["guard"]'
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())

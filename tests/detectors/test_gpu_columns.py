@@ -18,6 +18,7 @@ from guard.detectors.findings import Finding
 from guard.detectors.gpu_round import GpuColumns
 from guard.detectors.gpu_step import update_gpus
 from guard.schemas import GpuSample, encode
+from guard.schemas.batches import _make_batch
 from guard.schemas.sample_decoder import decode_rows
 
 from .reference_gpu import ReferenceGpuNode
@@ -58,6 +59,17 @@ def _samples(draws: list[dict[str, Any]]) -> list[GpuSample]:
     return out
 
 
+def _runs(step: list[GpuSample]) -> list[list[GpuSample]]:
+    """The step's samples as runs that one batch record can carry: one node and job each."""
+    runs: list[list[GpuSample]] = []
+    for s in step:
+        if runs and (runs[-1][0].node, runs[-1][0].job) == (s.node, s.job):
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    return runs
+
+
 def _key(f: Finding) -> tuple[Any, ...]:
     return (
         f.detector,
@@ -78,18 +90,24 @@ def _key(f: Finding) -> tuple[Any, ...]:
 @given(
     draws=st.lists(SAMPLE, min_size=1, max_size=80),
     per_step=st.integers(1, 40),
-    records=st.booleans(),
+    records=st.sampled_from(["samples", "single", "batched"]),
 )
 def test_columnar_gpu_rules_give_the_reference_findings(
-    draws: list[dict[str, Any]], per_step: int, records: bool
+    draws: list[dict[str, Any]], per_step: int, records: str
 ) -> None:
-    """``records``: the columns come from the encoded records through the core's decoder
-    (absent fields absent), else from the samples' own fields (absent fields None)."""
+    """``records``: the columns come from the samples' own fields (absent fields None), or
+    from encoded records through the core's decoder (absent fields absent): single records,
+    or a step's runs of one node's samples as batch records (each a round)."""
     samples = _samples(draws)
     references = {n: ReferenceGpuNode(n) for n in NODES}
-    expected = {n: [] for n in NODES}
-    for s in samples:
-        expected[s.node] += references[s.node].update(s)
+    expected: dict[str, list[Finding]] = {n: [] for n in NODES}
+    steps = [samples[i : i + per_step] for i in range(0, len(samples), per_step)]
+    for step in steps:
+        for run in _runs(step) if records == "batched" else [[s] for s in step]:
+            for s in run:
+                expected[s.node] += references[s.node].update(s)
+            if len(run) > 1:
+                expected[run[0].node] += references[run[0].node].end_record()
     for n in NODES:
         expected[n] += references[n].flush()
 
@@ -97,14 +115,15 @@ def test_columnar_gpu_rules_give_the_reference_findings(
     for n in nodes.values():
         n.anomaly = None  # the river feed is not part of the reference
     got: dict[str, list[Finding]] = {n: [] for n in NODES}
-    for start in range(0, len(samples), per_step):
-        step = samples[start : start + per_step]
+    for step in steps:
         present = [n for n in NODES if any(s.node == n for s in step)]
         owner = np.array([present.index(s.node) for s in step], dtype=np.intp)
-        if records:
-            cols = GpuColumns.of_records([decode_rows(encode(s), "gpu")[1:] for s in step])
-        else:
+        if records == "samples":
             cols = GpuColumns.of_samples(step)
+        else:
+            runs = _runs(step) if records == "batched" else [[s] for s in step]
+            encoded = [encode(_make_batch(run)) for run in runs]  # type: ignore[arg-type]
+            cols = GpuColumns.of_records([decode_rows(e, "gpu")[1:] for e in encoded])
         for f in update_gpus([nodes[n] for n in present], owner, cols):
             got[f.node].append(f)  # type: ignore[index]
     for n in NODES:

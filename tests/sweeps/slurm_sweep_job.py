@@ -6,6 +6,9 @@ the job. Its ``sweep_coverage`` plays a healthy GPU node: the GPUs it "sees" are
 allocated to the job (``SLURM_GPUS_ON_NODE``), judged against ``GUARD_SWEEP_EXPECTED_GPUS``.
 
     slurm_sweep_job.py --node NODE [--fail]     exit 0 passed, 1 a check failed
+
+A multi-node sweep's arguments (``--sweep multi --peers --node-rank --rendezvous``, as the Slurm
+multi-node job passes them) are echoed in a ``sweep_role`` check.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--node", required=True)
     parser.add_argument("--fail", action="store_true", help="fail a check (a broken node)")
+    parser.add_argument("--sweep", default="single")
+    parser.add_argument("--peers", default="")
+    parser.add_argument("--node-rank", type=int, default=0)
+    parser.add_argument("--rendezvous", default="")
     args = parser.parse_args()
     job = os.environ.get("SLURM_JOB_ID", "")
     shown = subprocess.run(
@@ -48,6 +55,15 @@ def main() -> int:
             detail="fails on --fail",
         ),
     ]
+    if args.sweep == "multi":
+        checks.append(
+            SweepCheck(
+                name="sweep_role",
+                value=float(args.node_rank),
+                passed=True,
+                detail=f"rank {args.node_rank} peers {args.peers} rendezvous {args.rendezvous}",
+            )
+        )
     expected = int(os.environ.get("GUARD_SWEEP_EXPECTED_GPUS", "-1"))
     seen = int(os.environ.get("SLURM_GPUS_ON_NODE", "0"))
     checks.append(
@@ -62,10 +78,10 @@ def main() -> int:
     )
     now = time.time()
     result = SweepResult(
-        id=stable_id("sweep", args.node, "single", now),
+        id=stable_id("sweep", args.node, args.sweep, now),
         ts=now,
         node=args.node,
-        sweep="single",
+        sweep=args.sweep,
         checks=checks,
         passed=all(c.passed for c in checks),
     )

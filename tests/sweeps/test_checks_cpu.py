@@ -13,7 +13,8 @@ import pytest
 
 from guard.agents.nic import NicCollector
 from guard.config import Settings
-from guard.schemas import SweepResult, decode
+from guard.kafka import make_producer, produce
+from guard.schemas import NodeState, SweepResult, decode
 from guard.sweeps.baselines import FleetBaseline
 from guard.sweeps.checks import CPU_NOTE, CheckContext, run_sweep, select_checks
 from guard.sweeps.checks.cpu import (
@@ -177,6 +178,15 @@ def test_published_sweeps_become_the_next_sweeps_fleet_baseline(kafka_settings: 
         assert f"published to {kafka_settings.topic('sweeps')}" in done.stderr
     published = read_sweeps(kafka_settings, timeout_s=30)
     assert sorted(s.node for s in published) == ["peer-a", "peer-b"]
+    # not yet back in the pool (the orchestrator has not released them): no baseline
+    done = run_guard("--json", "--node", "me", "--checks", "cpu_count,cpu_memory", env=env)
+    memory = decode(done.stdout.strip(), "sweep").checks[1]  # type: ignore[attr-defined]
+    assert "no fleet baseline yet" in memory.detail, memory.detail
+    producer = make_producer(kafka_settings)
+    for sweep in published:  # the orchestrator releases both after their sweeps
+        release = NodeState(ts=sweep.ts + 1, node=sweep.node, state="healthy", actor="guard")
+        produce(producer, kafka_settings, release)
+    assert producer.flush(30) == 0
     done = run_guard("--json", "--node", "me", "--checks", "cpu_count,cpu_memory", env=env)
     memory = decode(done.stdout.strip(), "sweep").checks[1]  # type: ignore[attr-defined]
     assert "passing cpu:" in memory.detail and "sweeps" in memory.detail, memory.detail

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 import threading
 from pathlib import Path
@@ -22,10 +23,19 @@ import pytest
 from guard.schemas.nvml_codes import HW_SLOWDOWN, SW_POWER_CAP, XID_GPU_LOST
 from guard.sweeps.baselines import FleetBaseline
 from guard.sweeps.checks import CheckContext, run_sweep, select_checks
+from guard.sweeps.checks.base import CheckResult
 from guard.sweeps.checks.network import IbWriteBwCheck, NcclAllReduceCheck, parse_ib_write_bw
 from guard.sweeps.checks.nvml_health import XidCheck
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "sweeps"
+
+
+def FLOORS_OF(sku: str, fam: str) -> str:
+    from guard.sweeps.baselines import FLOORS
+
+    return FLOORS[sku][fam].describe()
+
+
 RECORDED = json.loads((DATA / "h100_sxm_sweep.json").read_text())
 
 
@@ -110,6 +120,15 @@ class RecordedNvml:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return int(value)
 
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
+        return [SimpleNamespace(pid=p) for p in self.gpus[h].get("processes", [])]
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
+        return int(self.gpus[h]["power_limit_mw"]["enforced"])
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, h: int) -> int:
+        return int(self.gpus[h]["power_limit_mw"]["default"])
+
     def nvmlDeviceGetCurrPcieLinkGeneration(self, h: int) -> int:
         return int(self.gpus[h]["pcie"]["gen"])
 
@@ -174,7 +193,8 @@ def sweep(
         expected_gpus=8,
         expected_bus_ids=[g["bus_id"] for g in RECORDED["gpus"]],
     )
-    checks = select_checks(names, gpu=True, sweep="single", leave_out=["nic"])
+    # no NIC and no dcgmi on this recorded node: guard sweep run leaves both out
+    checks = select_checks(names, gpu=True, sweep="single", leave_out=["nic", "dcgm"])
     result = run_sweep(context, checks, fleet or FleetBaseline({}))
     return {"result": result, "by": {c.name: c for c in result.checks}}
 
@@ -196,7 +216,7 @@ def test_a_healthy_h100_node_passes_every_gpu_check_and_is_judged_by_its_floors(
     assert "median of 10 after 2 warm-up" in bf16.detail
     assert 2800 < by["hbm_copy_gbps:gpu3"].value < 3000
     h2d = by["h2d_gbps:gpu0"]
-    assert 52 < h2d.value < 55 and h2d.baseline == 52
+    assert 52 < h2d.value < 55 and h2d.baseline == 48
     assert by["pcie_link_gen:gpu0"].detail.startswith("gen5 x16 under load, max gen5 x16")
     busbw = by["nccl_allreduce_busbw_gbps"]
     assert 470 < busbw.value < 490 and busbw.baseline == 460
@@ -288,6 +308,35 @@ def test_nvml_health_fails_a_missing_gpu_uncorrectable_ecc_and_pending_remaps() 
     assert by["retired_pages_pending"].passed  # NotSupported on a row-remapping part
 
 
+def test_a_power_cap_below_the_default_limit_fails_on_one_gpu_or_node_wide() -> None:
+    healthy = sweep(node(), ["gpu_health"])["by"]["power_limit_w:gpu0"]
+    assert healthy.passed and (healthy.value, healthy.baseline) == (700, 700)
+    assert healthy.detail == "enforced 700 W, default 700 W"
+    one = node()
+    one["gpus"][4]["power_limit_mw"]["enforced"] = 500_000  # nvidia-smi -i 4 -pl 500
+    assert failing(sweep(one, ["gpu_health"])) == ["power_limit_w:gpu4"]
+    rack = node()  # a node-wide cap (BMC, rack power budget): every GPU alike, no sibling lower
+    for gpu in rack["gpus"]:
+        gpu["power_limit_mw"]["enforced"] = 550_000
+    out = sweep(rack, ["gpu_health"])
+    assert failing(out) == [f"power_limit_w:gpu{g}" for g in range(8)]
+    assert out["by"]["power_limit_w:gpu0"].detail == (
+        "enforced 550 W, default 700 W: capped below its default (a power cap slows it)"
+    )
+
+
+def test_a_gpu_busy_with_another_process_when_the_sweep_starts_is_untested() -> None:
+    idle = sweep(node(), ["gpu_health"])["by"]["gpu_processes"]
+    assert idle.passed and idle.detail == "no other compute process on the GPUs"
+    busy = node()
+    busy["gpus"][2]["processes"] = [4711, os.getpid()]  # someone's job, and the sweep itself
+    out = sweep(busy, ["gpu_health"])
+    assert failing(out) == ["gpu_processes"]
+    assert out["by"]["gpu_processes"].detail == (
+        "untested: GPUs busy with other processes: gpu2: pid 4711"
+    )
+
+
 @pytest.mark.parametrize("xid,fails", [(XID_GPU_LOST, True), (74, True), (13, False)])
 def test_an_xid_during_the_sweep_fails_it_unless_it_is_an_application_error(
     xid: int, fails: bool
@@ -334,17 +383,45 @@ def test_ib_write_bw_output_is_parsed_and_judged_per_port(tmp_path: Path) -> Non
     )
     tool.chmod(0o755)
     check = IbWriteBwCheck(timeout_s=10)
-    ctx = CheckContext(node="n", peers=["peer-1"], ib_write_bw=str(tool), rdma_devices=["mlx5_0"])
+    # a GPU node: both ends in GPU memory (GPUDirect RDMA), judged on the GPUDirect floor
+    ctx = CheckContext(
+        node="n",
+        gpu=RecordedTorch(node()),
+        peers=["peer-1"],
+        ib_write_bw=str(tool),
+        rdma_devices=["mlx5_0"],
+    )
     [result] = check.run(ctx)
-    assert (result.name, result.value, result.passed) == ("ib_write_bw_gbps:mlx5_0", 391.87, True)
-    assert f"to peer-1: {tool} -d mlx5_0 -p 18515 --report_gbits peer-1" in result.detail
+    assert (result.name, result.value, result.passed) == (
+        "ib_write_bw_gdr_gbps:mlx5_0",
+        391.87,
+        True,
+    )
+    assert "GPU memory (GPUDirect RDMA), to peer-1: " in result.detail
+    assert f"{tool} -d mlx5_0 -p 18515 --report_gbits --use_cuda=0 peer-1" in result.detail
     from guard.sweeps.baselines import judge
 
     judge([result], "H100 SXM", FleetBaseline({}))
-    assert result.passed and result.baseline == 375
+    assert result.passed and result.baseline == 380
+    assert "check_ib_bw_gdr 380" in FLOORS_OF("H100 SXM", "ib_write_bw_gdr_gbps")
+    # no GPU: host memory, judged on the host-memory floor of the port's rate, never GPUDirect's
+    ports = SimpleNamespace(
+        sample=lambda ts, job: [SimpleNamespace(device="mlx5_0", port=1, speed_gbps=400.0)]
+    )
+    host = CheckContext(
+        node="n", peers=["peer-1"], nic=ports, ib_write_bw=str(tool), rdma_devices=["mlx5_0"]
+    )
+    [mem] = check.run(host)
+    assert mem.name == "ib_write_bw_gbps:mlx5_0" and "--use_cuda" not in mem.detail
+    judge([mem], "H100 SXM", FleetBaseline({}))
+    assert mem.passed and mem.baseline == 390 and mem.against == "host-memory floor 390"
+    assert "host memory, to peer-1" in mem.detail and "port at 400 Gb/s" in mem.detail
+    slow = CheckResult("ib_write_bw_gbps:mlx5_0", 385.0, "Gb/s", judged=True, floor=mem.floor)
+    [slow] = judge([slow], "H100 SXM", FleetBaseline({}))
+    assert not slow.passed and "check_ib_bw_non_gdr 390" in slow.detail
     # As the peer, it serves; a server that exits non-zero fails its port.
     peer = CheckContext(
         node="p", peers=["n"], node_rank=1, ib_write_bw=str(tool), rdma_devices=["mlx5_0"]
     )
     [served] = check.run(peer)
-    assert not served.passed and served.detail.startswith("server for n")
+    assert not served.passed and served.detail.startswith("host memory, server for n")

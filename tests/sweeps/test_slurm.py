@@ -22,6 +22,8 @@ import pytest
 
 from guard.config import OrchestratorSettings
 from guard.schemas import Flag, GuardMessage, NodeState
+from guard.sweeps.executors import sweep_lines
+from guard.sweeps.multinode import slurm_multi_argv
 from guard.sweeps.orchestrator import Orchestrator
 from guard.sweeps.slurm import SlurmNode, SlurmScheduler, SlurmSweepExecutor, SweepJob
 
@@ -413,3 +415,79 @@ def test_agent_names_map_to_slurm_node_names(node: str) -> None:
     host = next(c for c in sweep.checks if c.name == "slurm_job_host")
     assert f"on {node} reservation=guard-{node}" in host.detail
     assert node_line(node).reason.startswith("guard: sent to repair")
+
+
+def test_the_multi_node_job_runs_under_the_real_slurm_and_an_unknown_peer_is_untested(
+    node: str,
+) -> None:
+    """This cluster has one node, so the multi-node job (``srun --nodes=N --ntasks-per-node=1
+    ... bash -c 'case $SLURMD_NODENAME ...'``) runs for the suspect alone: the same script,
+    reservation, GRES and export as with peers; a job over two nodes needs a second one (see
+    test_multi_node.py for the peers' part)."""
+    scheduler = SlurmScheduler(user="root")
+    command = f"{sys.executable} {JOB} --node {{node}}"
+    ex = SlurmSweepExecutor(scheduler, SweepJob(command, 30, 120, 0.2), rendezvous_port=29511)
+    scheduler.cordon(node, "the multi-node job's test")
+    reservation = scheduler.hold_for_sweep(node, 30, 0.2)
+    gpus = node_line(node).gpus
+    argv = slurm_multi_argv(ex, [(node, node)], reservation, gpus)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    [line] = sweep_lines(done.stdout)
+    assert (line.node, line.sweep, line.passed) == (node, "multi", True)
+    by = {c.name: c for c in line.checks}
+    assert by["sweep_role"].detail == f"rank 0 peers  rendezvous {node}:29511"
+    assert f"reservation={reservation} TresPerNode=gres:gpu:{gpus} OverSubscribe=NO" in (
+        by["slurm_job_host"].detail
+    )
+    # a peer Slurm does not know: the multi-node sweep is untested, the suspect stays Guard's
+    checks = ex.run(node, "multi", ["no-such-node"], time.time())
+    assert [(c.name, c.passed) for c in checks] == [("slurm_peer", False)]
+    assert checks[0].detail.startswith("untested: ")
+    assert f"Nodes={node} " in sh("scontrol", "show", "reservation", reservation)
+
+
+def _open_gpus(node: str, *srun_args: str) -> list[str]:
+    """What each GPU device file gives a job on the node: ``ok``, or the error's name."""
+    devices = Path(os.environ["SLURM_CONF"]).parent / "dev"
+    probe = (
+        "import os, sys\n"
+        "for f in sorted(os.listdir(sys.argv[1])):\n"
+        "    try:\n"
+        "        open(os.path.join(sys.argv[1], f), 'rb').close(); print(f, 'ok')\n"
+        "    except OSError as e:\n"
+        "        print(f, type(e).__name__)\n"
+    )
+    out = sh(
+        "srun",
+        f"--nodelist={node}",
+        "-N1",
+        "-n1",
+        *srun_args,
+        sys.executable,
+        "-c",
+        probe,
+        str(devices),
+    )
+    return out.split("\n")[:-1]
+
+
+def test_a_job_opens_only_the_gpus_slurm_gave_it(node: str) -> None:
+    """Device cgroups (ConstrainDevices=yes) as on a GPU cluster, where this host allows them
+    (deploy/slurm/slurm.sh says in cgroup.state why not otherwise): a job that asks for no
+    GPU gets none — why the sweep's srun asks for every GPU the node declares. The device files
+    are NVIDIA's character devices without a driver: a GPU the job has opens with ENXIO
+    (OSError), one it was not given fails EPERM."""
+    state = (Path(os.environ["SLURM_CONF"]).parent / "cgroup.state").read_text().strip()
+    config = sh("scontrol", "show", "config")
+    if state != "on":  # the documented fallback, said in the state file and in the config
+        assert state.startswith("off: ") and "task/none" in config, state
+        return
+    assert "task/cgroup" in config and "proctrack/cgroup" in config
+    gpus = node_line(node).gpus
+    assert _open_gpus(node) == [f"nvidia{i} PermissionError" for i in range(gpus)]
+    assert _open_gpus(node, "--gres=gpu:1") == ["nvidia0 OSError"] + [
+        f"nvidia{i} PermissionError" for i in range(1, gpus)
+    ]
+    whole = _open_gpus(node, "--exclusive", f"--gres=gpu:{gpus}")  # the sweep's request
+    assert whole == [f"nvidia{i} OSError" for i in range(gpus)]

@@ -8,7 +8,11 @@ Prints one table. Simulated scenario families (``guard.agents.simulator``; sever
 * ``network`` — degraded NICs, NICs at reduced speed, link flaps;
 * ``gpu_errors`` — Xid and double-bit ECC errors;
 * ``mixed`` — the fault mix calibrated from the InfiniteHBD production trace;
-* ``confounders`` — no fault at all: every warning/critical flag is false.
+* ``confounders`` — no fault at all: every warning/critical flag is false;
+* ``fleet`` — a shared fleet: short-step jobs (a 5 s data-parallel job and an 8 s two-stage
+  pipeline job), host clocks off by up to +-0.5 s, jobs ending and new ones warming up on
+  the same nodes (churn), two hot idle nodes, and a fault mix with whole-node host-side
+  slowdowns (``host_slow``) besides GPU stragglers, thermal, power, NIC, link and Xid faults.
 
 Each scenario's messages go, in one pass, to Guard's :class:`MessageFeed`, to the static
 alert rules a dcgm-exporter user writes (temperature > 85 C, any Xid, DBE increase,
@@ -17,13 +21,18 @@ score < 0.75; each set of flags is scored by :func:`guard.evaluation.scoring.eva
 matching; see ``guard eval``). Columns: recall and precision over all faults, F1, false
 warning/critical flags per 1,000 node-hours, time to detect (median and p95, s; median in
 steps), and recall on the *target* set (faults slowing the job by >= 5 %, plus every Xid,
-DBE, link flap and degraded NIC).
+DBE, link flap and degraded NIC). Then time to detect **per fault kind**, over every
+simulated family and over the fleet family alone: seconds from the fault's onset (for a
+degrading fault, from when it reaches 5 %) to the first warning/critical claim on its node,
+and the same in steps (seconds / the nominal step time of the node's job in the truth).
 
 ``soak`` — no fault at all, every confounder, 128 nodes for hours (``--soak-hours``,
 2,000 node-hours by default in the full suite): the false-claim rate over a long healthy
 fleet, Guard only. To fit a shared two-core machine it samples every 10 s (dcgm-exporter's
 default is 30 s) and its jobs step every 10 s (the other families: 1 s and 2-3 s), so it has
 fewer rounds per hour than they do: read it together with the ``confounders`` family.
+``--soak-fleet`` runs it on the fleet family's shared fleet instead (its 5 s and 8 s jobs,
+clock offsets, churn and hot idle nodes; samples still every 10 s).
 
 Real data: Alibaba PAI mini-batch times (job 1: worker 6 is slow at t = 1811-1941 s, workers
 3-9 never otherwise; job 3: workers 0 and 1 slow throughout, no other; a claim against any
@@ -38,6 +47,7 @@ Usage::
     .venv/bin/python benchmarks/detection_quality.py            # full suite (~15 min, 2 cores)
     .venv/bin/python benchmarks/detection_quality.py --quick    # one small run per family
     .venv/bin/python benchmarks/detection_quality.py --jobs 1   # one process
+    .venv/bin/python benchmarks/detection_quality.py --family fleet --soak-hours 0  # one family
 """
 
 from __future__ import annotations
@@ -65,8 +75,33 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "gpu_errors": {"fault_mix": {"xid": 0.5, "ecc_dbe": 0.5}},
     "mixed": {},
     "confounders": {"random_faults": 0},
+    "fleet": {
+        "fault_mix": {
+            "slow_gpu": 0.3,
+            "host_slow": 0.2,
+            "thermal_throttle": 0.1,
+            "power_cap": 0.1,
+            "degraded_nic": 0.1,
+            "link_flap": 0.1,
+            "xid": 0.1,
+        },
+        "clock_offset_s": 0.5,
+        "job_lifetime_s": 900.0,
+        "job_gap_s": 90.0,
+        "hot_idle_nodes": 2,
+    },
     "soak": {"random_faults": 0, "sample_interval_s": 10.0, "step_s_nominal": 10.0},
+    # the soak on a shared fleet (--soak-fleet): the fleet family's jobs and confounders
+    "soak-fleet": {
+        "random_faults": 0,
+        "sample_interval_s": 10.0,
+        "clock_offset_s": 0.5,
+        "job_lifetime_s": 900.0,
+        "job_gap_s": 90.0,
+        "hot_idle_nodes": 2,
+    },
 }
+SOAKS = ("soak", "soak-fleet")
 
 # (family, nodes, duration_s, seed, severity): severity scales every drawn slowdown
 FULL = [
@@ -83,6 +118,8 @@ FULL = [
     ("mixed", 256, 300, 11, 1.0),
     ("confounders", 64, 1800, 12, 1.0),
     ("confounders", 256, 300, 13, 1.0),
+    ("fleet", 32, 1800, 14, 1.0),
+    ("fleet", 64, 1800, 15, 1.0),
 ]
 QUICK = [
     ("stragglers", 16, 600, 1, 0.6),
@@ -91,10 +128,27 @@ QUICK = [
     ("gpu_errors", 16, 600, 8, 1.0),
     ("mixed", 32, 600, 10, 1.0),
     ("confounders", 32, 900, 12, 1.0),
+    ("fleet", 32, 1200, 14, 1.0),
 ]
 FAULTS_PER_NODE_HOUR = 1.0
 SOAK_NODES = 128
 SOAK_RUN_S = 3600.0
+#: The fleet family's jobs: steps of 5 s and 8 s (short next to the 11 s of issue 26's traces).
+FLEET_STEPS_S = (5.0, 8.0)
+
+
+def fleet_jobs(nodes: int) -> list[Any]:
+    """Half the nodes in a 5 s data-parallel job, most of the rest in an 8 s two-stage
+    pipeline job, an eighth (at least the two hot ones) idle."""
+    from guard.agents.simulator import JobSpec
+
+    idle = max(2, nodes // 8)
+    first = nodes // 2
+    second = (nodes - first - idle) // 2 * 2
+    return [
+        JobSpec("job-a", first, 1, FLEET_STEPS_S[0]),
+        JobSpec("job-b", second, 2, FLEET_STEPS_S[1]),
+    ]
 
 
 @dataclass
@@ -115,6 +169,9 @@ class Tally:
     max_slowdown: float = 0.0
     runs: int = 0
     false_by: dict[str, int] = field(default_factory=dict)
+    #: fault kind -> [(time to detect s or None: missed, nominal step s of its node's job,
+    #: the slowdown it reached)]
+    by_kind: dict[str, list[tuple[float | None, float, float]]] = field(default_factory=dict)
 
     def add(self, other: Tally) -> None:
         for name in (
@@ -135,6 +192,8 @@ class Tally:
         self.max_slowdown = max(self.max_slowdown, other.max_slowdown)
         for k, v in other.false_by.items():
             self.false_by[k] = self.false_by.get(k, 0) + v
+        for k, rows in other.by_kind.items():
+            self.by_kind.setdefault(k, []).extend(rows)
 
     @property
     def recall(self) -> float | None:
@@ -161,12 +220,13 @@ class Tally:
 def run_scenario(spec: tuple[str, int, float, int, float]) -> dict[str, Tally]:
     """Simulate one scenario and score the three detectors (Guard only in a soak) on it."""
     from guard.agents.simulator import ClusterSimulator, SimConfig
-    from guard.detectors.baselines import NvrxBaseline, StaticRulesBaseline
-    from guard.detectors.core import MessageFeed
+    from guard.evaluation.backtest import make_detector
     from guard.evaluation.scoring import FLAG_FIELDS, evaluate
 
     family, nodes, duration, seed, severity = spec
     options = dict(FAMILIES[family])
+    if family in ("fleet", "soak-fleet"):
+        options["jobs"] = fleet_jobs(nodes)
     sim = ClusterSimulator(
         SimConfig(
             nodes=nodes,
@@ -177,9 +237,8 @@ def run_scenario(spec: tuple[str, int, float, int, float]) -> dict[str, Tally]:
             **options,
         )
     )
-    detectors: dict[str, Any] = {"guard": MessageFeed()}
-    if family != "soak":
-        detectors.update(static=StaticRulesBaseline(), nvrx=NvrxBaseline())
+    names = ("guard",) if family in SOAKS else DETECTORS
+    detectors: dict[str, Any] = {name: make_detector(name) for name in names}
     flags: dict[str, list[Any]] = {name: [] for name in detectors}
     processes = [(flags[name], det.update) for name, det in detectors.items()]
     for message in sim.messages():
@@ -207,6 +266,7 @@ def run_scenario(spec: tuple[str, int, float, int, float]) -> dict[str, Tally]:
         for f in ev.false_claims:
             key = f"{f['detector']}/{f['category']}"
             tally.false_by[key] = tally.false_by.get(key, 0) + 1
+        tally.by_kind = per_kind(truth, ev.first_hit)
         slowdowns = [s for f in truth.faults if (s := f.reached(truth.end_ts)) > 0]
         if slowdowns:
             tally.min_slowdown, tally.max_slowdown = min(slowdowns), max(slowdowns)
@@ -220,6 +280,71 @@ def run_scenario(spec: tuple[str, int, float, int, float]) -> dict[str, Tally]:
         flush=True,
     )
     return result
+
+
+def per_kind(
+    truth: Any, first_hit: dict[str, float], level: float = 0.05
+) -> dict[str, list[tuple[float | None, float, float]]]:
+    """Per fault kind: each fault's time to detect (s; None: missed), the nominal step time
+    of its node's job and the slowdown it reached, timed as ``guard eval`` times it (from
+    when the fault reaches ``level`` slowdown)."""
+    step_of_node = {node: job.step_s_nominal or 0.0 for job in truth.jobs for node in job.nodes}
+    out: dict[str, list[tuple[float | None, float, float]]] = {}
+    for fault in truth.faults:
+        hit = first_hit.get(fault.id)
+        ttd = None if hit is None else max(0.0, hit - fault.reaches_at(level))
+        row = (ttd, step_of_node.get(fault.node, 0.0), fault.reached(truth.end_ts))
+        out.setdefault(fault.kind, []).append(row)
+    return out
+
+
+#: Stragglers are also shown by the slowdown they reached (issue 26's targets are per band).
+STRAGGLER_KINDS = ("slow_gpu", "host_slow")
+BANDS = (("<5%", 0.0, 0.05), ("5-7%", 0.05, 0.07), ("7-12%", 0.07, 0.12), (">=12%", 0.12, 9.0))
+
+
+def print_per_kind(title: str, tallies: dict[str, Tally]) -> None:
+    """Time to detect per fault kind (stragglers also per slowdown band), in seconds and in
+    steps: Guard, and how many the two baselines found and their median."""
+    kinds = sorted({k for t in tallies.values() for k in t.by_kind})
+    if not kinds:
+        return
+    print(f"\ntime to detect per fault kind, {title} (s from onset; steps = s / nominal step)")
+    head = (
+        f"{'kind':<18} {'step_s':>7} {'guard found':>11} {'med_s':>6} {'p95_s':>6} "
+        f"{'med_steps':>9} {'p95_steps':>9} {'static found':>12} {'med_s':>6} "
+        f"{'nvrx found':>10} {'med_s':>6}"
+    )
+    print(head)
+    print("-" * len(head))
+
+    def cells(name: str, kind: str, lo: float, hi: float) -> tuple[str, list[float], list[float]]:
+        rows = tallies[name].by_kind.get(kind, []) if name in tallies else []
+        rows = [r for r in rows if lo <= r[2] < hi]
+        seconds = [t for t, _, _ in rows if t is not None]
+        steps = [t / st for t, st, _ in rows if t is not None and st > 0]
+        return f"{len(seconds)}/{len(rows)}", seconds, steps
+
+    def line(label: str, kind: str, lo: float = 0.0, hi: float = math.inf) -> None:
+        found, secs, steps = cells("guard", kind, lo, hi)
+        if found.endswith("/0"):
+            return
+        s_found, s_secs, _ = cells("static", kind, lo, hi)
+        n_found, n_secs, _ = cells("nvrx", kind, lo, hi)
+        rows = [r for r in tallies["guard"].by_kind[kind] if lo <= r[2] < hi]
+        nominal = sorted({st for _, st, _ in rows if st > 0})
+        span = "-" if not nominal else "/".join(f"{v:g}" for v in nominal)
+        print(
+            f"{label:<18} {span:>7} {found:>11} {_f(_q(secs, 0.5), 0):>6} "
+            f"{_f(_q(secs, 0.95), 0):>6} {_f(_q(steps, 0.5), 1):>9} {_f(_q(steps, 0.95), 1):>9} "
+            f"{s_found:>12} {_f(_q(s_secs, 0.5), 0):>6} {n_found:>10} {_f(_q(n_secs, 0.5), 0):>6}"
+        )
+
+    for kind in kinds:
+        line(kind, kind)
+        if kind in STRAGGLER_KINDS:
+            for band, lo, hi in BANDS:
+                line(f"  {band}", kind, lo, hi)
 
 
 def _q(values: list[float], q: float) -> float | None:
@@ -398,11 +523,26 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="healthy node-hours of the soak family (default: 2000, 0 with --quick)",
     )
+    parser.add_argument(
+        "--soak-fleet",
+        action="store_true",
+        help="the soak on a shared fleet: 5 s and 8 s jobs, host clocks off by up to +-0.5 s, "
+        "churn, hot idle nodes (the fleet family's options, no fault)",
+    )
+    parser.add_argument(
+        "--family",
+        action="append",
+        choices=[f for f in FAMILIES if f not in SOAKS],
+        help="only this simulated family (repeatable; default: all), no real data",
+    )
     args = parser.parse_args(argv)
     specs = [] if args.soak_only else list(QUICK if args.quick else FULL)
+    if args.family:
+        specs = [spec for spec in specs if spec[0] in args.family]
     soak = args.soak_hours if args.soak_hours is not None else (0.0 if args.quick else 2000.0)
     runs = math.ceil(soak * 3600.0 / (SOAK_NODES * SOAK_RUN_S)) if soak > 0 else 0
-    specs += [("soak", SOAK_NODES, SOAK_RUN_S, 100 + i, 1.0) for i in range(runs)]
+    soak_family = "soak-fleet" if args.soak_fleet else "soak"
+    specs += [(soak_family, SOAK_NODES, SOAK_RUN_S, 100 + i, 1.0) for i in range(runs)]
     started = time.perf_counter()
     tallies: dict[tuple[str, str], Tally] = {}
     if args.jobs > 1:
@@ -449,8 +589,12 @@ def main(argv: list[str] | None = None) -> int:
         if t and t.false_by:
             print(f"  guard false claims in {family}: {t.false_by}")
     print("-" * len(head))
-    real = [] if args.soak_only else pai_rows() + nab_rows()
-    if not (args.quick or args.no_smd or args.soak_only):
+    print_per_kind("every simulated family", {d: tallies[("ALL", d)] for d in DETECTORS})
+    fleet = {d: t for (family, d), t in tallies.items() if family == "fleet"}
+    print_per_kind("the fleet family alone", fleet)
+    print()
+    real = [] if args.soak_only or args.family else pai_rows() + nab_rows()
+    if not (args.quick or args.no_smd or args.soak_only or args.family):
         real += smd_rows()
     for source, name, text in real:
         print(f"{source:<17} {name:<11} {text}")

@@ -3,11 +3,17 @@
 Four plotly figures on one page, with plotly.js inlined once (the page opens offline):
 
 1. step time with and without Guard (per job; the run without is a counterfactual: the same
-   simulated scenario without remediation, or any run given as the baseline);
+   simulated scenario without remediation, or any run given as the baseline), a dotted line
+   at each cordon;
 2. a timeline per node: its node states as bars (healthy, suspect, cordoned, sweeping,
-   failed, repair) and every warning/critical flag as a marker;
-3. time to detect per fault (from the simulator's ground truth, when there is one);
+   failed, repair), a square where each begins (states entered in the same second stack up
+   in a column, so none hides another) and every warning/critical flag as a marker;
+3. time to detect and to cordon per fault (from the simulator's ground truth, when there is
+   one);
 4. goodput: useful steps per hour with and without, and the cumulative useful steps.
+
+Times are drawn on the wall clock (UTC date axes, the run's span), the step times and the
+timeline one above the other with the same width, so their times line up.
 
 :class:`ReportData` is plain data; :func:`from_messages` builds it from messages (JSONL
 files, or rows read back from ClickHouse by the command), :func:`render_html` writes the page.
@@ -27,6 +33,7 @@ import html
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from guard.schemas import Flag, GuardMessage, NodeState, StepTiming
@@ -38,6 +45,7 @@ from .scoring import evaluate
 __all__ = [
     "POLICY_COLORS",
     "STATE_COLORS",
+    "TTD_COLORS",
     "ReportData",
     "first_cordons",
     "flag_rows",
@@ -57,11 +65,18 @@ STATE_COLORS = {
 SEVERITY_SYMBOL = {"warning": "triangle-up", "critical": "x"}
 #: One colour per run (policy), the same in every plot; jobs differ by line dash.
 POLICY_COLORS = {"with Guard": "#1f77b4", "without Guard": "#7f7f7f"}
+#: Time to detect (brown) and time to cordon (the cordoned state's orange) per fault.
+TTD_COLORS = {"time to detect": "#8c564b", "time to cordon": STATE_COLORS["cordoned"]}
 JOB_DASHES = ("solid", "dot", "dash", "dashdot", "longdash")
 
 
 def _policy_color(label: str) -> str:
     return POLICY_COLORS.get(label, "#9467bd")
+
+
+def _guard_on_top(run: tuple[str, Any]) -> bool:
+    """Sort key: the run with Guard last, so its line is drawn over the others'."""
+    return run[0] == "with Guard"
 
 
 def _dash(jobs: list[str], job: str) -> str:
@@ -71,9 +86,28 @@ def _dash(jobs: list[str], job: str) -> str:
 Curve = list[tuple[float, float]]
 
 
+def _clock(ts: float) -> str:
+    """An epoch time as the x of a plotly date axis: UTC wall clock, to the millisecond (a
+    naive string: plotly.js draws date strings as given, without a time zone)."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _since(data: ReportData, ts: float) -> str:
+    """Hover text: how far into the run ``ts`` is."""
+    return f"t+{ts - data.start_ts:,.0f} s"
+
+
+#: Every wall-clock axis: UTC, labelled so a reader can match it to logs and Grafana.
+CLOCK_AXIS = {"type": "date", "title": "time, UTC", "hoverformat": "%H:%M:%S"}
+#: The legend in a row above the plot: the plots on the clock then have the same width, so
+#: their times line up down the page (a legend at the side takes what its names need).
+LEGEND_ABOVE = {"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0}
+
+
 @dataclass
 class ReportData:
-    """What the page shows. Times are epoch seconds; the plots count from ``start_ts``."""
+    """What the page shows. Times are epoch seconds, drawn as UTC wall clock; the curves'
+    times in ``useful`` are seconds from ``start_ts``."""
 
     title: str
     start_ts: float
@@ -182,9 +216,9 @@ def from_messages(
 # --- figures --------------------------------------------------------------------------------
 
 
-def _with_gaps(log: list[tuple[float, float]], start: float) -> tuple[list[Any], list[Any]]:
-    """x and y of a step-time line, broken (None) where no step ended for over a minute: a
-    hung or restarting job is not drawn as a straight line."""
+def _with_gaps(log: list[tuple[float, float]]) -> tuple[list[Any], list[Any]]:
+    """x (epoch s) and y of a step-time line, broken (None) where no step ended for over a
+    minute: a hung or restarting job is not drawn as a straight line."""
     xs: list[Any] = []
     ys: list[Any] = []
     prev = None
@@ -192,7 +226,7 @@ def _with_gaps(log: list[tuple[float, float]], start: float) -> tuple[list[Any],
         if prev is not None and end - prev > max(60.0, 3 * step_s):
             xs.append(None)
             ys.append(None)
-        xs.append(end - start)
+        xs.append(end)
         ys.append(step_s)
         prev = end
     return xs, ys
@@ -204,26 +238,64 @@ def _step_figure(data: ReportData) -> Any:
     fig = go.Figure()
     jobs = list(data.steps)
     for job, runs in sorted(data.steps.items()):
-        for label, log in runs.items():
-            xs, ys = _with_gaps(log, data.start_ts)
+        for label, log in sorted(runs.items(), key=_guard_on_top):
+            xs, ys = _with_gaps(log)
             fig.add_scatter(
-                x=xs,
+                x=[None if x is None else _clock(x) for x in xs],
                 y=ys,
+                text=[None if x is None else _since(data, x) for x in xs],
                 mode="lines",
                 name=f"{job}, {label}",
                 line={"color": _policy_color(label), "dash": _dash(jobs, job)},
             )
+    # where Guard acted: a dotted line at each cordon, named by its node
+    for node, times in sorted(first_cordons(data.states).items()):
+        for ts in times:
+            fig.add_shape(
+                type="line",
+                x0=_clock(ts),
+                x1=_clock(ts),
+                yref="paper",
+                y0=0,
+                y1=1,
+                line={"color": STATE_COLORS["cordoned"], "dash": "dot", "width": 1.5},
+            )
+            fig.add_annotation(
+                x=_clock(ts),
+                yref="paper",
+                y=1,
+                yanchor="top",
+                xanchor="left",
+                bgcolor="rgba(255,255,255,0.7)",
+                text=f"cordon {node}",
+                showarrow=False,
+                font={"size": 10, "color": STATE_COLORS["cordoned"]},
+            )
     fig.update_layout(
-        title="Step time with and without Guard (gaps: the job was down)",
-        xaxis_title="s since start",
-        yaxis_title="step time, s",
-        yaxis_type="log",
+        title="Step time with and without Guard (gaps: the job was down; dotted: a cordon)",
+        xaxis={**CLOCK_AXIS, "range": [_clock(data.start_ts), _clock(data.end_ts)]},
+        legend=LEGEND_ABOVE,
+        yaxis={"title": "step time, s", "type": "log", **_log_ticks(data)},
     )
     return fig
 
 
+#: Step times worth a label on the log axis (plotly's own labels 20, 30 as "2", "3").
+NICE_STEP_S = (0.1, 0.2, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 3600)
+
+
+def _log_ticks(data: ReportData) -> dict[str, Any]:
+    """Tick values for the step-time axis, each labelled in full, over the steps' range."""
+    values = [s for runs in data.steps.values() for log in runs.values() for _, s in log if s > 0]
+    if not values:
+        return {}
+    lo, hi = min(values) / 1.5, max(values) * 1.5
+    ticks = [v for v in NICE_STEP_S if lo <= v <= hi]
+    return {"tickvals": ticks, "ticktext": [f"{v:g}" for v in ticks]} if ticks else {}
+
+
 def _state_spans(data: ReportData) -> list[tuple[str, str, float, float]]:
-    """(node, state, start, end) from the state changes, seconds since the start."""
+    """(node, state, start epoch s, seconds) from the state changes."""
     spans = []
     by_node: dict[str, list[dict[str, Any]]] = {}
     for s in sorted(data.states, key=lambda s: s["ts"]):
@@ -231,8 +303,16 @@ def _state_spans(data: ReportData) -> list[tuple[str, str, float, float]]:
     for node, changes in by_node.items():
         bounds = [c["ts"] for c in changes[1:]] + [data.end_ts]
         for c, end in zip(changes, bounds, strict=True):
-            spans.append((node, c["state"], c["ts"] - data.start_ts, max(end, c["ts"]) - c["ts"]))
+            spans.append((node, c["state"], c["ts"], max(end, c["ts"]) - c["ts"]))
     return spans
+
+
+#: Where in its node's row each state's start mark sits (rows are 1 apart): transitions made
+#: in the same second (cordon, sweep, verdict) show as a column of marks, none hiding another.
+STATE_MARK_OFFSET = {
+    state: round(-0.3 + 0.6 * i / (len(STATE_COLORS) - 1), 2)
+    for i, state in enumerate(STATE_COLORS)
+}
 
 
 def _timeline_figure(data: ReportData) -> Any:
@@ -240,50 +320,67 @@ def _timeline_figure(data: ReportData) -> Any:
 
     fig = go.Figure()
     spans = _state_spans(data)
+    nodes = sorted({s[0] for s in spans} | {f["node"] for f in data.flags})
+    row = {node: i for i, node in enumerate(nodes)}
     for state, color in STATE_COLORS.items():
         mine = [s for s in spans if s[1] == state]
         if mine:
-            fig.add_bar(
-                y=[s[0] for s in mine],
-                x=[s[3] for s in mine],
-                base=[s[2] for s in mine],
+            fig.add_bar(  # on a date axis a bar's length is in milliseconds
+                y=[row[s[0]] for s in mine],
+                x=[1000 * s[3] for s in mine],
+                base=[_clock(s[2]) for s in mine],
                 orientation="h",
+                width=0.8,
                 name=state,
                 legendgroup=state,
                 marker_color=color,
                 opacity=0.6,
+                hoverinfo="skip",
             )
-    # a marker where each state begins: a span a second long still shows at any zoom
+    # a mark where each state begins: a span a second long, or none, still shows at any zoom
     for state, color in STATE_COLORS.items():
         mine = [s for s in spans if s[1] == state]
         if mine:
             fig.add_scatter(
-                y=[s[0] for s in mine],
-                x=[s[2] for s in mine],
+                y=[row[s[0]] + STATE_MARK_OFFSET[state] for s in mine],
+                x=[_clock(s[2]) for s in mine],
                 mode="markers",
                 name=f"{state} (start)",
                 legendgroup=state,
                 showlegend=False,
-                marker={"color": color, "symbol": "line-ns-open", "size": 14, "line_width": 2},
-                text=[f"{state} for {s[3]:.0f} s" for s in mine],
+                marker={"color": color, "symbol": "square", "size": 7},
+                text=[f"{s[0]}: {state} for {s[3]:,.0f} s from {_since(data, s[2])}" for s in mine],
+                hoverinfo="text",
             )
     for severity, symbol in SEVERITY_SYMBOL.items():
         mine = [f for f in data.flags if f["severity"] == severity]
         if mine:
             fig.add_scatter(
-                y=[f["node"] for f in mine],
-                x=[f["ts"] - data.start_ts for f in mine],
+                y=[row[f["node"]] for f in mine],
+                x=[_clock(f["ts"]) for f in mine],
                 mode="markers",
                 name=f"{severity} flag",
                 marker_symbol=symbol,
                 marker_color="black",
-                text=[f"{f['category']} ({f['detector']})" for f in mine],
+                text=[
+                    f"{f['node']}: {f['category']} ({f['detector']}), {_since(data, f['ts'])}"
+                    for f in mine
+                ],
+                hoverinfo="text",
             )
     fig.update_layout(
-        title="Flags and node states per node",
-        xaxis_title="s since start",
+        title="Flags and node states per node (a square where each state begins)",
+        xaxis={**CLOCK_AXIS, "range": [_clock(data.start_ts), _clock(data.end_ts)]},
+        yaxis={
+            "tickvals": list(range(len(nodes))),
+            "ticktext": nodes,
+            "range": [len(nodes) - 0.5, -0.5],  # the first node at the top
+            "showgrid": False,
+            "zeroline": False,
+        },
         barmode="overlay",
-        height=max(300, 40 * len({s[0] for s in spans} | {f["node"] for f in data.flags}) + 150),
+        legend=LEGEND_ABOVE,
+        height=max(300, 50 * len(nodes) + 180),
     )
     return fig
 
@@ -302,6 +399,7 @@ def _ttd_figure(data: ReportData) -> Any:
             text=[miss if v is None else f"{v:.0f} s" for v in values],
             textposition="outside",
             name=name,
+            marker_color=TTD_COLORS[name],
         )
     title = "Time to detect and to cordon per fault"
     if not data.faults:
@@ -329,9 +427,11 @@ def _goodput_figure(data: ReportData) -> Any:
         )
     ujobs = list(data.useful)
     for job, runs in sorted(data.useful.items()):
-        for label, curve in runs.items():
+        for label, binned in sorted(runs.items(), key=_guard_on_top):
+            # every run starts from nothing at the start
+            curve = [(0.0, 0.0), *binned] if binned and binned[0][0] > 0 else binned
             fig.add_scatter(
-                x=[t for t, _ in curve],
+                x=[_clock(data.start_ts + t) for t, _ in curve],
                 y=[n for _, n in curve],
                 mode="lines",
                 name=f"{job}, {label}",
@@ -340,7 +440,7 @@ def _goodput_figure(data: ReportData) -> Any:
                 col=2,
             )
     fig.update_layout(title="Goodput with and without Guard", barmode="group")
-    fig.update_xaxes(title_text="s since start", row=1, col=2)
+    fig.update_xaxes(**CLOCK_AXIS, range=[_clock(data.start_ts), _clock(data.end_ts)], row=1, col=2)
     return fig
 
 
@@ -367,7 +467,8 @@ def render_html(data: ReportData) -> str:
 <script type="text/javascript">{get_plotlyjs()}</script>
 <style>body{{font-family:sans-serif;margin:1.5em}} td{{padding:0 1em}}</style></head>
 <body><h1>{html.escape(data.title)}</h1>
-<p>{data.end_ts - data.start_ts:,.0f} s of event time.</p>
+<p>{_clock(data.start_ts)[:19]} to {_clock(data.end_ts)[:19]} UTC:
+{data.end_ts - data.start_ts:,.0f} s of event time.</p>
 <table><caption>goodput, useful steps per hour</caption>{rows}</table>
 <ul>{notes}</ul>
 {divs}

@@ -80,6 +80,10 @@ that, its GPUs cool to idle draw for ``job_gap_s``, then a new job (``job-a-2``.
 the same nodes from step 0, every rank slower over its first ``warmup_steps`` steps
 (``job_end`` and ``warmup`` confounders in the truth).
 
+Hot idle nodes (``SimConfig(hot_idle_nodes=2)``, off by default): that many of the nodes
+idle at the start run 20-35 deg C hotter and draw 15-45 W more while idle, below any
+throttling and with no reason bit but idle (a ``hot_idle`` confounder each, not a fault).
+
 A multi-path fabric (``SimConfig(fabric=FabricSpec(...))``, off by default): the jobs'
 ring connections routed over a leaf-spine topology by ECMP or by the path planner, slowed
 where flows collide or an uplink is degraded, with the sending NICs' congestion counters
@@ -97,6 +101,7 @@ from .config import (
     CATEGORY_BY_KIND,
     CHURN_CONFOUNDER_KINDS,
     CONFOUNDER_KINDS,
+    FLEET_CONFOUNDER_KINDS,
     NIC_COUNTERS,
     THROTTLE_TEMP_C,
     FabricSpec,
@@ -110,6 +115,7 @@ __all__ = [
     "CATEGORY_BY_KIND",
     "CHURN_CONFOUNDER_KINDS",
     "CONFOUNDER_KINDS",
+    "FLEET_CONFOUNDER_KINDS",
     "NIC_COUNTERS",
     "THROTTLE_TEMP_C",
     "ClusterSimulator",

@@ -37,6 +37,8 @@ class ClusterSimulator:
             raise ValueError("duration_s and sample_interval_s must be positive")
         if config.job_lifetime_s < 0 or config.job_gap_s < 0 or config.warmup_steps < 0:
             raise ValueError("job_lifetime_s, job_gap_s and warmup_steps must be >= 0")
+        if config.hot_idle_nodes < 0:
+            raise ValueError("hot_idle_nodes must be >= 0")
         if config.job_lifetime_s > 0 and config.fabric is not None:
             raise ValueError("job churn (job_lifetime_s) does not run with a multi-path fabric")
         if not 0 <= config.clock_offset_s < config.duration_s:
@@ -62,6 +64,8 @@ class ClusterSimulator:
                 -config.clock_offset_s, config.clock_offset_s, n
             )
             self.scenario.set_clock_offsets(offsets)
+        if config.hot_idle_nodes > 0:  # its own stream, as the clock offsets
+            self.scenario.plan_hot_idle(np.random.default_rng([config.seed, 10]))
         self.hardware = HardwareModel(
             self.scenario, plan, noise, (temp_offset, power_offset), phase, uuids
         )

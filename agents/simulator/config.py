@@ -13,6 +13,7 @@ __all__ = [
     "CHURN_CONFOUNDER_KINDS",
     "CONFOUNDER_KINDS",
     "COUNTER_INDEX",
+    "FLEET_CONFOUNDER_KINDS",
     "NIC_COUNTERS",
     "FabricSpec",
     "FaultSpec",
@@ -65,6 +66,13 @@ NIC_COUNTERS = (
 )
 #: Confounders of job churn (``SimConfig.job_lifetime_s``): a job ended, a new one warms up.
 CHURN_CONFOUNDER_KINDS = ("job_end", "warmup")
+#: Confounders of a shared fleet that a default run has none of (``SimConfig.hot_idle_nodes``).
+FLEET_CONFOUNDER_KINDS = ("hot_idle",)
+#: A hot idle node (``hot_idle``): its idle GPUs this much hotter, deg C, and drawing this much
+#: more power, W (blocked airflow or a neighbour's exhaust; a context left open keeps the
+#: power up), still well below the 87 deg C slowdown threshold, and no reason bit but idle.
+HOT_IDLE_EXTRA_C = (20.0, 35.0)
+HOT_IDLE_EXTRA_W = (15.0, 45.0)
 COUNTER_INDEX = {name: i for i, name in enumerate(NIC_COUNTERS)}
 
 # H100 SXM-class nominal values.
@@ -149,6 +157,9 @@ class SimConfig:
     job_gap_s: float = 120.0
     warmup_steps: int = 20
     warmup_extra: float = 0.5
+    # Hot idle nodes: this many of the nodes idle at the start run hot while idle (their own
+    # seeded stream; a ``hot_idle`` confounder each, not a fault). 0: none, as before.
+    hot_idle_nodes: int = 0
     # A multi-path fabric (ECMP collisions, degraded uplinks; agents/simulator/fabric.py).
     # None: connections run at their NIC's speed, as before.
     fabric: FabricSpec | None = None

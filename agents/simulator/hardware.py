@@ -77,6 +77,15 @@ class HardwareModel:
         self._ecc_dbe = np.zeros((n, g), dtype=np.int64)
         self._pcie = plan.poisson(0.5, (n, g)).astype(np.int64)
         self._temp = np.where(scenario.busy_mask(), BUSY_TEMP_C, IDLE_TEMP_C) + self._temp_offset
+        #: hot idle nodes (scenario.plan_hot_idle), None when there are none: their steady
+        #: extra temperature and power while idle
+        self._hot_idle = (
+            (scenario.hot_idle_c[:, None], scenario.hot_idle_w[:, None])
+            if cfg.hot_idle_nodes > 0
+            else None
+        )
+        if self._hot_idle is not None:
+            self._temp += np.where(scenario.busy_mask(), 0.0, self._hot_idle[0])
         self._templates: dict[
             int, tuple[str | None, list[dict[str, Any]], list[dict[str, Any]]]
         ] = {}
@@ -92,6 +101,8 @@ class HardwareModel:
         busy = self.scenario.busy_mask()
         temp_target = np.where(busy, BUSY_TEMP_C, IDLE_TEMP_C) + self._temp_offset
         temp_target[self.scenario.hot_nodes, :] += self.scenario.hot_extra
+        if self._hot_idle is not None:
+            temp_target += np.where(busy, 0.0, self._hot_idle[0])
         s = {
             "busy": busy,
             "slow": np.zeros((n, g)),
@@ -211,6 +222,8 @@ class HardwareModel:
         base_power = np.where(
             busy, 0.86 * POWER_LIMIT_W * self._power_offset, 72.0 + 4 * self._power_offset
         )
+        if self._hot_idle is not None:
+            base_power = base_power + np.where(busy, 0.0, self._hot_idle[1])
         power = base_power * (clock_ratio**1.5) * s["power_factor"] + 6.0 * noise.standard_normal(
             (n, g)
         )

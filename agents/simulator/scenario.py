@@ -15,7 +15,16 @@ from guard.agents.calibration import FAULT_MIX
 from guard.schemas.nvml_codes import NONFATAL_XIDS
 from guard.schemas.truth import Truth
 
-from .config import CATEGORY_BY_KIND, LINK_GBPS, POWER_LIMIT_W, FaultSpec, JobSpec, SimConfig
+from .config import (
+    CATEGORY_BY_KIND,
+    HOT_IDLE_EXTRA_C,
+    HOT_IDLE_EXTRA_W,
+    LINK_GBPS,
+    POWER_LIMIT_W,
+    FaultSpec,
+    JobSpec,
+    SimConfig,
+)
 from .fabric import FabricModel
 
 __all__ = ["InjectedFault", "RunningJob", "Scenario"]
@@ -92,6 +101,9 @@ class Scenario:
         self.end_ts = self.start_ts + float(config.duration_s)
         self.confounders: list[dict[str, Any]] = []
         self.skew = skew  # per-node clock offset; the clock_skew confounder sets some
+        #: hot idle nodes (plan_hot_idle): extra deg C and W of each node's GPUs while idle
+        self.hot_idle_c = np.zeros(config.nodes)
+        self.hot_idle_w = np.zeros(config.nodes)
         self._busy: np.ndarray | None = None
         self._job_of: dict[int, str] = {}
         self.jobs = self._place_jobs(plan)
@@ -112,6 +124,32 @@ class Scenario:
             )
             for c in self.fabric.confounders(self.end_ts):
                 self.add_confounder(**c)
+
+    def plan_hot_idle(self, rng: np.random.Generator) -> None:
+        """``SimConfig.hot_idle_nodes`` of the nodes idle at the start run hot while idle,
+        drawn from ``rng`` (their own stream, so a run without them draws what it did)."""
+        cfg = self.config
+        want = cfg.hot_idle_nodes
+        if want > len(self.initial_idle):
+            raise ValueError(
+                f"hot_idle_nodes={want} but only {len(self.initial_idle)} nodes are idle at "
+                "the start; use more nodes, smaller jobs or fewer hot idle nodes"
+            )
+        picks = sorted(int(i) for i in rng.choice(self.initial_idle, size=want, replace=False))
+        for node in picks:
+            extra_c = float(rng.uniform(*HOT_IDLE_EXTRA_C))
+            extra_w = float(rng.uniform(*HOT_IDLE_EXTRA_W))
+            self.hot_idle_c[node] = extra_c
+            self.hot_idle_w[node] = extra_w
+            self.add_confounder(
+                "hot_idle",
+                self.start_ts,
+                self.end_ts,
+                node=node,
+                extra_c=round(extra_c, 1),
+                extra_w=round(extra_w, 1),
+                while_idle=True,
+            )
 
     def set_clock_offsets(self, offsets: np.ndarray) -> None:
         """Every host's clock offset, seconds (``SimConfig.clock_offset_s``)."""

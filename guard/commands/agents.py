@@ -16,6 +16,7 @@ from .common import (
     add_metrics_port,
     apply_options,
     non_negative_float,
+    non_negative_int,
     positive_float,
     positive_int,
 )
@@ -64,6 +65,7 @@ def _sim_config(args: argparse.Namespace) -> Any:
     from guard.agents.simulator import ClusterSimulator, SimConfig
 
     faults = [_parse_fault(text) for text in args.fault or []]
+    jobs = [_parse_job(text) for text in args.job] if args.job else None
     config = SimConfig(
         nodes=args.nodes,
         duration_s=args.duration,
@@ -77,6 +79,13 @@ def _sim_config(args: argparse.Namespace) -> Any:
         severity=args.severity,
         confounders=not args.no_confounders,
         excluded=frozenset(args.exclude or ()),
+        jobs=jobs,
+        clock_offset_s=args.clock_offset,
+        job_lifetime_s=args.job_lifetime,
+        job_gap_s=args.job_gap,
+        warmup_steps=args.warmup_steps,
+        warmup_extra=args.warmup_extra,
+        hot_idle_nodes=args.hot_idle_nodes,
     )
     ClusterSimulator(config)  # raises ValueError on a config that cannot run
     return config
@@ -112,6 +121,34 @@ def _parse_fault(text: str) -> Any:
         except ValueError as exc:
             raise ValueError(f"--fault {text!r}: {exc}") from None
     return spec
+
+
+def _parse_job(text: str) -> Any:
+    """``NAME:nodes=N[:stages=P][:step=S]``: a job placed on the next N free nodes."""
+    from guard.agents.simulator import JobSpec
+
+    name, *options = text.split(":")
+    if not name or "=" in name:
+        raise ValueError(f"--job {text!r}: begin with the job's name, e.g. job-a:nodes=8:step=6")
+    fields: dict[str, Any] = {}
+    for option in options:
+        key, _, value = option.partition("=")
+        try:
+            if key == "nodes":
+                fields["nodes"] = int(value)
+            elif key == "stages":
+                fields["pp_stages"] = int(value)
+            elif key == "step":
+                fields["step_s_nominal"] = float(value)
+            else:
+                raise ValueError(f"unknown option {key!r} (nodes, stages, step)")
+        except ValueError as exc:
+            raise ValueError(f"--job {text!r}: {exc}") from None
+    if fields.get("nodes", 0) < 1:
+        raise ValueError(f"--job {text!r}: give nodes=N, N >= 1")
+    if fields.get("pp_stages", 1) < 1 or not 0 < fields.get("step_s_nominal", 1.0) < float("inf"):
+        raise ValueError(f"--job {text!r}: stages must be >= 1 and step a positive number")
+    return JobSpec(name, **fields)
 
 
 def cmd_agent(args: argparse.Namespace, settings: Settings) -> int:
@@ -161,6 +198,56 @@ def register(sub: Any, add: Any) -> None:
         help="inject this fault (repeatable); e.g. slow_gpu:node=node-003:gpu=2:onset=300",
     )
     p.add_argument("--severity", type=float, default=1.0, help="multiplies drawn slowdowns")
+    p.add_argument(
+        "--job",
+        action="append",
+        metavar="NAME:nodes=N[:stages=P][:step=S]",
+        help="a job on the next N free nodes (repeatable; replaces the default job-a/job-b), "
+        "P pipeline stages, S s nominal step; e.g. job-a:nodes=8:step=6",
+    )
+    p.add_argument(
+        "--clock-offset",
+        type=non_negative_float,
+        default=0.0,
+        metavar="S",
+        help="each host's clock off by a constant drawn in +-S seconds (default 0: off)",
+    )
+    p.add_argument(
+        "--job-lifetime",
+        type=non_negative_float,
+        default=0.0,
+        metavar="S",
+        help="job churn: each job ends after 0.5-1.5x S, a new one starts on its nodes "
+        "(default 0: jobs run the whole run)",
+    )
+    p.add_argument(
+        "--job-gap",
+        type=non_negative_float,
+        default=120.0,
+        metavar="S",
+        help="job churn: idle seconds between a job's end and the next (default 120)",
+    )
+    p.add_argument(
+        "--warmup-steps",
+        type=non_negative_int,
+        default=20,
+        metavar="N",
+        help="job churn: a new job's first N steps are slower (default 20)",
+    )
+    p.add_argument(
+        "--warmup-extra",
+        type=non_negative_float,
+        default=0.5,
+        metavar="X",
+        help="job churn: the first warm-up step is 1+X times slower, easing to 1 (default 0.5)",
+    )
+    p.add_argument(
+        "--hot-idle-nodes",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="N of the idle nodes run hot while idle: a confounder, not a fault (default 0)",
+    )
     p.add_argument("--no-confounders", action="store_true")
     p.add_argument("--exclude", action="append", help="node cordoned from the start")
     p.add_argument(

@@ -129,15 +129,24 @@ def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, default=str))
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1 (a bad value is argparse's usage error, exit 2)."""
+def _integer(text: str, least: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer (use 1 or more)")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{value} is not {what}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (a bad value is argparse's usage error, exit 2)."""
+    return _integer(text, 1, "a positive integer (use 1 or more)")
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer >= 0 (0 meaning none, or off)."""
+    return _integer(text, 0, "an integer >= 0")
 
 
 def _finite(text: str) -> float:

@@ -24,6 +24,7 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
         home=Path(args.home) if args.home else None,
         seed=args.seed,
         speed=args.speed,
+        compression=args.compression,
         workers=args.workers,
         engine=settings.streams.engine,
     )
@@ -42,6 +43,13 @@ def register(sub: Any, add: Any) -> None:
         type=positive_float,
         default=None,
         help="simulated seconds per wall second (default: what the workers keep up with)",
+    )
+    p.add_argument(
+        "--compression",
+        type=positive_float,
+        default=10.0,
+        help="the job's mechanics (NCCL watchdog, checkpoint interval, restart, re-crash, a "
+        "person's drain) run this many times faster, together (default 10)",
     )
     p.add_argument("--workers", type=positive_int, default=1, help="streams worker processes")
     p.add_argument(

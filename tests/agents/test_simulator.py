@@ -21,6 +21,7 @@ from guard.agents.simulator import (
     THROTTLE_TEMP_C,
     ClusterSimulator,
     FaultSpec,
+    JobSpec,
     SimConfig,
     write_jsonl,
 )
@@ -404,6 +405,51 @@ def test_guard_simulate_cli_writes_telemetry_and_truth(
     assert "error" in capsys.readouterr().err
 
 
+def test_guard_simulate_cli_runs_a_shared_fleet(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The fleet options from the command line: short-step jobs, host clock offsets, job
+    churn with warm-up, hot idle nodes; the same as the SimConfig they stand for."""
+    from guard.cli import main
+    from guard.schemas.truth import Truth
+
+    out, truth_path = tmp_path / "t.jsonl", tmp_path / "truth.json"
+    fleet = ["--job", "job-a:nodes=4:step=5", "--job", "job-b:nodes=2:stages=2:step=8"]
+    fleet += ["--clock-offset", "0.5", "--job-lifetime", "200", "--job-gap", "40"]
+    fleet += ["--warmup-steps", "10", "--warmup-extra", "0.3", "--hot-idle-nodes", "1"]
+    args = ["simulate", "--nodes", "8", "--duration", "400", "--seed", "3"]
+    assert main([*args, *fleet, "--out", str(out), "--truth", str(truth_path)]) == 0
+    truth = Truth.load(truth_path)
+    steps = {j.job: j.step_s_nominal for j in truth.jobs}
+    assert steps["job-a"] == 5.0 and steps["job-b"] == 8.0 and "job-a-2" in steps
+    assert [j.pp_stages for j in truth.jobs if j.job == "job-b"] == [2]
+    kinds = {c.kind for c in truth.confounders}
+    assert {"job_end", "warmup", "hot_idle"} <= kinds
+    warmup = next(c for c in truth.confounders if c.kind == "warmup")
+    assert warmup.detail["steps"] == 10
+    assert truth.clock_offsets and max(map(abs, truth.clock_offsets.values())) <= 0.52
+    assert len(truth.idle_nodes) == 2  # 8 nodes, jobs on 6
+    config = SimConfig(
+        nodes=8,
+        duration_s=400.0,
+        seed=3,
+        jobs=[JobSpec("job-a", 4, 1, 5.0), JobSpec("job-b", 2, 2, 8.0)],
+        clock_offset_s=0.5,
+        job_lifetime_s=200.0,
+        job_gap_s=40.0,
+        warmup_steps=10,
+        warmup_extra=0.3,
+        hot_idle_nodes=1,
+    )
+    again, direct = tmp_path / "direct.jsonl", tmp_path / "direct.json"
+    write_jsonl(config, again)[0].save(direct)
+    assert again.read_bytes() == out.read_bytes() and Truth.load(direct) == truth
+    capsys.readouterr()
+    for bad in (["--job", "job-a:nodes=0"], ["--job", "job-a:gpus=2"], ["--hot-idle-nodes", "7"]):
+        assert main([*args, *bad, "--out", str(out), "--truth", str(truth_path)]) == 2, bad
+        assert capsys.readouterr().err.count("\n") == 1, bad  # one line that says why
+
+
 def test_gpus_of_a_chassis_spread_by_airflow_position_steadily(run: Any, index: Any) -> None:
     messages, truth = run
     faulty = {f["node"] for f in truth["faults"]}
@@ -598,6 +644,44 @@ def test_job_churn_ends_jobs_cools_their_gpus_and_warms_up_the_next_job() -> Non
         ClusterSimulator(SimConfig(job_lifetime_s=-1.0))
 
 
+def test_hot_idle_nodes_run_hot_while_idle_and_change_nothing_else() -> None:
+    """An idle node whose GPUs run hot (blocked airflow, a context left open): a confounder
+    in the truth, not a fault; the rest of the run is byte for byte the run without it."""
+    base = {"nodes": 16, "duration_s": 180.0, "seed": 6, "random_faults": 0}
+    plain = list(ClusterSimulator(SimConfig(**base)).messages())
+    sim = ClusterSimulator(SimConfig(**base, hot_idle_nodes=1))
+    messages = list(sim.messages())
+    truth = sim.truth()
+    (hot,) = [c for c in truth.confounders if c.kind == "hot_idle"]
+    assert hot.node in truth.idle_nodes and not truth.faults
+    assert 20 <= hot.detail["extra_c"] <= 35 and 15 <= hot.detail["extra_w"] <= 45
+    (cool,) = [n for n in truth.idle_nodes if n != hot.node]  # 16 nodes: two idle
+
+    def settled(msgs: list[Any], node: str) -> list[Any]:
+        return [
+            m for m in msgs if m.kind == "gpu" and m.node == node and m.ts > truth.start_ts + 90
+        ]
+
+    hot_now, hot_before = settled(messages, hot.node), settled(plain, hot.node)
+    assert all(m.job is None and m.util_pct == 0 and m.clock_event_reasons == 1 for m in hot_now)
+    warmer = statistics.median(m.temp_c for m in hot_now) - statistics.median(
+        m.temp_c for m in hot_before
+    )
+    assert warmer == pytest.approx(hot.detail["extra_c"], abs=3)
+    assert max(m.temp_c for m in hot_now) < THROTTLE_TEMP_C - 5  # below throttling
+    more = statistics.median(m.power_w for m in hot_now) - statistics.median(
+        m.power_w for m in hot_before
+    )
+    assert more == pytest.approx(hot.detail["extra_w"], abs=3)
+    assert settled(messages, cool) == settled(plain, cool)
+    others = [m for m in messages if m.node != hot.node]
+    assert others == [m for m in plain if m.node != hot.node]  # nothing else changed
+    again = ClusterSimulator(SimConfig(**base, hot_idle_nodes=1)).truth().confounders
+    assert [c for c in again if c.kind == "hot_idle"] == [hot]  # seeded
+    with pytest.raises(ValueError, match="hot_idle_nodes=3 but only 2 nodes are idle"):
+        ClusterSimulator(SimConfig(**base, hot_idle_nodes=3))
+
+
 def test_fleet_options_together_split_across_workers_write_the_same_bytes(tmp_path: Path) -> None:
     config = SimConfig(
         nodes=8,
@@ -607,6 +691,7 @@ def test_fleet_options_together_split_across_workers_write_the_same_bytes(tmp_pa
         job_lifetime_s=200.0,
         job_gap_s=60.0,
         clock_offset_s=0.5,
+        hot_idle_nodes=1,
         faults=[FaultSpec("host_slow", node="node-003", onset_s=100.0)],
     )
     one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
@@ -614,4 +699,4 @@ def test_fleet_options_together_split_across_workers_write_the_same_bytes(tmp_pa
     truth_two, _ = write_jsonl(config, two, workers=2)
     assert one.read_bytes() == two.read_bytes()
     assert truth_one == truth_two and truth_one.clock_offsets is not None
-    assert {"job_end", "warmup"} <= {c.kind for c in truth_one.confounders}
+    assert {"job_end", "warmup", "hot_idle"} <= {c.kind for c in truth_one.confounders}

@@ -4,18 +4,22 @@ The page is opened by Debian's chromium (``deploy/tools/debian-tool.sh`` install
 missing, so the README's test command needs nothing installed by hand) with every host name
 unresolvable, so a plot that needed the network would not draw: each of the four plots must
 render (plotly's ``main-svg`` inside each plot's div) and the browser console must stay
-silent (chromium logs every console message, errors included, as ``:CONSOLE:``).
+silent (chromium logs every console message, errors included, as ``:CONSOLE:``). One test
+also takes a screenshot and reads its pixels: each plot's box is not blank and holds the
+colours of the traces it should draw.
 """
 
 from __future__ import annotations
 
 import functools
 import io
+import json
 import re
 import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from guard.cli import main
@@ -25,6 +29,7 @@ from ..tools import debian_tool
 
 PLOTS = 4
 ROOT = Path(__file__).resolve().parents[2]
+WIDTH = 1280
 
 
 @functools.cache
@@ -33,19 +38,26 @@ def chromium() -> str:
     return debian_tool("chromium", "chromium")
 
 
-def render(page: Path) -> tuple[str, str]:
-    """The rendered DOM and the browser's log of ``page``."""
+def _chromium(page: Path, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Headless chromium on ``page``: no network (every host unresolvable), a fresh profile,
+    nothing in the background; 3 s of virtual time for the scripts to draw."""
     done = subprocess.run(
         [
             chromium(),
             "--headless",
             "--no-sandbox",
             "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
             "--enable-logging=stderr",
             "--v=0",
             "--host-resolver-rules=MAP * ~NOTFOUND",
             "--virtual-time-budget=3000",
-            "--dump-dom",
+            *args,
             page.resolve().as_uri(),
         ],
         capture_output=True,
@@ -54,7 +66,71 @@ def render(page: Path) -> tuple[str, str]:
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+def render(page: Path) -> tuple[str, str]:
+    """The rendered DOM and the browser's log of ``page``."""
+    profile = page.parent / f"{page.stem}-profile"
+    profile.mkdir(exist_ok=True)
+    done = _chromium(page, profile, "--dump-dom")
     return done.stdout, done.stderr
+
+
+#: Appended to a copy of the page: once it has drawn, each plot's box (page pixels) and the
+#: page's height go into the DOM, for the screenshot's geometry.
+_MEASURE = """<script>window.addEventListener("load", () => setTimeout(() => {
+  const boxes = {};
+  for (const d of document.querySelectorAll('div[id^="plot-"]')) {
+    const r = d.getBoundingClientRect();
+    boxes[d.id] = [r.left + scrollX, r.top + scrollY, r.width, r.height];
+  }
+  const out = document.createElement("pre");
+  out.id = "guard-boxes";
+  out.textContent = JSON.stringify({boxes, height: document.documentElement.scrollHeight});
+  document.body.appendChild(out);
+}, 200));</script>"""
+
+
+def screenshot(page: Path, png: Path) -> tuple[np.ndarray, dict[str, list[float]]]:
+    """The whole page as RGB pixels (height x WIDTH x 3) and each plot's box
+    ``[left, top, width, height]`` in those pixels: one run measures, a second one, with a
+    window as tall as the page, takes the picture."""
+    from PIL import Image
+
+    measured = page.with_name(f"{page.stem}-measured.html")
+    measured.write_text(page.read_text().replace("</body>", _MEASURE + "</body>"))
+    profile = page.parent / f"{page.stem}-profile"
+    profile.mkdir(exist_ok=True)
+    flags = ("--hide-scrollbars", "--force-device-scale-factor=1")
+    dom = _chromium(measured, profile, *flags, f"--window-size={WIDTH},1000", "--dump-dom").stdout
+    found = re.search(r'<pre id="guard-boxes">(.*?)</pre>', dom, re.S)
+    assert found, "the measuring script did not run"
+    geometry = json.loads(found.group(1))
+    height = int(geometry["height"])
+    _chromium(page, profile, *flags, f"--window-size={WIDTH},{height}", f"--screenshot={png}")
+    pixels = np.asarray(Image.open(png).convert("RGB"))
+    assert pixels.shape == (height, WIDTH, 3), pixels.shape
+    return pixels, geometry["boxes"]
+
+
+#: plotly's plot area (template "plotly"): what translucent bars are drawn over.
+PLOT_BG = "#e5ecf6"
+
+
+def _rgb(color: str, opacity: float = 1.0, over: str = PLOT_BG) -> np.ndarray:
+    """``#rrggbb`` as drawn over ``over`` with ``opacity``."""
+
+    def rgb(c: str) -> np.ndarray:
+        return np.array([int(c[i : i + 2], 16) for i in (1, 3, 5)], dtype=float)
+
+    return opacity * rgb(color) + (1 - opacity) * rgb(over)
+
+
+def pixels_of(region: np.ndarray, color: str, opacity: float = 1.0, tol: int = 4) -> int:
+    """How many pixels of ``region`` have ``color`` (within ``tol`` per channel)."""
+    diff = np.abs(region.astype(int) - _rgb(color, opacity).round().astype(int))
+    return int((diff.max(axis=2) <= tol).sum())
 
 
 def assert_every_plot_renders(dom: str, log: str) -> None:
@@ -91,6 +167,97 @@ def test_report_from_jsonl_renders_every_plot_offline(
     assert "slow_gpu @ node-002" in html and "xid @ node-004" in html  # time to detect
     dom, log = render(page)
     assert_every_plot_renders(dom, log)
+
+
+def node_states(truth_path: Path, flags_path: Path, out: Path) -> list[tuple[str, str]]:
+    """The node states Guard's orchestrator makes of a backtest's flags: the real core
+    (policy, cordon cap, state machine) in event time, a tick every 5 s, sweeps simulated
+    from the truth; written as JSONL. Returns ``(node, state)`` in order."""
+    from guard.config import OrchestratorSettings
+    from guard.schemas import Flag
+    from guard.schemas.truth import Truth
+    from guard.sweeps import DryRunScheduler, SimulatedSweepExecutor
+    from guard.sweeps.orchestrator import Orchestrator
+
+    truth = Truth.load(truth_path)
+    lines = flags_path.read_text().splitlines()
+    pending = sorted((Flag.model_validate_json(line) for line in lines), key=lambda f: f.ts)
+    nodes = list(truth.nodes)
+    now = [truth.start_ts]
+    published: list[object] = []
+    orchestrator = Orchestrator(
+        OrchestratorSettings(nodes=nodes),
+        scheduler=DryRunScheduler(nodes),
+        executor=SimulatedSweepExecutor.from_truth(truth),
+        publish=published.append,
+        clock=lambda: now[0],
+        nodes=nodes,
+        inline_sweeps=True,
+    )
+    while now[0] <= truth.end_ts:
+        while pending and pending[0].ts <= now[0]:
+            orchestrator.handle_flag(pending.pop(0))
+        orchestrator.tick()
+        now[0] += 5.0
+    states = [m for m in published if getattr(m, "kind", "") == "node_state"]
+    out.write_text("".join(m.model_dump_json() + "\n" for m in states))  # type: ignore[attr-defined]
+    return [(m.node, m.state) for m in states]  # type: ignore[attr-defined]
+
+
+def test_report_screenshot_shows_every_plot_with_its_traces(
+    simulated_run: dict[str, Path], tmp_path: Path, settings: Settings
+) -> None:
+    """The page as a reader sees it: chromium's screenshot, read pixel by pixel. Each plot's
+    box is not blank and holds the colours of what it must draw: both runs' step times, the
+    node states and flags, time to detect and to cordon, both runs' goodput."""
+    from guard.evaluation.report import POLICY_COLORS, STATE_COLORS, TTD_COLORS
+
+    run = simulated_run
+    states = node_states(run["truth"], run["flags"], tmp_path / "states.jsonl")
+    # the Xid node is cordoned and goes to repair; the straggler is claimed and swept
+    assert ("node-004", "repair") in states and ("node-002", "sweeping") in states, states
+    # the baseline: the same seed with a steady 10 % straggler left in the job (another curve)
+    baseline = tmp_path / "baseline.jsonl"
+    sim = ["simulate", "--nodes", "6", "--duration", "240", "--seed", "4", "--random-faults", "0"]
+    faults = ["--fault", "slow_gpu:node=node-002:gpu=1:onset=60:slowdown=0.1:pattern=steady"]
+    assert main([*sim, *faults, "--out", str(baseline), "--truth", str(tmp_path / "b.json")]) == 0
+    page = tmp_path / "report.html"
+    args = ["report", "--jsonl", str(run["telemetry"]), str(run["flags"])]
+    args += [str(tmp_path / "states.jsonl"), "--baseline", str(baseline)]
+    args += ["--truth", str(run["truth"]), "--out", str(page)]
+    assert main(args) == 0
+    pixels, boxes = screenshot(page, tmp_path / "report.png")
+    white = (pixels == 255).all(axis=2)
+    assert white.mean() < 0.9, "the page is (almost) blank"
+    assert sorted(boxes) == [f"plot-{i}" for i in range(PLOTS)], boxes
+
+    def box(i: int) -> np.ndarray:
+        left, top, width, height = (round(v) for v in boxes[f"plot-{i}"])
+        return pixels[top : top + height, left : left + width]
+
+    for i in range(PLOTS):
+        region = box(i)
+        assert region.size and (region != 255).any(axis=2).mean() > 0.2, f"plot {i} is blank"
+        assert len(np.unique(region.reshape(-1, 3), axis=0)) > 50, f"plot {i} has no detail"
+    step, timeline, ttd, goodput = (box(i) for i in range(PLOTS))
+    for label, colour in POLICY_COLORS.items():  # a 2-px line of each run, a bar of each
+        assert pixels_of(step, colour) > 300, f"step time: no line {label}"
+        assert pixels_of(goodput, colour) > 3000, f"goodput: no bar {label}"
+        # (a few pixels of grey anti-aliased text are not a bar)
+        assert pixels_of(ttd, colour) < 500, f"time to detect drew {label}'s colour"
+    # a square where each state begins, in full colour, also for the states the orchestrator
+    # passed through in the same second (suspect, cordoned, sweeping, failed); the bars of the
+    # lasting ones (healthy, repair: minutes) at the timeline's opacity 0.6
+    for state in {state for _, state in states}:
+        assert pixels_of(timeline, STATE_COLORS[state]) >= 25, f"timeline: no {state} mark"
+    for state in ("healthy", "repair"):
+        assert pixels_of(timeline, STATE_COLORS[state], 0.6) > 3000, f"timeline: no {state} bar"
+    assert pixels_of(timeline, "#000000", tol=40) > 20, "timeline: no flag markers"
+    for name, colour in TTD_COLORS.items():
+        assert pixels_of(ttd, colour) > 1000, f"no bar of {name}"
+    # the cordons as dotted lines over the step times, in the cordoned state's colour
+    assert pixels_of(step, STATE_COLORS["cordoned"]) > 100, "step time: no cordon lines"
+    assert pixels_of(step, TTD_COLORS["time to detect"]) < 100
 
 
 def test_report_from_clickhouse_shows_node_states_and_flags(
@@ -280,4 +447,7 @@ def test_report_figures_cordon_beside_detect_one_colour_per_run_and_state_marks(
     assert {t.name for t in marks} == {f"{s} (start)" for s in
                                        ("suspect", "cordoned", "sweeping", "repair")}  # fmt: skip
     sweeping = next(t for t in marks if t.name == "sweeping (start)")
-    assert list(sweeping.x) == [61.0] and sweeping.marker.color == rp.STATE_COLORS["sweeping"]
+    assert (
+        list(sweeping.x) == [rp._clock(t0 + 61)]
+        and sweeping.marker.color == rp.STATE_COLORS["sweeping"]
+    )

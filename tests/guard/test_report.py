@@ -186,7 +186,8 @@ def node_states(truth_path: Path, flags_path: Path, out: Path) -> list[tuple[str
     now = [truth.start_ts]
     published: list[object] = []
     orchestrator = Orchestrator(
-        OrchestratorSettings(nodes=nodes),
+        # nodes in repair count against the cap (issue 27): room for both faulty nodes' sweeps
+        OrchestratorSettings(nodes=nodes, max_cordoned_fraction=0.5),
         scheduler=DryRunScheduler(nodes),
         executor=SimulatedSweepExecutor.from_truth(truth),
         publish=published.append,

@@ -48,6 +48,7 @@ import numpy as np
 from .findings import Finding
 from .gpu_errors import update_errors_at
 from .gpu_round import GpuColumns, Rounds
+from .hold import arrival_rank
 
 if TYPE_CHECKING:
     from .engine import NodeDetectors
@@ -154,7 +155,7 @@ def judge_rounds(
     rows = np.where(rounds.valid, base[rounds.owner][:, None] + cols.row[rounds.at], -1)
     cfg = nodes[0]
     rules = ((0, cfg.thermal, 0), (1, cfg.power, 2), (2, cfg.clocks, 4))
-    wave = _waves(rounds.owner)
+    wave = arrival_rank(rounds.owner)  # a node's rounds in order, one per pass
     found: list[tuple[int, int, int, int, int, Finding]] = []
     for w in range(int(wave.max()) + 1 if len(wave) else 0):
         pick = np.flatnonzero(wave == w)
@@ -172,17 +173,6 @@ def judge_rounds(
             for f in det.anomaly.update(rounds, r, det.node):
                 found.append((int(keys[r]), 1, 3, 0, 0, f))
     return found
-
-
-def _waves(owner: np.ndarray) -> np.ndarray:
-    """Each round's rank among its node's rounds (0 for the first)."""
-    order = np.argsort(owner, kind="stable")
-    sorted_owner = owner[order]
-    starts = np.flatnonzero(np.r_[True, sorted_owner[1:] != sorted_owner[:-1]])
-    rank = np.arange(len(owner)) - np.repeat(starts, np.diff(np.r_[starts, len(owner)]))
-    out = np.empty(len(owner), dtype=np.intp)
-    out[order] = rank
-    return out
 
 
 def _subset(rounds: Rounds, pick: np.ndarray) -> Rounds:

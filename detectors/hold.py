@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["CLEAR", "HOLD_FIELDS", "NO_EVENT", "RAISE", "Hold", "step_holds"]
+__all__ = ["CLEAR", "HOLD_FIELDS", "NO_EVENT", "RAISE", "Hold", "arrival_rank", "step_holds"]
 
 
 class Hold:
@@ -117,6 +117,22 @@ def step_holds(
     state[:, 2] = calm
     state[:, 3] = since
     return np.where(raised, RAISE, np.where(cleared, CLEAR, NO_EVENT))
+
+
+def arrival_rank(keys: np.ndarray) -> np.ndarray:
+    """Each entry's rank among the entries of its key, in order (0 for the first): the
+    pass in which :func:`step_holds` may take it, a component's updates one per pass.
+
+    >>> arrival_rank(np.array([7, 3, 7, 7, 3])).tolist()
+    [0, 0, 1, 2, 1]
+    """
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    rank = np.arange(len(keys)) - np.repeat(starts, np.diff(np.r_[starts, len(keys)]))
+    out = np.empty(len(keys), dtype=np.intp)
+    out[order] = rank
+    return out
 
 
 def _bit_count(bits: np.ndarray) -> np.ndarray:

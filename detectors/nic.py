@@ -64,7 +64,7 @@ import numpy as np
 from guard.schemas import NicSample
 
 from .findings import Finding
-from .hold import CLEAR, step_holds
+from .hold import CLEAR, arrival_rank, step_holds
 
 __all__ = [
     "CONGESTION_COUNTERS",
@@ -332,12 +332,7 @@ def _waves(rows: np.ndarray) -> list[np.ndarray]:
     """Row positions split so that no port appears twice in one, in arrival order."""
     if len(np.unique(rows)) == len(rows):
         return [np.arange(len(rows))]
-    order = np.argsort(rows, kind="stable")
-    sorted_rows = rows[order]
-    starts = np.flatnonzero(np.r_[True, sorted_rows[1:] != sorted_rows[:-1]])
-    rank = np.arange(len(rows)) - np.repeat(starts, np.diff(np.r_[starts, len(rows)]))
-    wave = np.empty(len(rows), dtype=np.intp)
-    wave[order] = rank
+    wave = arrival_rank(rows)
     return [np.flatnonzero(wave == w) for w in range(int(wave.max()) + 1)]
 
 

@@ -95,7 +95,8 @@ def test_kustomization_lists_every_manifest() -> None:
     present = {p.name for p in KUBE.glob("*.yaml")} - {"kustomization.yaml"}
     assert present - OTHERS_FILES <= listed
     assert listed - present <= OTHERS_FILES, listed - present
-    assert {i["name"] for i in kustomization["images"]} == {"guard", "guard-agent"}
+    # the workloads' images, and the sweep Jobs' (named in the configmap, not a workload)
+    assert {i["name"] for i in kustomization["images"]} == {"guard", "guard-agent", "guard-sweep"}
     images = {
         c["image"]
         for _, doc in _docs()
@@ -145,7 +146,7 @@ def test_a_kubernetes_install_sweeps_and_releases_in_jobs_of_the_shipped_image(
 
     config = _configured()
     kustomization = yaml.safe_load((KUBE / "kustomization.yaml").read_text())
-    [image] = [i for i in kustomization["images"] if i["name"] == "guard"]  # the full image
+    [image] = [i for i in kustomization["images"] if i["name"] == "guard-sweep"]  # torch
     assert config.orchestrator.kube_sweep_image == f"{image['newName']}:{image['newTag']}"
     rbac = [d for d in yaml.safe_load_all((KUBE / "orchestrator-rbac.yaml").read_text()) if d]
     job_roles = [d for d in rbac if d["kind"] == "Role"

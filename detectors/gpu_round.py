@@ -1,9 +1,8 @@
 """Sampling rounds of GPUs as columns: the peer groups, and the input, of the node GPU rules.
 
 A node agent samples all its GPUs every interval. A node's round is the latest sample of each
-GPU, closed when a GPU reports again, at the end of a batch record (the agent's one sampling
-instant of the node: a round as it is), or at flush, so each rule sees one consistent
-snapshot of the node and compares a GPU with its siblings. Missing GPUs, gaps and slightly
+GPU, closed when a GPU reports again (or at flush), so each rule sees one consistent snapshot
+of the node and compares a GPU with its siblings. Missing GPUs, gaps and slightly
 out-of-order samples only make a round smaller.
 
 **Columns.** The core decodes a step's GPU records of every node straight into
@@ -99,9 +98,8 @@ def _ints(rows: Sequence[Mapping[str, Any]], name: str, missing: int) -> np.ndar
 #: the float columns of :class:`GpuColumns`, in the order of its float matrix
 _FLOATS = ("ts", *FIELDS)
 #: its integer columns: GPU index, reason bits (0: none), Xid and DBE total (-1: not
-#: reported), the GPU's row in its node's state (-1: not looked up yet), and 1 on the last
-#: sample of a batch record (one sampling instant of the node: a round)
-_INTS = ("gpu", "reasons", "xid", "dbe", "row", "ends")
+#: reported), the GPU's row in its node's state (-1: not looked up yet)
+_INTS = ("gpu", "reasons", "xid", "dbe", "row")
 
 
 def _column(matrix: str, k: int) -> property:
@@ -154,7 +152,6 @@ class GpuColumns:
         ints[:, 2] = _ints(rows, "xid", -1)
         ints[:, 3] = _ints(rows, "ecc_dbe_total", -1)
         ints[:, 4] = -1
-        ints[:, 5] = 0
         return cls(
             [r["node"] for r in rows] if node is None else node,
             [r.get("job") for r in rows] if job is None else job,
@@ -176,7 +173,6 @@ class GpuColumns:
         node: list[str] = []
         job: list[str | None] = []
         ts: list[float] = []
-        ends: list[int] = []
         for head, items in records:
             n = len(items)
             rows += items
@@ -184,11 +180,7 @@ class GpuColumns:
             job += [head.get("job")] * n
             at = head["ts"]
             ts += [at if (t := e.get("ts")) is None else t for e in items]
-            if n > 1 or items[0] is not head:  # a batch record: its last entry ends a round
-                ends.append(len(rows) - 1)
-        cols = cls.of(rows, node, job, ts)
-        cols.ends[ends] = 1
-        return cols
+        return cls.of(rows, node, job, ts)
 
     @classmethod
     def concat(cls, parts: Sequence[GpuColumns]) -> GpuColumns:
@@ -228,7 +220,6 @@ class GpuColumns:
     xid = _column("ints", 2)
     dbe = _column("ints", 3)
     row = _column("ints", 4)
-    ends = _column("ints", 5)
 
 
 @dataclass(slots=True)

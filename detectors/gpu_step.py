@@ -7,8 +7,7 @@ The core hands in the GPU samples of a step (a poll or a tick of a partition) as
 1. runs the GPU error rules over every row at once
    (:func:`~guard.detectors.gpu_errors.update_errors`);
 2. assembles each node's rounds: its open round (carried from the step before) and its new
-   samples in arrival order, a round closing when a GPU reports again or a batch record
-   ends (its samples are the node at one instant);
+   samples in arrival order, a round closing when a GPU reports again;
 3. judges every closed round of every node at once (:func:`judge_rounds`): thermal, power
    and clocks as array operations over :class:`~guard.detectors.gpu_round.Rounds`, a node's
    holds stacked with the others' for the step; a node with several rounds in the step has
@@ -73,7 +72,7 @@ def update_gpus(
     parts = [p for p in pending if len(p)]
     every = GpuColumns.concat([*parts, cols]) if parts else cols
     offsets = np.cumsum([0, *(len(p) for p in parts)])
-    gpu, ends = every.gpu.tolist(), every.ends.tolist()
+    gpu = every.gpu.tolist()
     new = len(every) - len(cols)
     rounds: list[list[int]] = []
     round_owner: list[int] = []
@@ -104,9 +103,6 @@ def update_gpus(
                 current, seen = [], set()
             current.append(i)
             seen.add(g)
-            if ends[i]:  # a batch record is a round: judged now, not when the next one comes
-                close(current, k, job, 3 * (i - new) + 2)
-                current, seen = [], set()
         det.job = det.errors.job = job
         det.open_round = every.take(np.array(current, dtype=np.intp)) if current else _NO_ROUND
     if rounds:

@@ -97,17 +97,14 @@ def test_columnar_gpu_rules_give_the_reference_findings(
 ) -> None:
     """``records``: the columns come from the samples' own fields (absent fields None), or
     from encoded records through the core's decoder (absent fields absent): single records,
-    or a step's runs of one node's samples as batch records (each a round)."""
+    or a step's runs of one node's samples as batch records."""
     samples = _samples(draws)
     references = {n: ReferenceGpuNode(n) for n in NODES}
     expected: dict[str, list[Finding]] = {n: [] for n in NODES}
     steps = [samples[i : i + per_step] for i in range(0, len(samples), per_step)]
     for step in steps:
-        for run in _runs(step) if records == "batched" else [[s] for s in step]:
-            for s in run:
-                expected[s.node] += references[s.node].update(s)
-            if len(run) > 1:
-                expected[run[0].node] += references[run[0].node].end_record()
+        for s in step:
+            expected[s.node] += references[s.node].update(s)
     for n in NODES:
         expected[n] += references[n].flush()
 
@@ -144,31 +141,3 @@ def test_a_lost_gpu_is_found_by_tick_on_the_columns_state() -> None:
     [lost] = node.tick(T0 + 62)
     assert (lost.gpu, lost.evidence["error"], lost.since, lost.job) == (3, "lost_gpu", T0 + 1, "j")
     assert node.tick(T0 + 70) == []  # claimed once
-
-
-def test_a_batch_record_is_a_round_judged_when_it_ends() -> None:
-    """A batch record is the node at one sampling instant: its round is judged at once, not
-    when the node's next record comes (one sampling interval earlier than single records,
-    where only a GPU that reports again closes the round); the claim is the same."""
-    from guard.detectors.core import DetectionCore
-    from guard.schemas import batch_messages
-
-    def rounds(t: int) -> list[GpuSample]:
-        return [
-            GpuSample(ts=T0 + 10 * t, node="n1", job="j", gpu=g, util_pct=97,
-                      sm_clock_mhz=1400.0 if g == 5 else 1980.0)
-            for g in range(8)
-        ]  # fmt: skip
-
-    claims: dict[str, list[tuple[int, float, float]]] = {}
-    for mode in ("single", "batched"):
-        core = DetectionCore()
-        claims[mode] = []
-        for t in range(4):
-            samples = rounds(t)
-            records = batch_messages(samples) if mode == "batched" else samples
-            found = core.step([(0, "gpu", encode(m)) for m in records], (), T0 + 10 * t).findings
-            claims[mode] += [(t, f.ts, f.since) for f in found if f.category == "clock"]
-    # raise_after 2: the second round (t = 1) raises; singles see it closed at t = 2
-    assert claims["batched"] == [(1, T0 + 10, T0)]
-    assert claims["single"] == [(2, T0 + 10 + 0.0, T0)]

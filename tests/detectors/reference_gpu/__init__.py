@@ -40,11 +40,6 @@ class ReferenceGpuNode:
             self.open_round[s.gpu] = s
         return found
 
-    def end_record(self) -> list[Finding]:
-        """A batch record ended: its samples are the node at one instant, a round."""
-        closed, self.open_round = self.open_round, {}
-        return self._round(closed) if closed else []
-
     def tick(self, now: float) -> list[Finding]:
         return self.errors.tick(now)
 

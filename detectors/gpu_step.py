@@ -67,7 +67,8 @@ def update_gpus(
 ) -> list[Finding]:
     """The step's GPU samples ``cols``, row ``i`` of ``nodes[owner[i]]`` (a node once in
     ``nodes``); its findings."""
-    found = [(3 * i, 0, 0, 0, 0, f) for i, f in _errors(nodes, owner, cols)]
+    errors = update_errors_at([det.errors for det in nodes], owner, cols)  # sets cols.row
+    found = [(3 * i, 0, 0, 0, 0, f) for i, f in errors]
     pending = [det.open_round for det in nodes]
     parts = [p for p in pending if len(p)]
     every = GpuColumns.concat([*parts, cols]) if parts else cols
@@ -121,13 +122,6 @@ def _positions(owner: np.ndarray, n: int) -> list[list[int]]:
     return [order[bounds[k] : bounds[k + 1]].tolist() for k in range(n)]
 
 
-def _errors(
-    nodes: Sequence[NodeDetectors], owner: np.ndarray, cols: GpuColumns
-) -> list[tuple[int, Finding]]:
-    """The GPU error rules over the step, each finding with its sample's position."""
-    return update_errors_at([det.errors for det in nodes], owner, cols)
-
-
 def judge_rounds(
     nodes: Sequence[NodeDetectors], rounds: Rounds, keys: np.ndarray | None = None
 ) -> list[tuple[int, int, int, int, int, Finding]]:
@@ -136,18 +130,12 @@ def judge_rounds(
     that closed its round, ``keys``: at the end if None)."""
     keys = np.full(len(rounds), _AT_END) if keys is None else keys
     names = [det.node for det in nodes]
-    rows_of = [det.errors.rows for det in nodes]
     base = np.zeros(len(nodes) + 1, dtype=np.intp)
     for k, det in enumerate(nodes):
         det.grow_holds()
         base[k + 1] = base[k] + len(det.holds)
     state = np.concatenate([det.holds for det in nodes])
     cols = rounds.cols
-    unknown = np.flatnonzero(cols.row < 0)
-    if len(unknown):  # samples judged without the error rules' pass (none from the core)
-        for r in np.unique(np.nonzero(np.isin(rounds.at, unknown))[0]).tolist():
-            at = rounds.at[r][rounds.valid[r]]
-            cols.row[at] = rows_of[int(rounds.owner[r])](cols.gpu[at].tolist())
     rows = np.where(rounds.valid, base[rounds.owner][:, None] + cols.row[rounds.at], -1)
     cfg = nodes[0]
     rules = ((0, cfg.thermal, 0), (1, cfg.power, 2), (2, cfg.clocks, 4))

@@ -6,7 +6,8 @@ per communicator and sequence number, this detector finds:
 
 * **non-communication slow** — the rank that persistently arrives late *within its own
   group*: its lateness ``(arrive - median arrive of its group) / typical interval between
-  collectives`` goes through the same persistence rule as
+  collectives``, on a clock common to all hosts (see *host clocks* below), goes through the
+  same persistence rule as
   :mod:`~guard.detectors.peer_straggler` (category ``straggler``); this is also the fallback
   when ranks report no ``compute_s``. Groups are the ranks that do the same work
   (:mod:`~guard.detectors.peer_groups`): the pipeline stage from the job's step telemetry
@@ -21,6 +22,21 @@ per communicator and sequence number, this detector finds:
   arrived are at fault (``comm_hang``, critical, on their nodes: a non-communication hang);
   when every rank arrived but some never left, it is a communication hang of the job, and
   the job-level flag lists the ranks stuck inside.
+
+**Host clocks.** Every timestamp a rank reports comes from its host's clock, and hosts
+disagree: NTP keeps healthy ones within milliseconds, a loaded or misconfigured one drifts by
+hundreds of milliseconds. Judged on raw timestamps, every rank of a host whose clock is
+0.4 s ahead "arrives" 0.4 s late at every collective (8 % of a 5 s step). But all ranks leave
+a synchronising collective (all-reduce, all-gather, reduce-scatter, barrier: the last arrival
+releases everyone) at about the same true time, so in each such op a host's offset against
+the op's median rank is ``median over its ranks of (end_ts - median end_ts)``; arrivals are
+corrected by it before anything is compared. That is the same as comparing each rank's wait
+inside the op on its own clock (``end_ts - arrive_ts``: a late rank waits less), robust to
+one rank's end jitter. Ops without a common end (send, recv, broadcast) and ranks whose end
+is missing use the host's offset smoothed over the communicator's earlier ops; a host never
+seen leaving an op with a common end is not corrected. A claim says the offset it used
+(evidence ``host_offset_s``, ahead positive); agents' own clock notices are separate ``info``
+observations, untouched here.
 
 Call :meth:`tick` with the current event time (the engine does) so hangs are found while no
 messages of the job arrive.
@@ -79,14 +95,27 @@ from .robust import median
 __all__ = ["CollectiveHomogeneityDetector"]
 
 _SMOOTHING = 0.1
+#: Ops every rank leaves at about the same true time (the last arrival releases all): their
+#: common end measures each host's clock offset. Names compared lower case, without ``_``/``-``.
+_COMMON_END = frozenset({"allreduce", "allgather", "reducescatter", "barrier"})
+
+
+def common_end(op: str) -> bool:
+    """Does every rank leave op ``op`` at about the same true time?
+
+    >>> common_end("all_reduce"), common_end("AllGather"), common_end("send")
+    (True, True, False)
+    """
+    return op.lower().replace("_", "").replace("-", "") in _COMMON_END
 
 
 class _PendingOp:
     """One op (communicator, sequence number) while its ranks report."""
 
-    __slots__ = ("arrive", "conns", "end", "ended", "first_arrive", "hung", "ts")
+    __slots__ = ("arrive", "common", "conns", "end", "ended", "first_arrive", "hung", "ts")
 
-    def __init__(self) -> None:
+    def __init__(self, common: bool = False) -> None:
+        self.common = common  # every rank leaves it at about the same true time
         self.arrive: dict[int, float] = {}
         self.end: dict[int, float | None] = {}
         self.conns: dict[tuple[int, int], float] = {}  # (rank, peer) -> seconds per byte
@@ -142,6 +171,8 @@ class CollectiveHomogeneityDetector:
         self.node_of: dict[int, str] = {}
         self.late: dict[tuple[str, int], DeviationTracker] = {}
         self.slow_nodes: dict[str, DeviationTracker] = {}
+        #: comm -> host -> its clock offset against the comm's median rank, smoothed over ops
+        self.host_offset: dict[str, dict[str, float]] = {}
 
     # --- input -----------------------------------------------------------------------------
 
@@ -164,7 +195,7 @@ class CollectiveHomogeneityDetector:
         key = (comm, seq)
         op = self.ops.get(key)
         if op is None:
-            op = self.ops[key] = _PendingOp()
+            op = self.ops[key] = _PendingOp(common_end(message.op))
             oldest = self.oldest.get(comm)
             if oldest is None or seq < oldest:
                 self.oldest[comm] = seq
@@ -236,7 +267,41 @@ class CollectiveHomogeneityDetector:
             self.oldest.pop(comm, None)
         return found
 
+    def _host_offsets(self, comm: str, op: _PendingOp) -> dict[str, float]:
+        """Each host's clock offset in ``op`` (s, ahead positive), against the op's median rank.
+
+        From this op's common end where the host's ranks left it, else smoothed over the
+        communicator's earlier ops; hosts with neither are absent (not corrected).
+        """
+        smoothed = self.host_offset.get(comm)
+        if smoothed is None:
+            smoothed = self.host_offset[comm] = {}
+        offsets = dict(smoothed)
+        if not op.common:
+            return offsets
+        ends = {r: e for r, e in op.end.items() if e is not None}
+        if len(ends) < self.min_peers:
+            return offsets
+        common = median(list(ends.values()))
+        by_host: dict[str, list[float]] = {}
+        node_of = self.node_of
+        for rank, end in ends.items():
+            by_host.setdefault(node_of[rank], []).append(end - common)
+        for host, deltas in by_host.items():
+            here = offsets[host] = median(deltas)
+            prev = smoothed.get(host)
+            smoothed[host] = here if prev is None else prev + _SMOOTHING * (here - prev)
+        return offsets
+
     def _arrivals(self, comm: str, seq: int, op: _PendingOp) -> list[Finding]:
+        offsets = self._host_offsets(comm, op)
+        node_of = self.node_of
+        if offsets:  # every time on the clock of the op's median rank
+            op.arrive = {r: t - offsets.get(node_of[r], 0.0) for r, t in op.arrive.items()}
+            op.end = {
+                r: None if e is None else e - offsets.get(node_of[r], 0.0)
+                for r, e in op.end.items()
+            }
         arrive = op.arrive
         ends = [e for e in op.end.values() if e is not None]
         center = median(list(arrive.values()))
@@ -260,7 +325,9 @@ class CollectiveHomogeneityDetector:
         found: list[Finding] = []
         groups = self._groups(comm, arrive, center, interval)
         for key, members in groups.items():
-            found += self._judge_group(comm, seq, op, f"{comm}#{key[0]}{key[1]}", members, interval)
+            found += self._judge_group(
+                comm, seq, op, f"{comm}#{key[0]}{key[1]}", members, interval, offsets
+            )
         found += self._imbalance(comm, seq, op, groups, interval)
         return found
 
@@ -292,6 +359,7 @@ class CollectiveHomogeneityDetector:
         noise_key: str,
         members: list[int],
         interval: float,
+        offsets: dict[str, float],
     ) -> list[Finding]:
         arrive = op.arrive
         if len(members) < self.min_peers:
@@ -329,6 +397,9 @@ class CollectiveHomogeneityDetector:
                 "pp_stage": self.stage_of.get(rank),
                 "since_ts": tracker.since_ts,
             }
+            offset = offsets.get(self.node_of[rank])
+            if offset is not None:  # its arrivals were put on the op's common clock
+                evidence["host_offset_s"] = round(offset, 4)
             found.append(
                 Finding(
                     detector=self.name,

@@ -49,7 +49,13 @@ def run(
     skew: dict[int, float] | None = None,
     seed: int = 1,
     stages: dict[int, int] | None = None,
+    step_s: float = 2.0,
+    compute_s: float = 1.0,
+    clock: dict[str, float] | None = None,
 ) -> list[Finding]:
+    """``seqs`` data-parallel all-reduces, one a step of ``step_s``; each rank arrives after
+    ``compute_s`` (plus jitter, ``late`` and ``skew``); ``clock``: host -> its clock's offset,
+    on every timestamp its ranks write."""
     rng = random.Random(seed)
     det = CollectiveHomogeneityDetector("job")
     for rank, stage in (stages or {}).items():  # what the job's step telemetry says
@@ -60,9 +66,10 @@ def run(
         )
     found: list[Finding] = []
     for seq in range(seqs):
-        t0 = T0 + 2.0 * seq
-        end = t0 + 1.6
+        t0 = T0 + step_s * seq
+        end = t0 + compute_s + 0.3 * step_s
         for rank in range(RANKS):
+            off = (clock or {}).get(node_of(rank), 0.0)
             nxt, prv = (rank + 1) % RANKS, (rank - 1) % RANKS
             peers = [
                 ConnectionStat(
@@ -77,9 +84,15 @@ def run(
                 ),
             ]
             arrive = (
-                t0 + 1.0 + 0.005 * rng.gauss(0, 1) + late(seq, rank) + (skew or {}).get(rank, 0)
+                t0
+                + compute_s
+                + 0.0025 * step_s * rng.gauss(0, 1)
+                + late(seq, rank)
+                + (skew or {}).get(rank, 0)
             )
-            found += det.update(_op(rank, seq, end, arrive_ts=arrive, end_ts=end, peers=peers))
+            found += det.update(
+                _op(rank, seq, end + off, arrive_ts=arrive + off, end_ts=end + off, peers=peers)
+            )
     return found + det.flush()
 
 
@@ -100,6 +113,36 @@ def test_rank_that_persistently_arrives_last_is_a_straggler() -> None:
 
 def test_small_clock_skew_is_not_a_straggler() -> None:
     assert claims(run(skew={3: 0.015, 9: -0.012})) == []
+
+
+# A 5 s step (3.6 s of compute): a 5 % slower GPU arrives 0.18 s late at every all-reduce,
+# while a host whose clock is 0.4 s ahead writes every time 0.4 s late.
+FLEET = {"step_s": 5.0, "compute_s": 3.6, "seqs": 60}
+
+
+def straggler_5pct(seq: int, rank: int) -> float:
+    return 0.05 * 3.6 if (rank == 6 and seq >= 20) else 0.0
+
+
+def test_a_host_clock_off_by_400ms_is_not_a_straggler() -> None:
+    for clock in ({"n1": 0.4}, {"n1": -0.4}, {"n0": 0.31, "n1": -0.45, "n2": 0.12, "n3": 0.49}):
+        assert claims(run(clock=clock, **FLEET)) == [], clock  # type: ignore[arg-type]
+
+
+def test_a_5_percent_straggler_is_claimed_on_host_clocks() -> None:
+    quiet = claims(run(late=straggler_5pct, **FLEET))  # type: ignore[arg-type]
+    assert [(f.category, f.rank, f.node) for f in quiet] == [("straggler", 6, "n1")]
+    assert quiet[0].evidence["host_offset_s"] == 0.0
+
+
+def test_a_5_percent_straggler_on_a_host_whose_clock_is_off_is_still_claimed() -> None:
+    for clock in ({"n1": 0.4}, {"n1": -0.4}, {"n0": 0.31, "n1": -0.45, "n2": 0.12, "n3": 0.49}):
+        found = claims(run(late=straggler_5pct, clock=clock, **FLEET))  # type: ignore[arg-type]
+        assert [(f.category, f.rank, f.node) for f in found] == [("straggler", 6, "n1")], clock
+        # the offset against the op's median rank, which is on a host with its own offset
+        ends = sorted(clock.get(f"n{n}", 0.0) for n in range(4))
+        expected = clock["n1"] - 0.5 * (ends[1] + ends[2])
+        assert abs(found[0].evidence["host_offset_s"] - expected) < 1e-3, clock
 
 
 def test_random_last_arrivals_are_not_flagged() -> None:

@@ -63,7 +63,7 @@ from guard.schemas import StepTiming
 
 from .findings import Finding, imbalance_info
 from .peer_groups import LevelTracker
-from .persistent_deviation import DeviationTracker, GroupNoise, PersistenceRule
+from .persistent_deviation import DeviationTracker, GroupNoise, PersistenceRule, SequentialTest
 from .robust import median
 
 __all__ = ["PeerStragglerDetector"]
@@ -93,7 +93,7 @@ class PeerStragglerDetector:
         self.group_of: dict[int, tuple[tuple[str, int | None], int]] = {}
         self.reported: dict[int, float] = {}  # claimed rank -> slowdown last reported
         self.job = job
-        self.rule = rule or PersistenceRule()
+        self.rule = rule or PersistenceRule(sequential=SequentialTest())
         self.min_peers = min_peers
         self.close_lag = close_lag
         self.imbalance_ratio = imbalance_ratio
@@ -264,6 +264,8 @@ class PeerStragglerDetector:
             "step": step,
             "since_ts": tracker.since_ts,
         }
+        if self.rule.sequential is not None:
+            evidence.update(tracker.sequential_evidence(self.rule.sequential))
         return Finding(
             detector=self.name,
             category="straggler",

@@ -30,6 +30,19 @@ after ``clear_after`` windows in a row that were not. A rank that is slow only p
 time (every other step) still fills half its window; a gradual slowdown is caught once it
 clears the thresholds.
 
+**Sequential test** (``PersistenceRule.sequential``, a :class:`SequentialTest`): the window
+rule above needs about eight rounds, so a detector that wants a claim in three or four also
+runs a one-sided CUSUM on each member. A round's *standardised excess* is ``z = max(excess /
+max(sigma_rel, min_residual / k), residual / max(sigma_abs, abs_residual / k))`` (the floors
+make ``k`` standard deviations never less than ``min_residual``, resp. ``abs_residual``: a
+quiet group does not turn a 1 % drift into evidence), and ``S = max(0, S + min(z, clip) -
+k)``. The member is claimed once ``S >= threshold``. ``clip - k = threshold /
+full_steps`` (2.5): one round, however slow (a hiccup, a checkpoint, a data stall on one
+rank), adds at most 40 % of the threshold, so no one or two rounds can cross alone; three
+rounds of a clear straggler do. The threshold comes from the wanted false-alarm rate
+(:func:`cusum_threshold`). The window rule still runs beside it, and a claim made by either
+is cleared by the same rule (``clear_after`` rounds in a row with neither slow).
+
 A detector keeps one :class:`DeviationTracker` per member and one :class:`GroupNoise` per
 group, and hands each round to :meth:`GroupNoise.judge`, which returns the members' raises
 and clears.
@@ -90,14 +103,131 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
 
 from .robust import mad_sigma
 
-__all__ = ["DeviationTracker", "GroupNoise", "PersistenceRule", "crowded"]
+__all__ = [
+    "DeviationTracker",
+    "GroupNoise",
+    "PersistenceRule",
+    "SequentialTest",
+    "crowded",
+    "cusum_threshold",
+]
 
 _SMOOTHING = 0.1
 _SLOW = 0.02
 _NAN = math.nan  # a normal round's slow residual
+
+
+@dataclass(frozen=True, slots=True)
+class SequentialTest:
+    """A one-sided CUSUM on members' standardised excesses, its threshold from a false-alarm rate.
+
+    Parameters
+    ----------
+    k
+        Reference value, in standard deviations: half the shift the test is tuned for (a
+        5 % slowdown at a 1 % step-to-step spread is 5 sigma). Rounds below ``k`` drain ``S``.
+    false_per_1k_node_hours
+        Wanted false claims of this test per 1,000 healthy node-hours.
+    ranks_per_node, step_s
+        Members per node and the shortest round (a 2 s training step): together the rounds a
+        node-hour holds, ``ranks_per_node * 3600 / step_s`` (14,400).
+    hiccup_rate
+        Probability that a healthy member's round is an outlier of any size (a GC pause, a
+        page-fault storm, a data stall on one rank): ten times the 1/3,000 the simulator draws,
+        as real hosts are noisier. Each such round saturates ``clip``.
+    full_steps
+        ``threshold / (clip - k)``: the fewest rounds that can cross it.
+    """
+
+    k: float = 2.5
+    false_per_1k_node_hours: float = 0.05
+    ranks_per_node: int = 8
+    step_s: float = 2.0
+    hiccup_rate: float = 1e-3
+    full_steps: float = 2.5
+
+    @property
+    def threshold(self) -> float:
+        return cusum_threshold(self)
+
+    @property
+    def clip(self) -> float:
+        """Largest standardised excess one round adds (before ``- k``)."""
+        return self.k + self.threshold / self.full_steps
+
+
+def _normal_cdf(x: np.ndarray) -> np.ndarray:
+    erf = np.frompyfunc(math.erf, 1, 1)
+    return np.asarray(0.5 * (1.0 + erf(x / math.sqrt(2.0))), dtype=float)
+
+
+def cusum_arl(
+    threshold: float, k: float, clip: float, hiccup_rate: float, cells: int = 150
+) -> float:
+    """Rounds until a false alarm, on average, for a healthy member (the in-control ARL).
+
+    Brook and Evans' Markov chain: ``S`` in ``[0, threshold)`` cut into ``cells`` cells; a
+    round's increment is ``min(z, clip) - k`` with ``z`` standard normal, or ``clip - k`` with
+    probability ``hiccup_rate``. The mean time to absorption from ``S = 0`` is the ARL.
+
+    >>> round(cusum_arl(4.0, 0.5, 99.0, 0.0))  # Siegmund's approximation: 338
+    335
+    """
+    width = threshold / cells
+    starts = (np.arange(cells) + 0.5) * width
+    starts[0] = 0.0  # the chain starts (and restarts) at S = 0
+    edges = np.arange(1, cells + 1) * width  # upper edge of each cell
+    # P(S' < y) = P(z < y - s + k) for y - s + k <= clip (the clipped mass sits at clip)
+    x = edges[None, :] - starts[:, None] + k
+    below = np.where(x >= clip, 1.0, (1.0 - hiccup_rate) * _normal_cdf(x))
+    moves = np.diff(np.concatenate([np.zeros((cells, 1)), below], axis=1), axis=1)
+    arl = np.linalg.solve(np.eye(cells) - moves, np.ones(cells))
+    return float(arl[0])
+
+
+@lru_cache(maxsize=32)
+def cusum_threshold(test: SequentialTest) -> float:
+    """The smallest threshold (on a 0.25 grid) whose false-alarm rate is the wanted one.
+
+    A healthy member's round gives ``z`` of unit standard deviation (it is standardised by
+    the group's robust spread of the same quantity, or by a floor above it), drawn from a
+    normal distribution, except that with probability ``hiccup_rate`` it is an outlier that
+    saturates ``clip``. The CUSUM raises falsely once every ``ARL(threshold)`` rounds
+    (:func:`cusum_arl`), so per 1,000 node-hours it raises
+    ``1000 * ranks_per_node * (3600 / step_s) / ARL`` times, at the shortest step; the
+    threshold is the smallest one that keeps that at most ``false_per_1k_node_hours``.
+    With the defaults (0.05 per 1,000 node-hours, 8 ranks, 2 s steps, hiccups 1/1,000,
+    ``k`` 2.5) the ARL must reach 2.9e8 rounds:
+
+    >>> t = SequentialTest()
+    >>> t.threshold, t.clip
+    (3.75, 4.0)
+
+    Outliers dominate: three of them within a few rounds make most false alarms, which is
+    why ``clip`` is tied to the threshold. A rate that no threshold reaches (too many
+    outliers for so few full steps) is an error:
+
+    >>> cusum_threshold(SequentialTest(hiccup_rate=0.02))
+    Traceback (most recent call last):
+    ValueError: no CUSUM threshold gives 0.05 false claims per 1,000 node-hours ... wanted rate
+    """
+    rounds_per_1k = 1000.0 * test.ranks_per_node * 3600.0 / test.step_s
+    wanted = rounds_per_1k / test.false_per_1k_node_hours
+    for i in range(4, 161):  # 1.0 .. 40.0
+        h = 0.25 * i
+        if cusum_arl(h, test.k, test.k + h / test.full_steps, test.hiccup_rate) >= wanted:
+            return h
+    raise ValueError(
+        f"no CUSUM threshold gives {test.false_per_1k_node_hours} false claims per 1,000 "
+        f"node-hours with hiccups at {test.hiccup_rate} a round: raise full_steps (now "
+        f"{test.full_steps}) or the wanted rate"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +250,8 @@ class PersistenceRule:
     offset_fraction: float = 0.75
     residual_cap: float = 0.5
     crowd_fraction: float = 0.25
+    #: the CUSUM beside the window rule (None: the window rule alone)
+    sequential: SequentialTest | None = None
 
 
 class DeviationTracker:
@@ -129,6 +261,12 @@ class DeviationTracker:
         "active",
         "baseline",
         "calm",
+        "cusum",
+        "cusum_excess",
+        "cusum_residual",
+        "cusum_since",
+        "cusum_steps",
+        "raised_by",
         "residuals",
         "rounds",
         "scores",
@@ -149,22 +287,44 @@ class DeviationTracker:
         self.since_ts = 0.0
         self.baseline = 0.0
         self.rounds = 0
+        self.cusum = 0.0  # the sequential test's statistic S (0: no evidence)
+        self.cusum_steps = 0  # rounds since S last left 0
+        self.cusum_since = 0.0  # the first of them
+        self.cusum_excess = 0.0  # sums over them: excess over baseline, residual
+        self.cusum_residual = 0.0
+        self.raised_by = ""  # "cusum" or "window": the test that made the current claim
 
     def excess(self, residual: float, rule: PersistenceRule) -> float | None:
         """Residual above the member's own baseline; ``None`` while the baseline is learned."""
         return residual - self.baseline if self.rounds >= rule.baseline_rounds else None
 
     def slow_mean(self) -> float:
-        """Mean residual (against peers) over the window's slow rounds, else over the window."""
+        """Mean residual (against peers) over the window's slow rounds, else over the
+        sequential test's current run of evidence, else over the window."""
         picked = [r for r in self.slow_residuals if not math.isnan(r)]
         if picked and len(picked) * 2 >= len(self.slow_residuals):
             return sum(picked) / len(picked)
+        if self.cusum_steps:
+            return self.cusum_residual / self.cusum_steps
         return sum(self.residuals) / len(self.residuals) if self.residuals else 0.0
+
+    def sequential_evidence(self, test: SequentialTest) -> dict[str, float | int | str]:
+        """The sequential test's figures for a finding's evidence."""
+        steps = self.cusum_steps
+        return {
+            "raised_by": self.raised_by,
+            "steps": steps,
+            "cusum": round(self.cusum, 2),
+            "threshold": test.threshold,
+            "excess_pct": round(100.0 * self.cusum_excess / steps, 1) if steps else 0.0,
+        }
 
     def veto(self) -> None:
         """Withdraw a raise the detector decided against (the member may raise again later)."""
         self.active = False
         self.windows = 0
+        self.cusum = 0.0
+        self.cusum_steps = 0
 
     def slow_rounds(self) -> int:
         return sum(1 for s in self.slow if s >= 0.0)
@@ -228,22 +388,67 @@ class DeviationTracker:
                     slow[-1] = round_ts  # the offset itself is the evidence: date it here
                     picked[-1] = residual
         self.windows = ((self.windows << 1) | verdict) & ((1 << rule.n) - 1)
+        crossed = False
+        test = rule.sequential
+        if test is not None:
+            crossed = self._sequential(residual, sigma_rel, sigma_abs, rule, test, round_ts)
         if not self.active:
             if verdict and self.windows.bit_count() >= rule.m:
                 self.active = True
                 self.calm = 0
                 self.since_ts = next(s for s in slow if s >= 0.0)
+                self.raised_by = "window"
+                return "raise"
+            if crossed:
+                self.active = True
+                self.calm = 0
+                self.since_ts = self.cusum_since
+                self.raised_by = "cusum"
                 return "raise"
             return None
-        if verdict:
+        if verdict or crossed:
             self.calm = 0
             return None
         self.calm += 1
         if self.calm >= rule.clear_after:
             self.active = False
             self.windows = 0
+            self.cusum = 0.0
+            self.cusum_steps = 0
             return "clear"
         return None
+
+    def _sequential(
+        self,
+        residual: float,
+        sigma_rel: float,
+        sigma_abs: float,
+        rule: PersistenceRule,
+        test: SequentialTest,
+        round_ts: float,
+    ) -> bool:
+        """One round of the CUSUM (module docstring); has ``S`` reached the threshold?"""
+        k = test.k
+        z = residual / max(sigma_abs, rule.abs_residual / k)
+        excess = 0.0
+        if self.rounds > rule.baseline_rounds:
+            excess = residual - self.baseline
+            z = max(z, excess / max(sigma_rel, rule.min_residual / k))
+        clip, threshold = test.clip, test.threshold
+        cusum = self.cusum + (clip if z > clip else z) - k
+        if cusum <= 0.0:
+            self.cusum = 0.0
+            self.cusum_steps = 0
+            return False
+        if self.cusum_steps == 0:
+            self.cusum_since = round_ts
+            self.cusum_excess = self.cusum_residual = 0.0
+        # capped, so that a claimed member drains within a few healthy rounds once it recovers
+        self.cusum = cusum if cusum < 2.0 * threshold else 2.0 * threshold
+        self.cusum_steps += 1
+        self.cusum_excess += excess
+        self.cusum_residual += residual
+        return cusum >= threshold
 
 
 def crowded(trackers: list[DeviationTracker], rule: PersistenceRule, sigma_rel: float) -> bool:

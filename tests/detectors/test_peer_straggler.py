@@ -65,8 +65,15 @@ def test_steady_5_percent_straggler_is_flagged_within_a_few_steps() -> None:
     found = claims(run(lambda s, r: 1.05 if (r == 7 and s >= 40) else 1.0))
     assert [(f.rank, f.category, f.node) for f in found] == [(7, "straggler", "n0-7")]
     detected_step = (found[0].ts - T0) / 2.0
-    assert 40 <= detected_step <= 48
-    assert 3.5 <= found[0].evidence["slowdown_pct"] <= 7.0
+    assert 40 <= detected_step <= 44  # the sequential test: three or four steps
+    evidence = found[0].evidence
+    # 5 % slower than its own usual place; against the peers' median that is less, as this
+    # GPU was 1.5 % faster than the median before
+    assert 3.5 <= evidence["excess_pct"] <= 7.0
+    slowdown = evidence["own_baseline_pct"] + evidence["excess_pct"]
+    assert abs(slowdown - evidence["slowdown_pct"]) <= 0.15  # each rounded to 0.1
+    assert (evidence["raised_by"], evidence["threshold"]) == ("cusum", 3.75)
+    assert 2 <= evidence["steps"] <= 4 and evidence["cusum"] >= 3.75
     assert found[0].gpu == 7
 
 
@@ -102,8 +109,8 @@ def test_gradual_slowdown_is_caught() -> None:
     assert found[0].ts - T0 < 2.0 * 80  # by the time it is ~10 % slow
     # reported again once it is materially worse (twice the slowdown first reported)
     worse = [f for f in found[1:] if not f.clear]
-    assert worse and all(
-        f.evidence["slowdown_pct"] >= 2 * f.evidence["previous_slowdown_pct"] for f in worse
+    assert worse and all(  # both figures are rounded to 0.1
+        f.evidence["slowdown_pct"] >= 2 * f.evidence["previous_slowdown_pct"] - 0.1 for f in worse
     )
 
 

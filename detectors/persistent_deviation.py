@@ -32,16 +32,18 @@ clears the thresholds.
 
 **Sequential test** (``PersistenceRule.sequential``, a :class:`SequentialTest`): the window
 rule above needs about eight rounds, so a detector that wants a claim in three or four also
-runs a one-sided CUSUM on each member. A round's *standardised excess* is ``z = max(excess /
-max(sigma_rel, min_residual / k), residual / max(sigma_abs, abs_residual / k))`` (the floors
-make ``k`` standard deviations never less than ``min_residual``, resp. ``abs_residual``: a
-quiet group does not turn a 1 % drift into evidence), and ``S = max(0, S + min(z, clip) -
-k)``. The member is claimed once ``S >= threshold``. ``clip - k = threshold /
-full_steps`` (2.5): one round, however slow (a hiccup, a checkpoint, a data stall on one
-rank), adds at most 40 % of the threshold, so no one or two rounds can cross alone; three
-rounds of a clear straggler do. The threshold comes from the wanted false-alarm rate
-(:func:`cusum_threshold`). The window rule still runs beside it, and a claim made by either
-is cleared by the same rule (``clear_after`` rounds in a row with neither slow).
+runs a one-sided CUSUM on each member. A round's *standardised excess* is ``z = excess / s``
+with ``s = max(sigma_rel, min_residual / k)`` (the floor makes ``k`` standard deviations
+never less than ``min_residual``: a quiet group does not turn a 1 % drift into evidence),
+or, where larger (a member slow from its first round has it in its baseline), ``k +
+(residual - max(abs_residual, z * sigma_abs)) / s``: its distance past the window rule's
+absolute bar. ``S = max(0, S + min(z, clip) - k)``, and the member is claimed once ``S >=
+threshold``. ``clip - k = threshold / (rounds - 0.5)``: one round, however slow (a hiccup, a
+checkpoint, a data stall on one rank), adds less than ``1 / (rounds - 1)`` of the threshold,
+so no fewer than ``rounds`` (three by default) can cross it; three rounds of a clear
+straggler do. The threshold and ``rounds`` come from the wanted false-alarm rate
+(:func:`cusum_limits`). The window rule still runs beside it, and a claim made by either is
+cleared by the same rule (``clear_after`` rounds in a row with neither slow).
 
 A detector keeps one :class:`DeviationTracker` per member and one :class:`GroupNoise` per
 group, and hands each round to :meth:`GroupNoise.judge`, which returns the members' raises
@@ -115,7 +117,8 @@ __all__ = [
     "PersistenceRule",
     "SequentialTest",
     "crowded",
-    "cusum_threshold",
+    "cusum_arl",
+    "cusum_limits",
 ]
 
 _SMOOTHING = 0.1
@@ -139,10 +142,10 @@ class SequentialTest:
         node-hour holds, ``ranks_per_node * 3600 / step_s`` (14,400).
     hiccup_rate
         Probability that a healthy member's round is an outlier of any size (a GC pause, a
-        page-fault storm, a data stall on one rank): ten times the 1/3,000 the simulator draws,
-        as real hosts are noisier. Each such round saturates ``clip``.
-    full_steps
-        ``threshold / (clip - k)``: the fewest rounds that can cross it.
+        page-fault storm, a data stall on one rank): three times the 1/3,000 the simulator
+        draws, as real hosts are noisier. Each such round saturates ``clip``.
+    min_rounds
+        The fewest rounds that may cross the threshold (more where the rate needs it).
     """
 
     k: float = 2.5
@@ -150,16 +153,21 @@ class SequentialTest:
     ranks_per_node: int = 8
     step_s: float = 2.0
     hiccup_rate: float = 1e-3
-    full_steps: float = 2.5
+    min_rounds: int = 3
 
     @property
     def threshold(self) -> float:
-        return cusum_threshold(self)
+        return cusum_limits(self)[0]
 
     @property
     def clip(self) -> float:
         """Largest standardised excess one round adds (before ``- k``)."""
-        return self.k + self.threshold / self.full_steps
+        return cusum_limits(self)[1]
+
+    @property
+    def rounds(self) -> int:
+        """The fewest rounds that can cross the threshold."""
+        return cusum_limits(self)[2]
 
 
 def _normal_cdf(x: np.ndarray) -> np.ndarray:
@@ -180,53 +188,62 @@ def cusum_arl(
     335
     """
     width = threshold / cells
-    starts = (np.arange(cells) + 0.5) * width
-    starts[0] = 0.0  # the chain starts (and restarts) at S = 0
-    edges = np.arange(1, cells + 1) * width  # upper edge of each cell
-    # P(S' < y) = P(z < y - s + k) for y - s + k <= clip (the clipped mass sits at clip)
-    x = edges[None, :] - starts[:, None] + k
-    below = np.where(x >= clip, 1.0, (1.0 - hiccup_rate) * _normal_cdf(x))
+    # P(S' < upper edge of cell j | S in cell i) = P(z < x); x depends on j - i only (cell 0
+    # stands for S = 0, where the chain starts and restarts: half a cell lower)
+    shifts = np.arange(-cells, cells + 1)
+    x = (shifts + 0.5) * width + k
+    cdf = np.where(x >= clip, 1.0, (1.0 - hiccup_rate) * _normal_cdf(x))
+    rows = np.arange(cells)[:, None]
+    cols = np.arange(cells)[None, :]
+    below = cdf[cols - rows + cells]
+    x0 = (np.arange(cells) + 1.0) * width + k  # from S = 0
+    below[0] = np.where(x0 >= clip, 1.0, (1.0 - hiccup_rate) * _normal_cdf(x0))
     moves = np.diff(np.concatenate([np.zeros((cells, 1)), below], axis=1), axis=1)
     arl = np.linalg.solve(np.eye(cells) - moves, np.ones(cells))
     return float(arl[0])
 
 
 @lru_cache(maxsize=32)
-def cusum_threshold(test: SequentialTest) -> float:
-    """The smallest threshold (on a 0.25 grid) whose false-alarm rate is the wanted one.
+def cusum_limits(test: SequentialTest) -> tuple[float, float, int]:
+    """Threshold, clip and fewest rounds to cross that give the wanted false-alarm rate.
 
     A healthy member's round gives ``z`` of unit standard deviation (it is standardised by
     the group's robust spread of the same quantity, or by a floor above it), drawn from a
     normal distribution, except that with probability ``hiccup_rate`` it is an outlier that
-    saturates ``clip``. The CUSUM raises falsely once every ``ARL(threshold)`` rounds
+    saturates ``clip``. The CUSUM raises falsely once every ``ARL`` rounds
     (:func:`cusum_arl`), so per 1,000 node-hours it raises
-    ``1000 * ranks_per_node * (3600 / step_s) / ARL`` times, at the shortest step; the
-    threshold is the smallest one that keeps that at most ``false_per_1k_node_hours``.
-    With the defaults (0.05 per 1,000 node-hours, 8 ranks, 2 s steps, hiccups 1/1,000,
-    ``k`` 2.5) the ARL must reach 2.9e8 rounds:
+    ``1000 * ranks_per_node * (3600 / step_s) / ARL`` times, at the shortest step. For
+    ``rounds`` = ``min_rounds``, ``min_rounds + 1``, ... (``clip = k + threshold / (rounds -
+    0.5)``), the first threshold on a 0.25 grid up to 12 that keeps that at most
+    ``false_per_1k_node_hours`` is taken: the fewest rounds first, then the lowest threshold
+    (the fastest claim of a straggler too weak to saturate ``clip``). With the defaults
+    (0.05 per 1,000 node-hours, 8 ranks, 2 s steps, outliers 1/1,000, ``k`` 2.5) the ARL
+    must reach 2.9e8 rounds:
 
-    >>> t = SequentialTest()
-    >>> t.threshold, t.clip
-    (3.75, 4.0)
+    >>> cusum_limits(SequentialTest())
+    (3.75, 4.0, 3)
 
-    Outliers dominate: three of them within a few rounds make most false alarms, which is
-    why ``clip`` is tied to the threshold. A rate that no threshold reaches (too many
-    outliers for so few full steps) is an error:
+    Outliers dominate: ``rounds`` of them within a few rounds make most false alarms, so a
+    stricter rate needs more rounds, not only a higher threshold:
 
-    >>> cusum_threshold(SequentialTest(hiccup_rate=0.02))
+    >>> cusum_limits(SequentialTest(false_per_1k_node_hours=0.005))
+    (1.5, 2.9286, 4)
+    >>> cusum_limits(SequentialTest(hiccup_rate=0.5))
     Traceback (most recent call last):
-    ValueError: no CUSUM threshold gives 0.05 false claims per 1,000 node-hours ... wanted rate
+    ValueError: no CUSUM threshold up to 12 crossed in up to 8 rounds gives 0.05 false claims ...
     """
     rounds_per_1k = 1000.0 * test.ranks_per_node * 3600.0 / test.step_s
     wanted = rounds_per_1k / test.false_per_1k_node_hours
-    for i in range(4, 161):  # 1.0 .. 40.0
-        h = 0.25 * i
-        if cusum_arl(h, test.k, test.k + h / test.full_steps, test.hiccup_rate) >= wanted:
-            return h
+    for rounds in range(max(2, test.min_rounds), 9):
+        for i in range(4, 49):  # 1.0 .. 12.0
+            h = 0.25 * i
+            clip = test.k + h / (rounds - 0.5)
+            if cusum_arl(h, test.k, clip, test.hiccup_rate) >= wanted:
+                return h, round(clip, 4), rounds
     raise ValueError(
-        f"no CUSUM threshold gives {test.false_per_1k_node_hours} false claims per 1,000 "
-        f"node-hours with hiccups at {test.hiccup_rate} a round: raise full_steps (now "
-        f"{test.full_steps}) or the wanted rate"
+        f"no CUSUM threshold up to 12 crossed in up to 8 rounds gives "
+        f"{test.false_per_1k_node_hours} false claims per 1,000 node-hours with outliers at "
+        f"{test.hiccup_rate} a round: ask for a higher rate or check the outlier rate"
     )
 
 
@@ -429,11 +446,13 @@ class DeviationTracker:
     ) -> bool:
         """One round of the CUSUM (module docstring); has ``S`` reached the threshold?"""
         k = test.k
-        z = residual / max(sigma_abs, rule.abs_residual / k)
+        scale = max(sigma_rel, rule.min_residual / k)
+        # past the absolute bar (that of the window rule), in units of round-to-round noise
+        z = k + (residual - max(rule.abs_residual, rule.z * sigma_abs)) / scale
         excess = 0.0
         if self.rounds > rule.baseline_rounds:
             excess = residual - self.baseline
-            z = max(z, excess / max(sigma_rel, rule.min_residual / k))
+            z = max(z, excess / scale)
         clip, threshold = test.clip, test.threshold
         cusum = self.cusum + (clip if z > clip else z) - k
         if cusum <= 0.0:

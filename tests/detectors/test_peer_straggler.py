@@ -5,8 +5,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+import numpy as np
+
 from guard.detectors.findings import Finding
 from guard.detectors.peer_straggler import PeerStragglerDetector
+from guard.detectors.persistent_deviation import SequentialTest, cusum_arl
 from guard.schemas import StepTiming
 
 RANKS = 16
@@ -19,8 +22,10 @@ def run(
     stages: int = 1,
     seed: int = 1,
     order: Callable[[list[StepTiming]], list[StepTiming]] | None = None,
+    noise: Callable[[random.Random], float] = lambda rng: 0.004 * rng.gauss(0, 1),
 ) -> list[Finding]:
-    """``factor(step, rank)``: the rank's compute multiplier (None: no compute_s)."""
+    """``factor(step, rank)``: the rank's compute multiplier (None: no compute_s); ``noise``
+    draws a rank-step's relative jitter."""
     rng = random.Random(seed)
     speed = [1.0 + 0.01 * rng.gauss(0, 1) for _ in range(RANKS)]  # GPUs differ by ~1 %
     det = PeerStragglerDetector("job")
@@ -33,7 +38,7 @@ def run(
             compute = None
             if f is not None:
                 compute = 1.4 * (1.1 if stage == stages - 1 and stages > 1 else 1.0)
-                compute *= speed[rank] * f * (1 + 0.004 * rng.gauss(0, 1))
+                compute *= speed[rank] * f * (1 + noise(rng))
             batch.append(
                 StepTiming(
                     ts=T0 + 2.0 * step + 0.001 * rank,
@@ -75,6 +80,41 @@ def test_steady_5_percent_straggler_is_flagged_within_a_few_steps() -> None:
     assert (evidence["raised_by"], evidence["threshold"]) == ("cusum", 3.75)
     assert 2 <= evidence["steps"] <= 4 and evidence["cusum"] >= 3.75
     assert found[0].gpu == 7
+
+
+def test_a_7_to_12_percent_straggler_is_claimed_in_three_or_four_steps() -> None:
+    # step-to-step jitter of 1 % (real hosts; the simulator draws 0.4 %)
+    for slowdown, seed in ((1.07, 1), (1.09, 2), (1.12, 3)):
+        found = claims(
+            run(
+                lambda s, r, x=slowdown: x if (r == 7 and s >= 40) else 1.0,  # type: ignore[misc]
+                seed=seed,
+                noise=lambda rng: 0.01 * rng.gauss(0, 1),
+            )
+        )
+        assert [f.rank for f in found] == [7], slowdown
+        assert 42 <= (found[0].ts - T0) / 2.0 <= 43, slowdown  # the 3rd or 4th slow step
+        evidence = found[0].evidence
+        assert evidence["raised_by"] == "cusum" and evidence["steps"] in (3, 4)
+        assert abs(evidence["excess_pct"] - 100 * (slowdown - 1)) < 2.5
+
+
+def test_two_slow_steps_in_a_row_are_not_a_claim() -> None:
+    # a checkpoint written by a few ranks, a data stall on one rank: two steps 30-80 % slower
+    rng = random.Random(9)
+    bursts = {(rng.randrange(20, 118), rng.randrange(RANKS)) for _ in range(12)}
+    slow = {(s + i, r): 1.3 + 0.5 * rng.random() for s, r in bursts for i in (0, 1)}
+    assert claims(run(lambda s, r: slow.get((s, r), 1.0))) == []
+
+
+def test_heavy_tailed_jitter_gives_no_claim() -> None:
+    # 1 % jitter with Student-t tails (3 degrees of freedom): 16 ranks x 2,000 steps
+    def student_t(rng: random.Random) -> float:
+        chi2 = sum(rng.gauss(0, 1) ** 2 for _ in range(3))
+        return max(-0.3, 0.01 * rng.gauss(0, 1) / (chi2 / 3) ** 0.5)  # no step is free
+
+    for seed in range(3):
+        assert claims(run(lambda s, r: 1.0, steps=2000, seed=seed, noise=student_t)) == []
 
 
 def test_rank_slow_from_the_first_step_is_flagged_against_peers() -> None:
@@ -166,3 +206,41 @@ def test_straggler_inside_an_unlabelled_heavy_group_is_still_claimed() -> None:
         run(lambda s, r: (1.1 if r >= 8 else 1.0) * (1.08 if (r == 11 and s >= 30) else 1.0))
     )
     assert [f.rank for f in found] == [11]
+
+
+def test_the_cusum_limits_follow_the_wanted_false_alarm_rate() -> None:
+    default = SequentialTest()
+    stricter = SequentialTest(false_per_1k_node_hours=0.005)
+    shorter = SequentialTest(step_s=1.0)  # twice the rounds per node-hour
+    assert (default.threshold, default.rounds) == (3.75, 3)
+    assert stricter.rounds > default.rounds  # outliers dominate: more rounds, not a higher bar
+    assert (shorter.rounds, shorter.threshold) >= (default.rounds, default.threshold)
+    for test in (default, stricter, shorter):
+        h, n = test.threshold, test.rounds
+        assert test.clip == round(test.k + h / (n - 0.5), 4)
+        rounds = 1000 * test.ranks_per_node * 3600 / test.step_s  # per 1,000 node-hours
+        assert rounds / cusum_arl(h, test.k, test.clip, test.hiccup_rate) <= (
+            test.false_per_1k_node_hours
+        )
+        # the next lower threshold on the grid would not do
+        lower = h - 0.25
+        if lower >= 1.0:
+            arl = cusum_arl(lower, test.k, test.k + lower / (n - 0.5), test.hiccup_rate)
+            assert rounds / arl > test.false_per_1k_node_hours
+
+
+def test_the_in_control_arl_matches_a_simulation_of_the_cusum() -> None:
+    h, k, hiccups = 2.0, 1.0, 0.01
+    clip = k + h / 2.5
+    rng = np.random.default_rng(4)
+    chains = 4000
+    s, alive, length = np.zeros(chains), np.ones(chains, bool), np.zeros(chains)
+    while alive.any():
+        z = np.where(
+            rng.random(chains) < hiccups, clip, np.minimum(rng.standard_normal(chains), clip)
+        )
+        s = np.where(alive, np.maximum(0.0, s + z - k), s)
+        length += alive
+        alive &= s < h
+    simulated = float(length.mean())  # ~1,280 +- 20
+    assert abs(cusum_arl(h, k, clip, hiccups) / simulated - 1.0) < 0.1

@@ -311,6 +311,13 @@ class DeviationTracker:
         self.cusum_residual = 0.0
         self.raised_by = ""  # "cusum" or "window": the test that made the current claim
 
+    def __setstate__(self, state: tuple[None, dict[str, object]]) -> None:
+        """Restore a pickled tracker; slots a checkpoint of an older Guard lacks (the
+        sequential test's) start from their defaults instead of being left unset."""
+        self.__init__()  # type: ignore[misc]
+        for name, value in state[1].items():
+            setattr(self, name, value)
+
     def excess(self, residual: float, rule: PersistenceRule) -> float | None:
         """Residual above the member's own baseline; ``None`` while the baseline is learned."""
         return residual - self.baseline if self.rounds >= rule.baseline_rounds else None

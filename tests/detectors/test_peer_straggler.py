@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import random
 from collections.abc import Callable
 
@@ -9,7 +10,12 @@ import numpy as np
 
 from guard.detectors.findings import Finding
 from guard.detectors.peer_straggler import PeerStragglerDetector
-from guard.detectors.persistent_deviation import SequentialTest, cusum_arl
+from guard.detectors.persistent_deviation import (
+    DeviationTracker,
+    PersistenceRule,
+    SequentialTest,
+    cusum_arl,
+)
 from guard.schemas import StepTiming
 
 RANKS = 16
@@ -244,3 +250,18 @@ def test_the_in_control_arl_matches_a_simulation_of_the_cusum() -> None:
         alive &= s < h
     simulated = float(length.mean())  # ~1,280 +- 20
     assert abs(cusum_arl(h, k, clip, hiccups) / simulated - 1.0) < 0.1
+
+
+def test_a_tracker_checkpointed_before_the_sequential_test_restores_and_runs() -> None:
+    rule = PersistenceRule(sequential=SequentialTest())
+    tracker = DeviationTracker()
+    for i in range(20):
+        tracker.update(0.0, 0.004, 0.01, rule, float(i))
+    for name in DeviationTracker.__slots__:  # as a Guard without the sequential test had it
+        if name.startswith(("cusum", "raised")):
+            delattr(tracker, name)
+    restored = pickle.loads(pickle.dumps(tracker, pickle.HIGHEST_PROTOCOL))
+    assert isinstance(restored, DeviationTracker) and restored.rounds == 20
+    assert (restored.cusum, restored.cusum_steps, restored.raised_by) == (0.0, 0, "")
+    events = [restored.update(0.1, 0.004, 0.01, rule, 20.0 + i) for i in range(3)]
+    assert events == [None, None, "raise"] and restored.raised_by == "cusum"

@@ -73,7 +73,15 @@ from guard.schemas import (
     encode,
 )
 from guard.schemas.codec import leading_kind
-from guard.schemas.sample_decoder import Rows, decode_rows, decode_samples, parse_samples
+from guard.schemas.sample_decoder import (
+    Rows,
+    decode_rows,
+    decode_samples,
+    decode_structs,
+    gpu_structs,
+    parse_samples,
+    record_ts,
+)
 
 from .engine import FABRIC_KEY, EngineConfig, JobDetectors, NodeDetectors, fabric_detector
 from .findings import Finding
@@ -350,8 +358,8 @@ class DetectionCore:
                 if type(value) is tuple:  # a record its runner decoded to fields already
                     record_kind, head, entries = value
                     self._add_rows(record_kind, head, entries, partition)
-                elif _columnar(value, kind):
-                    record_kind, head, entries = decode_rows(value, kind)
+                elif (columns := _column_decoder(value, kind)) is not None:
+                    record_kind, head, entries = columns(value, kind)
                     self._add_rows(record_kind, head, entries, partition)
                 else:
                     record_kind, singles = _decode(value, kind)
@@ -382,7 +390,7 @@ class DetectionCore:
         first = singles[0]
         kind = first.kind
         if kind in _COLUMN_KINDS:  # samples decoded already (a backtest's): to the columns
-            entries = [s.__dict__ for s in singles]
+            entries = gpu_structs(singles) if kind == "gpu" else [s.__dict__ for s in singles]
             self._add_rows(kind, entries[0], entries, partition)
             return []
         self.counters.samples += len(singles)
@@ -405,15 +413,15 @@ class DetectionCore:
         latest[level][key] = newest
         return found
 
-    def _add_rows(
-        self, record_kind: str, head: dict[str, Any], entries: list[dict[str, Any]], partition: int
-    ) -> None:
-        """A GPU or NIC record, kept for the step's columns (:meth:`_gpus`, :meth:`_nics`)."""
+    def _add_rows(self, record_kind: str, head: Any, entries: list[Any], partition: int) -> None:
+        """A GPU record (Structs: :func:`decode_structs`) or a NIC record (dicts:
+        :func:`decode_rows`), kept for the step's columns (:meth:`_gpus`, :meth:`_nics`)."""
         self.counters.samples += len(entries)
         if not self.config.node_telemetry:
             return
         kind = record_kind.removesuffix("_batch")
-        self._rows[kind].append((self.nodes.get(head["node"], partition), partition, head, entries))
+        node = head.node if kind == "gpu" else head["node"]
+        self._rows[kind].append((self.nodes.get(node, partition), partition, head, entries))
 
     def _gather(self, kind: str) -> _Gathered:
         """The step's records of ``kind``: their nodes (each once), each record's and each
@@ -448,7 +456,7 @@ class DetectionCore:
         and the windows they closed for the jobs' river models."""
         got = self._gather("gpu")
         owner = np.array(got.owner, dtype=np.intp)
-        cols = GpuColumns.of_records(got.records)
+        cols = GpuColumns.of_structs(got.records)
         self._newest(latest, [d.node for d in got.nodes], owner, cols.ts)
         found: list[Outgoing] = []
         found += update_gpus(got.nodes, owner, cols)
@@ -552,16 +560,25 @@ class DetectionCore:
         return flags, bad, scored
 
 
-#: kinds whose records the core decodes straight into columns (:func:`decode_rows`)
+#: kinds whose records the core decodes straight into columns (:func:`decode_structs`,
+#: :func:`decode_rows`)
 _COLUMN_KINDS = frozenset({"gpu", "nic"})
-_COLUMN_LEADS = frozenset({b"gpu", b"gpu_batch", b"nic", b"nic_batch"})
+_COLUMN_DECODERS: dict[str | bytes, Callable[[bytes, str | None], Rows]] = {
+    "gpu": decode_structs,
+    "nic": decode_rows,
+    b"gpu": decode_structs,
+    b"gpu_batch": decode_structs,
+    b"nic": decode_rows,
+    b"nic_batch": decode_rows,
+}
 
 
-def _columnar(value: Any, kind: str | None) -> bool:
-    """A record for the columns: bytes of a column kind's topic, or a line naming one."""
+def _column_decoder(value: Any, kind: str | None) -> Callable[[bytes, str | None], Rows] | None:
+    """The decoder of a record for the columns: bytes of a column kind's topic, or a line
+    naming one (None: not such a record)."""
     if type(value) is not bytes:
-        return False
-    return kind in _COLUMN_KINDS if kind is not None else leading_kind(value) in _COLUMN_LEADS
+        return None
+    return _COLUMN_DECODERS.get(kind if kind is not None else leading_kind(value) or b"")
 
 
 def _decode(value: Any, kind: str | None) -> tuple[str, Sequence[GuardMessage]]:
@@ -720,8 +737,9 @@ class MessageFeed:
         those as); the flags of the step it closed, if any."""
         if type(message) is tuple:
             _, head, entries = message
-            newest = max(head["ts"], *(e.get("ts") or 0.0 for e in entries))
-            return self._add(head["ts"], newest, message)
+            ts = record_ts(head)
+            newest = max(ts, *(record_ts(e) or 0.0 for e in entries))
+            return self._add(ts, newest, message)
         return self.add([message])
 
     def add(self, samples: list[GuardMessage]) -> list[Flag]:

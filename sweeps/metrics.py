@@ -120,6 +120,11 @@ def observe_orchestrator(metrics: Metrics, orchestrator: Any) -> None:
         lambda: len(core.held_back),
     )
     m.gauge(
+        "guard_sweeps_queued",
+        "qualified suspects waiting, flagged but not cordoned, for a free sweep worker",
+        lambda: len(core.queued),
+    )
+    m.gauge(
         "guard_sweeps_stopped",
         "1 while Guard cordons and sweeps nothing: too many recent sweeps failed",
         lambda: float(core.sweeps_stopped is not None),

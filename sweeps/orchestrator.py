@@ -87,7 +87,7 @@ Publish = Callable[[GuardMessage], None]
 StopListener = Callable[[bool, str], None]
 
 _SEEN_FLAG_IDS = 100_000
-_HOLD_NOTE = re.compile(r"; (?:cap of \d|sweeping stopped: )")
+_HOLD_NOTE = re.compile(r"; (?:cap of \d|sweeping stopped: |queued: )")
 _SCHEDULER_RETRY_S = 10.0
 
 
@@ -194,8 +194,10 @@ class Orchestrator:
             )
         )
         self.stats: collections.Counter[str] = collections.Counter()
-        #: qualified suspects the cordon cap holds back now (as of the last tick)
+        #: qualified suspects the cordon cap (or the stop) holds back now (as of the last tick)
         self.held_back: list[str] = []
+        #: qualified suspects waiting, not cordoned, for a free sweep worker (the last tick)
+        self.queued: list[str] = []
         self.failure_stop = SweepFailureStop.from_settings(settings)
         self.stop_listeners = list(stop_listeners)
         #: why Guard stopped cordoning and sweeping (as of the last tick), None while it sweeps
@@ -595,10 +597,12 @@ class Orchestrator:
     def _cordon_qualified(self) -> None:
         waiting = [r for r in self.records.values() if r.state == "suspect" and r.qualified]
         held: list[str] = []
+        queued: list[str] = []
         try:
-            self._cordon_within_cap(waiting, held)
+            self._cordon_within_cap(waiting, held, queued)
         finally:
             self._report_held_back(held)
+            self.queued = queued
 
     def _report_held_back(self, held: list[str]) -> None:
         """Say when the cap starts and stops holding qualified suspects back (the gauge
@@ -642,12 +646,21 @@ class Orchestrator:
             except Exception:
                 log.exception("orchestrator stop listener failed")
 
-    def _cordon_within_cap(self, waiting: list[NodeRecord], held: list[str]) -> None:
+    def _cordon_within_cap(
+        self, waiting: list[NodeRecord], held: list[str], queued: list[str]
+    ) -> None:
+        """Cordon qualified suspects, most urgent first, while the cap, the failure-rate stop
+        and the sweep workers allow. A node to sweep is cordoned only when a worker is free
+        to take it; the rest stay qualified suspects (``awaiting cordon``, which a restart
+        reads back), so that the stop is judged again before each new cordon: a burst of
+        flags with a broken check takes out at most ``sweep_workers`` more nodes than the
+        stop's threshold, not the whole cap."""
         if not waiting:
             return
         waiting.sort(key=lambda r: (not r.to_repair, -r.severity_rank, r.first_claim_ts or r.since))
         limit = self.policy.cordon_limit(self.cluster_size())
         out = sum(self.policy.counts_against_cap(r.state) for r in self.records.values())
+        free = self._free_sweep_workers()
         for rec in waiting:
             if self.sweeps_stopped is not None or out >= limit:
                 note = (
@@ -655,10 +668,14 @@ class Orchestrator:
                     if self.sweeps_stopped is not None
                     else f"cap of {limit} of {self.cluster_size()} nodes out of the pool reached"
                 )
-                if note not in rec.reason:
-                    self._transition(rec, "suspect", f"{_without_hold_note(rec.reason)}; {note}")
+                self._note_hold(rec, note)
                 self.stats["cordons_deferred"] += 1
                 held.append(rec.node)
+                continue
+            if not rec.to_repair and free is not None and free <= 0:
+                workers = self.settings.sweep_workers
+                self._note_hold(rec, f"queued: all {workers} sweep workers busy")
+                queued.append(rec.node)
                 continue
             evidence = _without_hold_note(rec.reason.split(": ", 1)[-1])
             opted_out = self._opted_out(rec.node)
@@ -688,6 +705,25 @@ class Orchestrator:
                     self._start_sweep(rec, "single", [], note=note)
                 else:  # a later tick starts it, when a sweep worker is free
                     self._sweep_notes[rec.node] = note
+            free = self._free_sweep_workers()  # an inline sweep has ended by now
+
+    def _note_hold(self, rec: NodeRecord, note: str) -> None:
+        """Say on a waiting suspect's state what holds it back (once per change)."""
+        if note not in rec.reason:
+            self._transition(rec, "suspect", f"{_without_hold_note(rec.reason)}; {note}")
+
+    def _free_sweep_workers(self) -> int | None:
+        """Sweep workers free for a node cordoned now: ``sweep_workers`` less the running
+        sweeps and the nodes already cordoned for a sweep that has not started (a scheduler
+        retry, a restart). ``None`` without an executor: nothing is ever swept, the cap alone
+        bounds the nodes held."""
+        if self.executor is None:
+            return None
+        waiting = sum(
+            r.state == "cordoned" and not r.to_repair and r.node not in self._jobs
+            for r in self.records.values()
+        )
+        return self.settings.sweep_workers - len(self._jobs) - waiting
 
     def _can_start_sweep(self) -> bool:
         """A sweep may start now: sweeping has not stopped and a sweep worker is free (a

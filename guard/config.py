@@ -336,6 +336,12 @@ class OrchestratorSettings(Section):
     rendezvous_port: int = Field(
         29500, ge=1, le=65535, description="ssh executor: the multi-node all-reduce's TCP port"
     )
+    ssh_multi_node: bool = Field(
+        False,
+        description="ssh executor: run multi-node sweeps with healthy peers borrowed as they are "
+        "(ssh cannot drain them or wait for their jobs): only where the nodes run nothing but "
+        "Guard's sweeps; off, a network flag is untested and keeps the node out",
+    )
     simulated_truth: str | None = Field(
         None, description="simulator TRUTH.json for the simulated executor"
     )

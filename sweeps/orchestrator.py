@@ -827,7 +827,13 @@ class Orchestrator:
                 self._start_sweep(rec, "multi", peers)
                 return
         if job.sweep == "single" and network:  # a link is only tested between two nodes
-            why = "no healthy peer for it" if multi else "this executor runs single-node ones only"
+            why = (
+                "no healthy peer for it"
+                if multi
+                else getattr(
+                    self.executor, "single_only_why", "this executor runs single-node ones only"
+                )
+            )
             summary = f"untested: a {'/'.join(network)} flag needs a multi-node sweep, {why}"
             self._transition(rec, "failed", f"passed the single-node sweep; {summary}")
             self._send_to_repair(rec, summary)

@@ -83,6 +83,8 @@ ANNOTATION_BEFORE = "guard.io/cordon-before"
 ANNOTATION_REASON = "guard.io/reason"
 _CONTROL_PLANE = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
 _STRATEGIC = "application/strategic-merge-patch+json"
+#: Nodes a multi-node sweep's peer choice asks for their pods at most (one list each).
+_IDLE_LOOKUPS = 16
 #: Patches in a row refused with 409 (the node changed meanwhile) before Guard gives up for now.
 CONFLICT_RETRIES = 5
 SWEEP_LABEL = "guard-sweep"  # app.kubernetes.io/name of the sweep Jobs and their pods
@@ -448,9 +450,27 @@ class KubernetesScheduler:
 
     # --- jobs on the node ----------------------------------------------------------------------
 
+    def idle_peers(self, candidates: Sequence[str], want: int) -> list[str]:
+        """Up to ``want`` of ``candidates`` (in their order) with no workload pod (running or
+        pending, DaemonSet and mirror pods aside): a multi-node sweep takes those first, so
+        that no job is moved for it while an idle node would do. At most
+        ``_IDLE_LOOKUPS`` nodes are asked (one pod list each)."""
+        idle: list[str] = []
+        for node in candidates[:_IDLE_LOOKUPS]:
+            if not self.workload_pods(node, gpu_only=False):
+                idle.append(node)
+                if len(idle) == want:
+                    break
+        return idle
+
     def training_pods(self, node: str) -> list[dict[str, Any]]:
         """Pods on the node that use GPUs, are running or pending, and are not DaemonSet or
         mirror pods (nor Guard's sweep)."""
+        return self.workload_pods(node, gpu_only=True)
+
+    def workload_pods(self, node: str, gpu_only: bool) -> list[dict[str, Any]]:
+        """Running or pending pods on the node that are not DaemonSet or mirror pods (nor
+        Guard's sweep); with ``gpu_only``, those that ask for GPUs."""
         listed = self._call(
             f"listing the pods on {node}",
             self.api.list_pod_for_all_namespaces,
@@ -467,6 +487,9 @@ class KubernetesScheduler:
             if (meta.get("labels") or {}).get("app.kubernetes.io/name") == SWEEP_LABEL:
                 continue  # Guard's own sweep
             if (pod.get("status") or {}).get("phase") not in ("Running", "Pending"):
+                continue
+            if not gpu_only:
+                pods.append(pod)
                 continue
             containers = (pod.get("spec") or {}).get("containers") or []
             wants = [

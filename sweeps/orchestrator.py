@@ -875,7 +875,18 @@ class Orchestrator:
         ]
         # A stable but node-specific order spreads the peer load over the healthy nodes.
         healthy.sort(key=lambda n: stable_id("peer", node, n))
-        return healthy[:want]
+        idle_peers = getattr(self.scheduler, "idle_peers", None)
+        if idle_peers is not None and healthy:
+            try:
+                idle: list[str] = idle_peers(healthy, want)
+            except SchedulerError as exc:
+                log.warning(
+                    "could not tell which nodes are idle in %s: %s", self.scheduler.name, exc
+                )
+                idle = []
+            if idle:  # never drain a busy peer while an idle one would do (even if fewer)
+                return idle
+        return healthy[:want]  # none idle: busy peers, drained for the sweep by the executor
 
 
 def _without_hold_note(reason: str) -> str:

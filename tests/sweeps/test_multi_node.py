@@ -145,6 +145,9 @@ class TwoNodeSlurm:
     def nodes(self) -> list[str]:
         return list(self.nodes_)
 
+    def node_states(self) -> list[SlurmNode]:
+        return [self.node(n) for n in self.nodes_]
+
     def jobs_on(self, name: str) -> list[str]:
         if name == "sb" and self.peer_jobs:
             self.peer_jobs -= 1  # the peer's job ends while Guard waits
@@ -217,7 +220,57 @@ def test_an_admin_drained_peer_is_not_borrowed_and_the_sweep_is_untested(tmp_pat
     assert not any("NodeName=sb" in c for c in cli.calls)
 
 
+def test_slurm_lends_an_idle_peer_before_a_busy_one(tmp_path: Path) -> None:
+    # sa is the suspect; of its two healthy peers one runs a job (MIXED) and one is IDLE:
+    # whichever the order of the health-only choice, the idle one is taken, not drained.
+    def chosen(states: dict[str, str]) -> list[str]:
+        where = tmp_path / "-".join(states.values())
+        where.mkdir()
+        cli = TwoNodeSlurm(where)
+        cli.nodes_.update({n: {"State": st, "Reason": ""} for n, st in states.items()})
+        out: list[GuardMessage] = []
+        orch = Orchestrator(
+            OrchestratorSettings(nodes=["sa", "sb", "sc"], multi_sweep_peers=1),
+            scheduler=SlurmScheduler(cli, user="guard"),  # type: ignore[arg-type]
+            executor=SimulatedSweepExecutor([], seed=1),
+            publish=out.append,
+            clock=Clock(T0),
+            inline_sweeps=True,
+        )
+        orch.handle_flag(flag("sa", "f1", T0 - 1, category="nic", gpu=None))
+        orch.tick()
+        [multi] = [m for m in out if isinstance(m, SweepResult) and m.sweep == "multi"]
+        return multi.peers
+
+    assert chosen({"sb": "MIXED", "sc": "IDLE"}) == ["sc"]
+    assert chosen({"sb": "IDLE", "sc": "ALLOCATED"}) == ["sb"]
+    # IDLE but planned for a job, reserved or drained is not free; with none idle, a busy
+    # healthy peer is drained for the sweep (the executor waits for its jobs).
+    assert len(chosen({"sb": "IDLE+PLANNED", "sc": "MIXED"})) == 1
+    assert [SlurmNode.parse(f"NodeName=x State={st}").idle for st in
+            ("IDLE", "IDLE+PLANNED", "IDLE+DRAIN", "IDLE+RESERVED", "MIXED", "DOWN")] == [
+        True, False, False, False, False, False]  # fmt: skip
+
+
 # --- Kubernetes, on the recording API of test_kubernetes.py ---------------------------------
+
+
+def test_kubernetes_lends_a_peer_without_workload_pods_first(tmp_path: Path) -> None:
+    server = StandInApiServer()
+    try:
+        kube = KubernetesScheduler(kubeconfig=kubeconfig(tmp_path, server.url), namespace="g")
+        # gpu-b runs a CPU-only pod of a job: busy (it would be moved); gpu-a only a
+        # DaemonSet's pod and a finished pod: idle.
+        cpu_job = pod("etl-0", "gpu-b", gpus=None)
+        agent = pod("agent-x", "gpu-a", owner="DaemonSet")
+        done = pod("old-0", "gpu-a")
+        done["status"]["phase"] = "Succeeded"
+        server.pods = {"etl-0": cpu_job, "agent-x": agent, "old-0": done}
+        assert kube.training_pods("gpu-b") == []  # no GPU asked: not a training pod ...
+        assert kube.idle_peers(["gpu-b", "gpu-a"], 2) == ["gpu-a"]  # ... but not idle either
+        assert kube.idle_peers(["gpu-b"], 1) == []
+    finally:
+        server.close()
 
 
 class TwoNodeApiServer(StandInApiServer):

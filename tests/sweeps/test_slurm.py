@@ -535,3 +535,17 @@ def test_a_job_opens_only_the_gpus_slurm_gave_it(node: str) -> None:
     ]
     whole = _open_gpus(node, "--exclusive", f"--gres=gpu:{gpus}")  # the sweep's request
     assert whole == [f"nvidia{i} OSError" for i in range(gpus)]
+
+
+def test_an_idle_node_is_lent_first_and_a_busy_or_drained_one_is_not_idle(node: str) -> None:
+    # The peer choice of a multi-node sweep reads the real node states (one scontrol call).
+    scheduler = SlurmScheduler(user="root")
+    assert scheduler.idle_peers([node], 1) == [node]
+    job = sh("sbatch", "--parsable", "-w", node, "-o", "/dev/null", "--wrap", "sleep 300").strip()
+    wait_for("the job running", lambda: job in sh("squeue", "-h", "-t", "R", "-o", "%i"))
+    assert scheduler.idle_peers([node], 1) == []  # MIXED or ALLOCATED: a job runs there
+    sh("scancel", job)
+    wait_for("the node idle again", lambda: scheduler.idle_peers([node], 1) == [node])
+    sh("scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=bad cable")
+    assert scheduler.idle_peers([node], 1) == []  # IDLE+DRAIN: not free to lend
+    assert scheduler.idle_peers(["no-such-node"], 1) == []

@@ -296,6 +296,12 @@ class OrchestratorSettings(Section):
     operator_check_s: float = Field(
         30, gt=0, description="how often the nodes Guard holds are checked for an operator's undo"
     )
+    node_watch_s: float = Field(
+        300,
+        gt=0,
+        description="how often the scheduler's nodes are read again: nodes that joined since "
+        "get the GuardSuspect=False condition (Kubernetes) and count in the inventory",
+    )
     opt_out_nodes: list[str] = Field(
         default_factory=list,
         description="nodes Guard never cordons, sweeps or marks (also: the Kubernetes label "

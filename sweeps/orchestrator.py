@@ -176,7 +176,8 @@ class Orchestrator:
         self.listeners = list(listeners)
         self.actor = settings.actor
         self._inventory: list[str] | None = list(nodes or settings.nodes) or None
-        self._inventory_asked = self._inventory is not None
+        self._inventory_asked = self._inventory_fixed = self._inventory is not None
+        self._next_node_watch = time.monotonic() + settings.node_watch_s
         self.records: dict[str, NodeRecord] = {}
         self._jobs: dict[str, _SweepJob] = {}
         self._scheduler_todo: dict[str, tuple[str, str, float]] = {}
@@ -234,7 +235,7 @@ class Orchestrator:
         """After :meth:`recover`: re-assert cordons, carry interrupted work on, apply requests."""
         with self._lock:
             self._judge_failure_rate(self.clock())  # the recovered failures may stop it at once
-            self._watch_start()
+            self._watch_nodes()
             for rec in list(self.records.values()):
                 if rec.state in OUT_OF_POOL:
                     done = self._call_scheduler(rec.node, "reassert", rec.reason)
@@ -362,6 +363,8 @@ class Orchestrator:
             self._retry_scheduler()
             self._collect_sweeps()
             self._check_operator_undo()
+            if time.monotonic() >= self._next_node_watch:
+                self._watch_nodes()
             self._judge_failure_rate(now)
             for rec in list(self.records.values()):
                 if rec.state == "cordoned" and rec.node not in self._jobs:
@@ -492,9 +495,17 @@ class Orchestrator:
             self.stats["scheduler_foreign"] += 1
         return done or "done"
 
-    def _watch_start(self) -> None:
-        """At start: the scheduler marks every node Guard watches (Kubernetes: the condition
-        False, as node-problem-detector does), the nodes Guard holds excepted."""
+    def _watch_nodes(self) -> None:
+        """At start and every ``node_watch_s``: the scheduler marks every node Guard watches
+        (Kubernetes: the condition False, as node-problem-detector does), the nodes Guard
+        holds excepted, so that nodes that joined later are marked too; and the inventory
+        (peers, cluster size), unless configured, is read again."""
+        self._next_node_watch = time.monotonic() + self.settings.node_watch_s
+        if not self._inventory_fixed and self._inventory_asked:
+            try:
+                self._inventory = self.scheduler.inventory() or self._inventory
+            except SchedulerError as exc:  # the inventory read last stays
+                log.warning("could not list the nodes in %s: %s", self.scheduler.name, exc)
         watch = getattr(self.scheduler, "watch", None)
         if watch is None:
             return

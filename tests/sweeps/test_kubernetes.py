@@ -775,3 +775,26 @@ def test_an_opted_out_node_is_never_touched_and_watched_nodes_get_the_condition_
     assert len([r for r in apiserver.requests if r["method"] != "GET"]) == writes
     orch.resume([])  # a second start finds the condition already False: no write
     assert len([r for r in apiserver.requests if r["method"] != "GET"]) == writes
+
+
+def test_a_node_that_joins_later_gets_the_condition_false_and_joins_the_inventory(
+    apiserver: StandInApiServer, kube: KubernetesScheduler
+) -> None:
+    orch = Orchestrator(
+        OrchestratorSettings(node_watch_s=0.05),
+        scheduler=kube,
+        executor=None,
+        publish=[].append,
+        inline_sweeps=True,
+    )
+    orch.resume([])
+    assert orch.inventory() == ["gpu-a", "gpu-b"]
+    apiserver.nodes["gpu-c"] = gpu_node("gpu-c")  # a node added to the cluster later
+    orch.tick()  # before node_watch_s: not read again
+    assert apiserver.nodes["gpu-c"]["status"]["conditions"] == []
+    time.sleep(0.06)
+    orch.tick()
+    [condition] = apiserver.nodes["gpu-c"]["status"]["conditions"]
+    assert (condition["type"], condition["status"]) == ("GuardSuspect", "False")
+    assert orch.inventory() == ["gpu-a", "gpu-b", "gpu-c"]
+    assert orch.cluster_size() == 3

@@ -67,6 +67,8 @@ from .policy import SweepFailureStop, SweepPolicy
 from .scheduler import SchedulerAdapter, SchedulerError
 from .states import (
     ALLOWED,
+    FLAG_IN_REASON,
+    NETWORK_CATEGORIES,
     OUT_OF_POOL,
     REASON_AWAITING_CORDON,
     REASON_AWAITING_REPAIR,
@@ -74,6 +76,7 @@ from .states import (
     REASON_PUT_BACK,
     InvalidTransition,
     NodeRecord,
+    flags_note,
     is_operator,
     recover_views,
 )
@@ -453,6 +456,10 @@ class Orchestrator:
     def _transition(self, rec: NodeRecord, state: str, reason: str, operator: bool = False) -> None:
         if not operator and state not in ALLOWED[rec.state]:
             raise InvalidTransition(f"{rec.node}: {rec.state} -> {state} is not allowed")
+        if state in OUT_OF_POOL and not FLAG_IN_REASON.search(reason):
+            # the flags stay named on the latest state: compaction and restarts keep them
+            note = flags_note(self._flag_kinds(rec))
+            reason = f"{reason}; {note}" if note else reason
         message = NodeState(
             ts=self.clock(),
             node=rec.node,
@@ -465,6 +472,17 @@ class Orchestrator:
         self.stats[f"to_{state}"] += 1
         log.info("%s: %s -> %s (%s)", rec.node, message.prev, state, reason)
         self._emit(message)
+
+    def _flag_kinds(self, rec: NodeRecord) -> list[tuple[str, str]]:
+        """(severity, category) of the node's claims, the most severe per category, in the
+        order first seen; the ones a restart read back from its last reason first."""
+        kinds = dict((c, s) for s, c in rec.flag_kinds)
+        for flag in sorted(rec.claims.values(), key=lambda f: f.ts):
+            was = kinds.get(flag.category)
+            if was is None or SEVERITY_RANK[flag.severity] > SEVERITY_RANK[was]:
+                kinds[flag.category] = flag.severity
+        rec.flag_kinds = [(s, c) for c, s in kinds.items()]
+        return rec.flag_kinds
 
     def _emit(self, message: GuardMessage) -> None:
         self._publish(message)
@@ -830,7 +848,7 @@ class Orchestrator:
             self._transition(rec, "failed", f"failed the {job.sweep}-node sweep: {summary}")
             self._send_to_repair(rec, f"failed the {job.sweep}-node sweep ({summary})")
             return
-        network = sorted({f.category for f in rec.claims.values()} & NETWORK_CATEGORIES)
+        network = sorted({c for _, c in self._flag_kinds(rec)} & NETWORK_CATEGORIES)
         multi = bool(self.executor and "multi" in self.executor.sweep_kinds)
         if job.sweep == "single" and multi:
             peers = self._choose_peers(rec.node)
@@ -903,10 +921,6 @@ class Orchestrator:
 def _without_hold_note(reason: str) -> str:
     """A waiting suspect's reason without the note of what holds it back."""
     return _HOLD_NOTE.split(reason, 1)[0]
-
-
-#: Flags about the network: a single-node sweep cannot clear them (the link is between nodes).
-NETWORK_CATEGORIES = frozenset({"nic", "link", "comm_slow", "comm_hang"})
 
 
 def _describe(flag: Flag) -> str:

@@ -449,7 +449,7 @@ def test_ssh_runs_no_multi_node_sweep_on_peers_it_cannot_drain(
     assert [s.state for s in states] == ["suspect", "cordoned", "sweeping", "failed", "repair"]
     assert states[3].reason == (
         "passed the single-node sweep; untested: a nic flag needs a multi-node sweep, "
-        f"{SshExecutor.single_only_why}"
+        f"{SshExecutor.single_only_why}; after a critical nic flag"
     )
     assert "--sweep multi" not in calls and calls.count("\n") == 1  # no peer was touched
     states, calls = orchestrate("thermal")  # a GPU flag: the single-node sweep decides

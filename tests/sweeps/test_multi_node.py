@@ -71,7 +71,7 @@ def test_a_network_flag_never_passes_on_a_single_node_sweep(category: str) -> No
     assert [s.state for s in alone] == ["suspect", "cordoned", "sweeping", "failed", "repair"]
     assert alone[3].reason == (
         f"passed the single-node sweep; untested: a {category} flag needs a multi-node sweep, "
-        "this executor runs single-node ones only"
+        f"this executor runs single-node ones only; after a critical {category} flag"
     )
     no_peer = orchestrate(category, SimulatedSweepExecutor([], seed=1), multi_sweep_peers=0)
     assert [s.state for s in no_peer][-2:] == ["failed", "repair"]
@@ -79,6 +79,48 @@ def test_a_network_flag_never_passes_on_a_single_node_sweep(category: str) -> No
     multi = orchestrate(category, SimulatedSweepExecutor([], seed=1))
     assert [s.state for s in multi] == ["suspect", "cordoned", "sweeping", "healthy"]
     assert multi[-1].reason == "passed the single-node and multi-node sweeps"
+
+
+def test_a_network_flag_still_needs_its_multi_node_sweep_after_a_restart() -> None:
+    # The orchestrator is killed while the nic-flagged node's single-node sweep runs; the
+    # restarted one has no claims, only the node-state topic (compacted: the last state).
+    first: list[GuardMessage] = []
+    gate = threading.Event()
+
+    class Hanging(SingleOnly):
+        def run(self, node: str, sweep: str, peers: Any, now: float) -> list[SweepCheck]:
+            gate.wait(60)
+            return super().run(node, sweep, peers, now)
+
+    orch = Orchestrator(
+        OrchestratorSettings(nodes=NODES),
+        scheduler=DryRunScheduler(),
+        executor=Hanging(),
+        publish=first.append,
+        clock=Clock(T0),
+    )
+    try:
+        orch.handle_flag(flag("node-010", "f1", T0 - 1, category="nic", gpu=None))
+        orch.tick()
+        assert orch.sweeping() == ["node-010"]
+    finally:
+        orch.close()
+        gate.set()
+    last = [m for m in first if isinstance(m, NodeState)][-1]
+    assert last.state == "sweeping" and last.reason.endswith("; after a critical nic flag")
+    after: list[GuardMessage] = []
+    again = Orchestrator(
+        OrchestratorSettings(nodes=NODES),
+        scheduler=DryRunScheduler(),
+        executor=SingleOnly(),
+        publish=after.append,
+        clock=Clock(T0 + 60),
+        inline_sweeps=True,
+    )
+    again.resume(again.recover([last]))
+    states = [m for m in after if isinstance(m, NodeState)]
+    assert [s.state for s in states] == ["sweeping", "failed", "repair"]  # not released
+    assert "untested: a nic flag needs a multi-node sweep" in states[1].reason
 
 
 def test_a_gpu_flag_still_passes_on_a_single_node_sweep() -> None:

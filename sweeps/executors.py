@@ -96,7 +96,7 @@ class SimulatedFault:
     def slowdown_at(self, now: float) -> float:
         """The slowdown at ``now``: a ``degrading`` fault ramps up over ``detail.ramp_s``."""
         ramp = self.detail.get("ramp_s")
-        return ramped_slowdown(self.slowdown, self.onset, float(ramp) if ramp else None, now)
+        return float(ramped_slowdown(self.slowdown, self.onset, float(ramp) if ramp else None, now))
 
     @classmethod
     def from_truth(cls, fault: Fault) -> SimulatedFault:

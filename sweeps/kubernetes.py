@@ -119,11 +119,11 @@ def _load_api_client(kubeconfig: str | None, context: str | None) -> Any:
     try:
         if kubeconfig is None:
             try:
-                config.load_incluster_config()
+                config.load_incluster_config()  # type: ignore[no-untyped-call]
             except config.ConfigException:
-                config.load_kube_config(context=context)
+                config.load_kube_config(context=context)  # type: ignore[no-untyped-call]
         else:
-            config.load_kube_config(config_file=kubeconfig, context=context)
+            config.load_kube_config(config_file=kubeconfig, context=context)  # type: ignore[no-untyped-call]
     except (config.ConfigException, OSError) as exc:
         where = kubeconfig or "~/.kube/config (and no in-cluster service account)"
         raise ConfigError(
@@ -516,10 +516,14 @@ class KubernetesScheduler:
         return out
 
     def _evict(self, namespace: str, pod: str) -> str:
+        from kubernetes.client import V1Eviction, V1ObjectMeta
         from kubernetes.client.exceptions import ApiException
 
-        body = {"apiVersion": "policy/v1", "kind": "Eviction"}
-        body["metadata"] = {"name": pod, "namespace": namespace}  # type: ignore[assignment]
+        body = V1Eviction(
+            api_version="policy/v1",
+            kind="Eviction",
+            metadata=V1ObjectMeta(name=pod, namespace=namespace),
+        )
         try:
             self.api.create_namespaced_pod_eviction(pod, namespace, body)
         except ApiException as exc:

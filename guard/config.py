@@ -378,7 +378,8 @@ class OrchestratorSettings(Section):
         3600,
         gt=0,
         description="longest wait for the jobs on a node taken out to end (slurm and kubernetes "
-        "executors); then the node goes to repair",
+        "executors, and ssh/commands sweeps under the slurm or kubernetes scheduler); then the "
+        "node goes to repair",
     )
     sweep_command: str = Field(
         "guard sweep run --json --node {node}",

@@ -463,6 +463,13 @@ class KubernetesScheduler:
                     break
         return idle
 
+    def jobs_on(self, node: str) -> list[str]:
+        """The training pods on the node, as ``namespace/name``."""
+        return [
+            f"{p['metadata'].get('namespace', 'default')}/{p['metadata']['name']}"
+            for p in self.training_pods(node)
+        ]
+
     def training_pods(self, node: str) -> list[dict[str, Any]]:
         """Pods on the node that use GPUs, are running or pending, and are not DaemonSet or
         mirror pods (nor Guard's sweep)."""

@@ -92,6 +92,7 @@ StopListener = Callable[[bool, str], None]
 _SEEN_FLAG_IDS = 100_000
 _HOLD_NOTE = re.compile(r"; (?:cap of \d|sweeping stopped: |queued: )")
 _SCHEDULER_RETRY_S = 10.0
+_JOBS_POLL_S = 1.0
 
 
 class SimulatedClock:
@@ -784,22 +785,59 @@ class Orchestrator:
         self._jobs[rec.node] = job
         self.stats[f"sweeps_{sweep}"] += 1
         if self._pool is None:
-            job.checks = self._run_executor(rec.node, sweep, peers, now)
+            job.checks = self._run_executor(job, now)
             del self._jobs[rec.node]
             self._finish_sweep(rec, job)
         else:
-            job.future = self._pool.submit(self._run_executor, rec.node, sweep, peers, now)
+            job.future = self._pool.submit(self._run_executor, job, now)
 
     def _sweep_budget_s(self) -> float:
-        """``sweep_timeout_s``, plus the wait for the node's jobs to end where the executor
-        waits for them itself (the Slurm and Kubernetes executors' ``drain_wait_s``)."""
-        return self.settings.sweep_timeout_s + float(getattr(self.executor, "drain_wait_s", 0.0))
+        """``sweep_timeout_s``, plus the wait for the node's jobs to end: the executor's own
+        (the Slurm and Kubernetes executors' ``drain_wait_s``) or :meth:`_wait_for_jobs`."""
+        wait = getattr(self.executor, "drain_wait_s", None)
+        if wait is None and self._waits_for_jobs():
+            wait = self.settings.drain_timeout_s
+        return self.settings.sweep_timeout_s + float(wait or 0.0)
 
-    def _run_executor(
-        self, node: str, sweep: str, peers: list[str], now: float
-    ) -> list[SweepCheck]:
+    def _waits_for_jobs(self) -> bool:
+        """The orchestrator waits for a node's jobs before its single-node sweep where the
+        executor does not (ssh, commands) and the scheduler can list them (Slurm, Kubernetes)."""
+        return not hasattr(self.executor, "drain_wait_s") and hasattr(self.scheduler, "jobs_on")
+
+    def _wait_for_jobs(self, job: _SweepJob) -> SweepCheck | None:
+        """Wait until the scheduler lists no job on the node just taken out (a sweep beside a
+        job measures the sharing and disturbs the job); a failed check when some are still
+        there after ``drain_timeout_s``, or when the sweep was abandoned meanwhile."""
+        jobs_on = self.scheduler.jobs_on  # type: ignore[attr-defined]
+        timeout = self.settings.drain_timeout_s
+        deadline = time.monotonic() + timeout
+        left: list[str] | str = []
+        while self._jobs.get(job.node) is job:
+            try:
+                left = list(jobs_on(job.node))
+            except SchedulerError as exc:  # asked again until the deadline
+                left = f"the jobs on it unknown ({exc})"
+            if not left:
+                return None
+            if time.monotonic() > deadline:
+                shown = left if isinstance(left, str) else "jobs " + ", ".join(left[:20])
+                return SweepCheck(
+                    name="drain_timeout",
+                    passed=False,
+                    detail=f"untested: {job.node} still runs {shown} {timeout:g} s after it "
+                    f"was taken out in {self.scheduler.name}"[:4000],
+                )
+            time.sleep(min(_JOBS_POLL_S, timeout / 10))
+        return SweepCheck(name="sweep_abandoned", passed=False, detail="abandoned while waiting")
+
+    def _run_executor(self, job: _SweepJob, now: float) -> list[SweepCheck]:
         assert self.executor is not None  # _start_sweep runs none without one
+        node, sweep, peers = job.node, job.sweep, job.peers
         try:
+            if sweep == "single" and self._waits_for_jobs():
+                waited = self._wait_for_jobs(job)
+                if waited is not None:
+                    return [waited]
             return self.executor.run(node, sweep, peers, now)
         except Exception as exc:
             log.exception("%s sweep of %s raised", sweep, node)

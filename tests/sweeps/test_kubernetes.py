@@ -28,7 +28,7 @@ from kubernetes import client
 
 from guard.config import ConfigError, OrchestratorSettings, Settings
 from guard.schemas import Flag, GuardMessage, NodeState, SweepCheck, SweepResult
-from guard.sweeps.executors import make_executor
+from guard.sweeps.executors import CommandExecutor, make_executor
 from guard.sweeps.kubernetes import (
     ANNOTATION_BEFORE,
     ANNOTATION_REASON,
@@ -798,3 +798,34 @@ def test_a_node_that_joins_later_gets_the_condition_false_and_joins_the_inventor
     assert (condition["type"], condition["status"]) == ("GuardSuspect", "False")
     assert orch.inventory() == ["gpu-a", "gpu-b", "gpu-c"]
     assert orch.cluster_size() == 3
+
+
+def test_an_ssh_or_commands_sweep_waits_until_the_training_pods_are_gone(
+    apiserver: StandInApiServer, kube: KubernetesScheduler
+) -> None:
+    def orchestrate(drain_timeout_s: float) -> list[GuardMessage]:
+        out: list[GuardMessage] = []
+        orch = Orchestrator(
+            OrchestratorSettings(drain_timeout_s=drain_timeout_s),
+            scheduler=kube,
+            executor=CommandExecutor([{"name": "ok", "command": "echo 0", "max": 0}]),
+            publish=out.append,
+            inline_sweeps=True,
+        )
+        orch.handle_flag(thermal("gpu-b", f"w{drain_timeout_s}", time.time() - 1))
+        orch.tick()
+        return out
+
+    apiserver.pods = {"trainer-0": pod("trainer-0", "gpu-b")}
+    threading.Timer(1.5, apiserver.pods.clear).start()  # the training pod ends meanwhile
+    passed = orchestrate(drain_timeout_s=30)
+    [sweep] = [m for m in passed if isinstance(m, SweepResult)]
+    assert [c.name for c in sweep.checks] == ["ok"] and sweep.passed
+    assert [m.state for m in passed if isinstance(m, NodeState)][-1] == "healthy"
+    apiserver.pods = {"trainer-0": pod("trainer-0", "gpu-b")}
+    stays = orchestrate(drain_timeout_s=1.0)
+    [sweep] = [m for m in stays if isinstance(m, SweepResult)]
+    assert [c.name for c in sweep.checks] == ["drain_timeout"]
+    assert sweep.checks[0].detail == (
+        "untested: gpu-b still runs jobs train/trainer-0 1 s after it was taken out in kubernetes"
+    )

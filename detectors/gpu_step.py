@@ -12,7 +12,8 @@ The core hands in the GPU samples of a step (a poll or a tick of a partition) as
    and clocks as array operations over :class:`~guard.detectors.gpu_round.Rounds`, a node's
    holds stacked with the others' for the step; a node with several rounds in the step has
    them judged in order, one wave per round;
-4. feeds the node's river model (every ``sample_s``), a round at a time.
+4. adds a round every ``sample_s`` to the node's window features for its job's river model
+   (:class:`~guard.detectors.peer_anomaly.GpuWindows`).
 
 The findings come in the order the per-sample rules gave them: a sample's errors, then the
 findings of the round it closed.
@@ -154,8 +155,7 @@ def judge_rounds(
     for r in range(len(rounds)):
         det = nodes[int(rounds.owner[r])]
         if det.anomaly is not None:
-            for f in det.anomaly.update(rounds, r, det.node):
-                found.append((int(keys[r]), 1, 3, 0, 0, f))
+            det.anomaly.update(rounds, r)  # its windows go to the job's model (the core sends)
     return found
 
 

@@ -829,3 +829,32 @@ def test_an_ssh_or_commands_sweep_waits_until_the_training_pods_are_gone(
     assert sweep.checks[0].detail == (
         "untested: gpu-b still runs jobs train/trainer-0 1 s after it was taken out in kubernetes"
     )
+
+
+def test_a_sweep_released_by_an_operator_while_it_waits_for_the_pods_never_runs(
+    apiserver: StandInApiServer, kube: KubernetesScheduler, tmp_path: Path
+) -> None:
+    ran = tmp_path / "ran"
+    apiserver.pods = {"trainer-0": pod("trainer-0", "gpu-b")}  # it stays
+    out: list[GuardMessage] = []
+    orch = Orchestrator(
+        OrchestratorSettings(drain_timeout_s=60),
+        scheduler=kube,
+        executor=CommandExecutor([{"name": "ran", "command": f"touch {ran}", "max": 0}]),
+        publish=out.append,
+    )
+    try:
+        orch.handle_flag(thermal("gpu-b", "w-op", time.time() - 1))
+        orch.tick()
+        assert orch.sweeping() == ["gpu-b"]  # waiting for trainer-0 in a sweep worker
+        orch.handle_operator(
+            NodeState(ts=time.time(), node="gpu-b", state="healthy", actor="operator:ann")
+        )
+        apiserver.pods.clear()  # the job ends after the release
+        time.sleep(2.5)  # more than one poll of the pods: the wait has seen it abandoned
+        orch.tick()
+    finally:
+        orch.close()
+    assert not ran.exists()  # the sweep never started on a node back in service
+    assert [m for m in out if isinstance(m, SweepResult)] == []
+    assert orch.state_of("gpu-b") == "healthy"

@@ -737,7 +737,7 @@ class MessageFeed:
         those as); the flags of the step it closed, if any."""
         if type(message) is tuple:
             _, head, entries = message
-            ts = record_ts(head)
+            ts = record_ts(head) or 0.0
             newest = max(ts, *(record_ts(e) or 0.0 for e in entries))
             return self._add(ts, newest, message)
         return self.add([message])

@@ -21,19 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import faust
 from faust.sensors import Monitor
 
 from guard.config import Settings, streams_state_key
-from guard.detectors.core import TABLES, DetectionCore, encode_finding, finding_key
+from guard.detectors.core import TABLES, DetectionCore, Outgoing, encode_finding, finding_key
 from guard.detectors.engine import EngineConfig
-from guard.detectors.findings import Finding
 from guard.kafka import DLQ_ERROR_HEADER, DLQ_SOURCE_HEADER, faust_broker_settings
 from guard.metrics import dead_letter_reason
-from guard.schemas import SchemaError, encode
+from guard.schemas import Flag, SchemaError, encode
 
 from .metrics import flags_sent
 from .processing import KeyedState, StreamsCounters, engine_config_of, topic_kinds
@@ -170,7 +169,12 @@ class _Wiring:
         _backed_by(state, self.app.Table(table, **self.table_args), self.state_key)
         return state
 
-    async def send_findings(self, findings: list[Finding]) -> None:
+    async def send_flags(self, flags: list[Flag]) -> None:
+        for flag in flags:
+            await self.remediation.send(key=flag.kafka_key(), value=encode(flag), timestamp=flag.ts)
+        flags_sent(flags, "faust")
+
+    async def send_findings(self, findings: Sequence[Outgoing]) -> None:
         for f in findings:
             await self.findings.send(
                 key=finding_key(f).encode(), value=encode_finding(f), timestamp=f.ts
@@ -203,6 +207,7 @@ class _Wiring:
                 for index, error in out.bad:
                     await self.dead_letter(events[index], error)
                 await self.send_findings(out.findings)
+                await self.send_flags(out.flags)  # job findings that waited for their node
 
         self.app.agent(self.app.topic(*kinds, **RAW), name="telemetry")(telemetry)
 
@@ -219,11 +224,8 @@ class _Wiring:
                 )
                 for index, error in out.bad_findings:
                     await self.dead_letter(events[index], error)
-                for flag in out.flags:
-                    await self.remediation.send(
-                        key=flag.kafka_key(), value=encode(flag), timestamp=flag.ts
-                    )
-                flags_sent(out.flags, "faust")
+                await self.send_findings(out.findings)  # the jobs' river models' findings
+                await self.send_flags(out.flags)
 
         self.app.agent(self.findings, name="fusion")(fusion)
 

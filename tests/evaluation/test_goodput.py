@@ -254,19 +254,25 @@ def test_benchmark_compute_rule_fires_in_a_synchronous_job(bench: Any) -> None:
     assert fired == []
 
 
-def test_benchmark_interval_and_break_even(bench: Any) -> None:
-    outcome = bench.SliceOutcome(
+def _small_setting(bench: Any, rate: float) -> Any:
+    """A day model over two slices: a slow GPU only Guard takes out (cordoned 120 s after
+    onset) and an Xid everyone acts on."""
+    slow = bench.SliceOutcome(
         "slow_gpu", 0.3, {"guard": 60.0, "rules": None}, {"guard": 120.0, "rules": None}, {}
     )
     xid = bench.SliceOutcome(
         "xid", 0.0, {"guard": 5.0, "rules": 5.0}, {"guard": 30.0, "rules": 5.0}, {}
     )
-    setting = bench.Setting(
-        rate=5e-4,
+    return bench.Setting(
+        rate=rate,
         mix={"slow_gpu": 0.5, "xid": 0.5},
-        pool={"slow_gpu": [outcome], "xid": [xid]},
+        pool={"slow_gpu": [slow], "xid": [xid]},
         false_rate={"guard": 0.0, "rules": 0.0},
     )
+
+
+def test_benchmark_interval_and_break_even(bench: Any) -> None:
+    setting = _small_setting(bench, 5e-4)
     m, lo, hi = bench.gain(setting, 60, "none")
     assert lo < m < hi and lo > 0  # Guard takes the slow GPU out; no one else does
     be = bench.break_even(setting, 60, "none")
@@ -307,18 +313,7 @@ def test_the_sensitivity_page_renders_every_figure_in_its_colours(
     cell's value written on it."""
     from ..guard.test_report import pixels_of, render, screenshot
 
-    slow = bench.SliceOutcome(
-        "slow_gpu", 0.3, {"guard": 60.0, "rules": None}, {"guard": 120.0, "rules": None}, {}
-    )
-    xid = bench.SliceOutcome(
-        "xid", 0.0, {"guard": 5.0, "rules": 5.0}, {"guard": 30.0, "rules": 5.0}, {}
-    )
-    setting = bench.Setting(
-        rate=1.2e-4,
-        mix={"slow_gpu": 0.5, "xid": 0.5},
-        pool={"slow_gpu": [slow], "xid": [xid]},
-        false_rate={"guard": 0.0, "rules": 0.0},
-    )
+    setting = _small_setting(bench, 1.2e-4)  # about the trace's rate
     seeds = 40
     headline = {
         x: {

@@ -38,7 +38,7 @@ from collections.abc import Callable
 import orjson
 
 from guard.agents.simulator import ClusterSimulator, SimConfig
-from guard.detectors.core import DetectionCore, MessageFeed
+from guard.detectors.core import DetectionCore, MessageFeed, encode_findings
 from guard.schemas import GuardMessage, decode, encode
 from guard.schemas.batches import batch_messages, expand
 from guard.schemas.sample_decoder import decode_samples
@@ -59,12 +59,18 @@ def records_of(messages: list[GuardMessage], batched: bool) -> Records:
 
 
 def core(records: Records, batch: int) -> tuple[float, int]:
-    """CPU seconds of the processing core over ``records``, and the samples it counted."""
+    """CPU seconds of the processing core over ``records``, and the samples it counted. What
+    a step sends to the findings topic comes back with the next step, as a worker consumes
+    it (fusion, and the jobs' river models over the nodes' windows)."""
     detection = DetectionCore()
     started = time.process_time()
     for recs in records.values():
+        pending: list[tuple[int, bytes, bytes]] = []
         for i in range(0, len(recs), batch):
-            detection.step(recs[i : i + batch], (), 0.0)
+            out = detection.step(recs[i : i + batch], pending, 0.0)
+            pending = encode_findings(out.findings)
+        while pending:
+            pending = encode_findings(detection.step((), pending, 0.0).findings)
     return time.process_time() - started, detection.counters.samples
 
 

@@ -40,8 +40,7 @@ import numpy as np
 from guard.schemas.nvml_codes import IDLE
 
 from .findings import Finding
-from .gpu_round import GpuRoundRule, Rounds, finding, opt
-from .hold import CLEAR
+from .gpu_round import GpuRoundRule, Holds, Rounds, finding, opt
 
 __all__ = ["ClockDetector"]
 
@@ -63,43 +62,39 @@ class ClockDetector(GpuRoundRule):
         self.low_ratio = low_ratio
         self.min_util = min_util
 
-    def judge(
-        self, rounds: Rounds, state: np.ndarray, rows: np.ndarray, nodes: Sequence[str]
-    ) -> list[tuple[int, int, int, Finding]]:
-        """Findings of a wave of rounds (raises and clears of the GPUs' holds); a round
-        whose GPUs report no clock is not judged at all."""
+    def conditions(self, rounds: Rounds) -> tuple[Holds, dict[str, Any]]:
+        """The claim's hold: well below the siblings' clock under load; a round whose GPUs
+        report no clock is not judged at all."""
         clock, util = rounds.matrix("clock"), rounds.matrix("util")
         bits = rounds.matrix("reasons")
         med = rounds.median("clock")[:, None]
         judged = np.broadcast_to(med > 0.0, clock.shape)  # NaN: False
         below = np.where(~np.isnan(clock) & judged, 1.0 - clock / np.where(judged, med, 1.0), 0.0)
         cond = (below >= self.low_ratio) & (util >= self.min_util) & ((bits & IDLE) == 0)
-        found = []
-        rs, js, events = self.held(state[:, 0], rounds, rows, cond, judged)
-        for r, j, event in zip(rs.tolist(), js.tolist(), events.tolist(), strict=True):
-            b = float(below[r, j])
-            evidence: dict[str, Any] = {
-                "metric": "sm_clock_mhz",
-                "sm_clock_mhz": opt(clock[r, j]),
-                "peer_median_mhz": float(med[r, 0]),
-                "below_peers_pct": round(100.0 * b, 1),
-                "util_pct": opt(util[r, j]),
-                "reasons": hex(int(bits[r, j])),
-                "impact": "sm_clock_deficit",
-            }
-            since = float(state[rows[r, j], 0, 3])
-            f = finding(
-                self,
-                rounds,
-                nodes,
-                r,
-                j,
-                "clock",
-                "warning",
-                round(b, 3),
-                evidence,
-                since,
-                event == CLEAR,
-            )
-            found.append((r, j, 0, f))
-        return found
+        seen = {"clock": clock, "util": util, "bits": bits, "med": med, "below": below}
+        return [(0, cond, judged)], seen
+
+    def finding_of(
+        self,
+        seen: dict[str, Any],
+        rounds: Rounds,
+        nodes: Sequence[str],
+        r: int,
+        j: int,
+        slot: int,
+        since: float,
+        clear: bool,
+    ) -> Finding:
+        b = float(seen["below"][r, j])
+        evidence: dict[str, Any] = {
+            "metric": "sm_clock_mhz",
+            "sm_clock_mhz": opt(seen["clock"][r, j]),
+            "peer_median_mhz": float(seen["med"][r, 0]),
+            "below_peers_pct": round(100.0 * b, 1),
+            "util_pct": opt(seen["util"][r, j]),
+            "reasons": hex(int(seen["bits"][r, j])),
+            "impact": "sm_clock_deficit",
+        }
+        return finding(
+            self, rounds, nodes, r, j, "clock", "warning", round(b, 3), evidence, since, clear
+        )

@@ -59,7 +59,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 
@@ -68,11 +68,20 @@ from guard.schemas import (
     Flag,
     GuardMessage,
     SchemaError,
+    WindowFeatures,
     decode,
     encode,
 )
 from guard.schemas.codec import leading_kind
-from guard.schemas.sample_decoder import Rows, decode_rows, decode_samples, parse_samples
+from guard.schemas.sample_decoder import (
+    Rows,
+    decode_rows,
+    decode_samples,
+    decode_structs,
+    gpu_structs,
+    parse_samples,
+    record_ts,
+)
 
 from .engine import FABRIC_KEY, EngineConfig, JobDetectors, NodeDetectors, fabric_detector
 from .findings import Finding
@@ -80,14 +89,17 @@ from .fusion import JobFusion, NodeFusion
 from .gpu_round import GpuColumns
 from .gpu_step import update_gpus
 from .nic import NicColumns, NicIncreases, update_nics
+from .peer_anomaly import GpuJobAnomaly
 
 __all__ = [
+    "ANOMALY_KEY",
     "TABLES",
     "CoreCounters",
     "CoreOutput",
     "DetectionCore",
     "MemoryStore",
     "MessageFeed",
+    "Outgoing",
     "PartStore",
     "decode_finding",
     "encode_finding",
@@ -103,6 +115,9 @@ TABLES = ("node-detectors", "job-detectors", "fusion")
 TelemetryRecord = tuple[int, str | None, Any]
 #: (partition, key, value) of one record of the findings topic
 FindingRecordIn = tuple[int, bytes, bytes]
+#: what the core sends to the findings topic: findings for fusion, and nodes' window
+#: features for their job's river model (key ``anomaly:<job>``)
+Outgoing: TypeAlias = Finding | WindowFeatures
 
 _NODE_KINDS = frozenset({"gpu", "nic"})
 _JOB_KINDS = frozenset({"step", "collective"})
@@ -181,7 +196,7 @@ class MemoryStore:
 class CoreOutput:
     """What one :meth:`DetectionCore.step` made."""
 
-    findings: list[Finding] = field(default_factory=list)
+    findings: list[Outgoing] = field(default_factory=list)
     flags: list[Flag] = field(default_factory=list)
     bad: list[tuple[int, SchemaError]] = field(default_factory=list)
     bad_findings: list[tuple[int, SchemaError]] = field(default_factory=list)
@@ -229,7 +244,7 @@ class DetectionCore:
         make = stores or MemoryStore
         self.nodes = make("node-detectors", self._make_node)
         self.jobs = make("job-detectors", partial(_make_job, cfg))
-        self.fusion = make("fusion", _make_fusion)
+        self.fusion = make("fusion", partial(_make_fusion, cfg))
         self.counters = counters or CoreCounters()
         self.idle_after_s = idle_after_s
         self.tick_s = cfg.tick_s
@@ -259,8 +274,9 @@ class DetectionCore:
     ) -> CoreOutput:
         """One batch: telemetry to the detectors, findings to fusion (see the module doc)."""
         out = CoreOutput()
-        out.flags, out.bad_findings = self._fuse(findings)
+        out.flags, out.bad_findings, scored = self._fuse(findings)
         out.findings, out.bad = self._detect(telemetry, wall)
+        out.findings += scored
         return out
 
     def idle(self, wall: float) -> list[Finding]:
@@ -276,11 +292,23 @@ class DetectionCore:
         self.counters.findings += len(found)
         return found
 
-    def flush(self) -> list[Finding]:
-        """End of input: what every key still has pending."""
-        found: list[Finding] = []
+    def flush(self) -> list[Outgoing]:
+        """End of input: what every key still has pending (the job models' windows still
+        waiting are :meth:`flush_fusion`'s, once these reached them)."""
+        found: list[Outgoing] = []
         for store in (self.nodes, self.jobs):
             for obj, _ in store.live.values():
+                found += obj.flush()
+        found += _windows(self.parts("nodes").values())
+        self.counters.findings += len(found)
+        return found
+
+    def flush_fusion(self) -> list[Finding]:
+        """End of input, after :meth:`flush`'s records were fused: the windows the jobs'
+        river models still wait on."""
+        found: list[Finding] = []
+        for obj, _ in self.fusion.live.values():
+            if isinstance(obj, GpuJobAnomaly):
                 found += obj.flush()
         self.counters.findings += len(found)
         return found
@@ -320,8 +348,8 @@ class DetectionCore:
 
     def _detect(
         self, records: Iterable[TelemetryRecord], wall: float
-    ) -> tuple[list[Finding], list[tuple[int, SchemaError]]]:
-        found: list[Finding] = []
+    ) -> tuple[list[Outgoing], list[tuple[int, SchemaError]]]:
+        found: list[Outgoing] = []
         bad: list[tuple[int, SchemaError]] = []
         latest: dict[str, dict[str, float]] = {"node": {}, "job": {}}
         n = -1
@@ -330,8 +358,8 @@ class DetectionCore:
                 if type(value) is tuple:  # a record its runner decoded to fields already
                     record_kind, head, entries = value
                     self._add_rows(record_kind, head, entries, partition)
-                elif _columnar(value, kind):
-                    record_kind, head, entries = decode_rows(value, kind)
+                elif (columns := _column_decoder(value, kind)) is not None:
+                    record_kind, head, entries = columns(value, kind)
                     self._add_rows(record_kind, head, entries, partition)
                 else:
                     record_kind, singles = _decode(value, kind)
@@ -362,7 +390,7 @@ class DetectionCore:
         first = singles[0]
         kind = first.kind
         if kind in _COLUMN_KINDS:  # samples decoded already (a backtest's): to the columns
-            entries = [s.__dict__ for s in singles]
+            entries = gpu_structs(singles) if kind == "gpu" else [s.__dict__ for s in singles]
             self._add_rows(kind, entries[0], entries, partition)
             return []
         self.counters.samples += len(singles)
@@ -385,15 +413,15 @@ class DetectionCore:
         latest[level][key] = newest
         return found
 
-    def _add_rows(
-        self, record_kind: str, head: dict[str, Any], entries: list[dict[str, Any]], partition: int
-    ) -> None:
-        """A GPU or NIC record, kept for the step's columns (:meth:`_gpus`, :meth:`_nics`)."""
+    def _add_rows(self, record_kind: str, head: Any, entries: list[Any], partition: int) -> None:
+        """A GPU record (Structs: :func:`decode_structs`) or a NIC record (dicts:
+        :func:`decode_rows`), kept for the step's columns (:meth:`_gpus`, :meth:`_nics`)."""
         self.counters.samples += len(entries)
         if not self.config.node_telemetry:
             return
         kind = record_kind.removesuffix("_batch")
-        self._rows[kind].append((self.nodes.get(head["node"], partition), partition, head, entries))
+        node = head.node if kind == "gpu" else head["node"]
+        self._rows[kind].append((self.nodes.get(node, partition), partition, head, entries))
 
     def _gather(self, kind: str) -> _Gathered:
         """The step's records of ``kind``: their nodes (each once), each record's and each
@@ -423,13 +451,16 @@ class DetectionCore:
         for key, t in zip(keys, top.tolist(), strict=True):
             latest[key] = max(latest.get(key, 0.0), t)
 
-    def _gpus(self, latest: dict[str, float]) -> list[Finding]:
-        """The step's GPU samples, every node's at once (:func:`~.gpu_step.update_gpus`)."""
+    def _gpus(self, latest: dict[str, float]) -> list[Outgoing]:
+        """The step's GPU samples, every node's at once (:func:`~.gpu_step.update_gpus`),
+        and the windows they closed for the jobs' river models."""
         got = self._gather("gpu")
         owner = np.array(got.owner, dtype=np.intp)
-        cols = GpuColumns.of_records(got.records)
+        cols = GpuColumns.of_structs(got.records)
         self._newest(latest, [d.node for d in got.nodes], owner, cols.ts)
-        return update_gpus(got.nodes, owner, cols)
+        found: list[Outgoing] = []
+        found += update_gpus(got.nodes, owner, cols)
+        return found + _windows(got.nodes)
 
     def _nics(self, latest: dict[str, float]) -> list[Finding]:
         """The step's NIC samples, every node's at once (:func:`~.nic.update_nics`), then
@@ -496,20 +527,28 @@ class DetectionCore:
 
     def _fuse(
         self, records: Iterable[FindingRecordIn]
-    ) -> tuple[list[Flag], list[tuple[int, SchemaError]]]:
-        """Findings off the findings topic, in event-time order, through their key's fusion."""
-        decoded: list[tuple[Finding, str, int]] = []
+    ) -> tuple[list[Flag], list[tuple[int, SchemaError]], list[Finding]]:
+        """Records off the findings topic, in event-time order, through their key's state:
+        findings through fusion (flags), window features through their job's river model
+        (findings, for the findings topic)."""
+        decoded: list[tuple[Finding | WindowFeatures, str, int]] = []
         bad: list[tuple[int, SchemaError]] = []
         for n, (partition, raw_key, value) in enumerate(records):
             try:
-                decoded.append((decode_finding(value), raw_key.decode(), partition))
+                key = raw_key.decode()
+                decoded.append((_decode_fusion_record(value, key), key, partition))
             except (SchemaError, UnicodeDecodeError) as exc:
                 bad.append((n, exc if isinstance(exc, SchemaError) else SchemaError(str(exc))))
         decoded.sort(key=lambda item: item[0].ts)
         flags: list[Flag] = []
-        for finding, key, partition in decoded:
-            flag = self.fusion.get(key, partition).update(finding)
-            if flag is not None:
+        scored: list[Finding] = []
+        for record, key, partition in decoded:
+            state = self.fusion.get(key, partition)
+            if isinstance(record, WindowFeatures):
+                scored += state.add(
+                    record.node, record.ts, record.window, record.gpus, record.features
+                )
+            elif (flag := state.update(record)) is not None:
                 flags.append(flag)
         if decoded:
             self.fusion.checkpoint_due({key for _, key, _ in decoded})
@@ -517,19 +556,29 @@ class DetectionCore:
         counters.flags += len(flags)
         counters.flag_classes.update((f.category, f.severity) for f in flags)
         counters.dead_letters += len(bad)
-        return flags, bad
+        counters.findings += len(scored)
+        return flags, bad, scored
 
 
-#: kinds whose records the core decodes straight into columns (:func:`decode_rows`)
+#: kinds whose records the core decodes straight into columns (:func:`decode_structs`,
+#: :func:`decode_rows`)
 _COLUMN_KINDS = frozenset({"gpu", "nic"})
-_COLUMN_LEADS = frozenset({b"gpu", b"gpu_batch", b"nic", b"nic_batch"})
+_COLUMN_DECODERS: dict[str | bytes, Callable[[bytes, str | None], Rows]] = {
+    "gpu": decode_structs,
+    "nic": decode_rows,
+    b"gpu": decode_structs,
+    b"gpu_batch": decode_structs,
+    b"nic": decode_rows,
+    b"nic_batch": decode_rows,
+}
 
 
-def _columnar(value: Any, kind: str | None) -> bool:
-    """A record for the columns: bytes of a column kind's topic, or a line naming one."""
+def _column_decoder(value: Any, kind: str | None) -> Callable[[bytes, str | None], Rows] | None:
+    """The decoder of a record for the columns: bytes of a column kind's topic, or a line
+    naming one (None: not such a record)."""
     if type(value) is not bytes:
-        return False
-    return kind in _COLUMN_KINDS if kind is not None else leading_kind(value) in _COLUMN_LEADS
+        return None
+    return _COLUMN_DECODERS.get(kind if kind is not None else leading_kind(value) or b"")
 
 
 def _decode(value: Any, kind: str | None) -> tuple[str, Sequence[GuardMessage]]:
@@ -549,12 +598,56 @@ def _make_job(config: EngineConfig, key: str) -> JobDetectors:
     return JobDetectors(key, config)
 
 
-def _make_fusion(key: str) -> NodeFusion | JobFusion:
+def _make_fusion(config: EngineConfig, key: str) -> NodeFusion | JobFusion | GpuJobAnomaly:
+    if key.startswith(ANOMALY_KEY):
+        args = config.detector_args.get("peer_anomaly", {})
+        return GpuJobAnomaly(key[len(ANOMALY_KEY) :], **args)  # type: ignore[arg-type]
     return JobFusion(key[4:]) if key.startswith("job:") else NodeFusion(key)
 
 
-def finding_key(finding: Finding) -> str:
-    """Findings are repartitioned by the node they are about (``job:<id>`` for job-level)."""
+#: Key prefix of a job's river model over its nodes' GPU windows, in the fusion table.
+ANOMALY_KEY = "anomaly:"
+
+
+def _windows(nodes: Iterable[NodeDetectors]) -> list[Outgoing]:
+    """The windows ``nodes`` closed, as records for their jobs' river models."""
+    out: list[Outgoing] = []
+    for det in nodes:
+        feed = det.anomaly
+        if feed is not None and feed.closed:
+            for ts, window, job, gpus, features in feed.closed:
+                out.append(
+                    WindowFeatures(
+                        ts=ts,
+                        node=det.node,
+                        job=job,
+                        window=window,
+                        window_s=feed.window_s,
+                        gpus=gpus,
+                        features=features,
+                    )
+                )
+            feed.closed = []
+    return out
+
+
+def _decode_fusion_record(raw: bytes, key: str) -> Finding | WindowFeatures:
+    """A record of the findings topic: a finding (key: a node, or ``job:<id>``), or a node's
+    window features (key ``anomaly:<job>``, its job); anything else is a SchemaError."""
+    if key.startswith(ANOMALY_KEY):
+        features = decode(raw, "window_features")
+        if key != ANOMALY_KEY + features.job:
+            raise SchemaError(f"window_features of job {features.job!r} under key {key!r}")
+        return features
+    return decode_finding(raw)
+
+
+def finding_key(finding: Outgoing) -> str:
+    """Findings are repartitioned by the node they are about (``job:<id>`` for job-level);
+    a node's window features by their job (``anomaly:<job>``)."""
+    if isinstance(finding, WindowFeatures):
+        job: str = finding.job
+        return ANOMALY_KEY + job
     return finding.node if finding.node is not None else f"job:{finding.job or ''}"
 
 
@@ -562,14 +655,18 @@ def finding_key(finding: Finding) -> str:
 _FINDING_FIELDS = tuple(f.name for f in fields(Finding))
 
 
-def encode_finding(finding: Finding) -> bytes:
-    """The record of ``finding`` on the findings topic (the ``finding`` kind of the schema)."""
+def encode_finding(finding: Outgoing) -> bytes:
+    """The record of ``finding`` on the findings topic (the ``finding`` kind of the schema,
+    or ``window_features``)."""
+    if isinstance(finding, WindowFeatures):
+        features: bytes = encode(finding)
+        return features
     record = FindingRecord(**{name: getattr(finding, name) for name in _FINDING_FIELDS})
     raw: bytes = encode(record)
     return raw
 
 
-def encode_findings(findings: Iterable[Finding], partition: int = 0) -> list[FindingRecordIn]:
+def encode_findings(findings: Iterable[Outgoing], partition: int = 0) -> list[FindingRecordIn]:
     """``findings`` as records of the findings topic (what a backtest hands to fusion)."""
     return [(partition, finding_key(f).encode(), encode_finding(f)) for f in findings]
 
@@ -640,8 +737,9 @@ class MessageFeed:
         those as); the flags of the step it closed, if any."""
         if type(message) is tuple:
             _, head, entries = message
-            newest = max(head["ts"], *(e.get("ts") or 0.0 for e in entries))
-            return self._add(head["ts"], newest, message)
+            ts = record_ts(head)
+            newest = max(ts, *(record_ts(e) or 0.0 for e in entries))
+            return self._add(ts, newest, message)
         return self.add([message])
 
     def add(self, samples: list[GuardMessage]) -> list[Flag]:
@@ -662,7 +760,8 @@ class MessageFeed:
     def flush(self) -> list[Flag]:
         """End of input: the last step, then what every key still has pending."""
         flags = self._step() if self.batch else []
-        return flags + self.core.step((), encode_findings(self.core.flush()), self.watermark).flags
+        flags += self._fuse(self.core.flush())
+        return flags + self._fuse(self.core.flush_fusion())
 
     def _step(self) -> list[Flag]:
         core, wall = self.core, self.watermark
@@ -671,4 +770,14 @@ class MessageFeed:
         if wall - self.last_idle >= 1.0:
             self.last_idle = wall
             found += core.idle(wall)
-        return core.step((), encode_findings(found), wall).flags if found else []
+        return self._fuse(found)
+
+    def _fuse(self, found: Sequence[Outgoing]) -> list[Flag]:
+        """``found`` through the findings topic's path, and what that finds in turn (the
+        jobs' river models' findings), until nothing is left."""
+        flags: list[Flag] = []
+        while found:
+            out = self.core.step((), encode_findings(found), self.watermark)
+            flags += out.flags
+            found = out.findings
+        return flags

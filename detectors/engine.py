@@ -4,8 +4,10 @@ State is partitioned the way Kafka partitions the telemetry (docs/architecture.m
 
 * :class:`NodeDetectors` — one per **node** (``gpu`` and ``nic`` messages, key ``node``):
   GPU sampling rounds (:class:`~guard.detectors.gpu_round.GpuRound`), thermal, power, clock,
-  GPU-error and NIC rules, and the node's river model over its GPUs
-  (:class:`~guard.detectors.peer_anomaly.GpuPeerAnomaly`);
+  GPU-error and NIC rules, and the node's half of the river feed: its GPUs' window features
+  against their siblings (:class:`~guard.detectors.peer_anomaly.GpuWindows`), which the core
+  sends to the job's model (:class:`~guard.detectors.peer_anomaly.GpuJobAnomaly`, in the
+  fusion table under ``anomaly:<job>``);
 * :class:`JobDetectors` — one per **job** (``step`` and ``collective`` messages, key
   ``job``): peer straggler, C4D collective homogeneity, step-time regression, and the job's
   river model per stage (:class:`~guard.detectors.peer_anomaly.RankPeerAnomaly`);
@@ -54,7 +56,7 @@ from .gpu_errors import GpuErrorDetector
 from .gpu_round import GpuColumns, Rounds
 from .gpu_step import HOLD_SLOTS, judge_rounds, update_gpus
 from .nic import NicDetector
-from .peer_anomaly import GpuPeerAnomaly, PeerAnomalyDetector, RankPeerAnomaly
+from .peer_anomaly import GpuJobAnomaly, GpuWindows, PeerAnomalyDetector, RankPeerAnomaly
 from .peer_straggler import PeerStragglerDetector
 from .power import PowerDetector
 from .step_regression import StepRegressionDetector
@@ -143,7 +145,7 @@ _SETTABLE: dict[str, tuple[Any, ...]] = {
     "peer_straggler": (PeerStragglerDetector,),
     "c4d": (CollectiveHomogeneityDetector,),
     "step_regression": (StepRegressionDetector,),
-    "peer_anomaly": (GpuPeerAnomaly, RankPeerAnomaly, PeerAnomalyDetector),
+    "peer_anomaly": (GpuWindows, GpuJobAnomaly, RankPeerAnomaly, PeerAnomalyDetector),
     "fabric": (FabricHotSpotDetector,),
 }
 _FIXED = {  # set by the engine
@@ -229,7 +231,7 @@ class NodeDetectors(_DetectorSet):
         self.holds = np.zeros((0, HOLD_SLOTS, 4))
         self.nic = NicDetector(**args.get("nic", {}))  # type: ignore[arg-type]
         self.anomaly = (
-            GpuPeerAnomaly(nic=self.nic, **args.get("peer_anomaly", {}))  # type: ignore[arg-type]
+            GpuWindows(nic=self.nic, **args.get("peer_anomaly", {}))  # type: ignore[arg-type]
             if cfg.peer_anomaly
             else None
         )

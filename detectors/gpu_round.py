@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -56,6 +57,7 @@ __all__ = [
     "IMPACTS",
     "GpuColumns",
     "GpuRoundRule",
+    "Holds",
     "Rounds",
     "impact_codes",
 ]
@@ -86,7 +88,15 @@ def _floats(rows: Sequence[Mapping[str, Any]], name: str) -> np.ndarray:
 
 def _ints(rows: Sequence[Mapping[str, Any]], name: str, missing: int) -> np.ndarray:
     """An integer field of ``rows`` (``missing``: not reported), capped at int64's largest."""
-    values = [r.get(name, missing) for r in rows]
+    return _ints_of([r.get(name, missing) for r in rows], missing)
+
+
+#: the integer fields after the GPU index, and their value when not reported
+_INT_FIELDS = (("clock_event_reasons", 0), ("xid", -1), ("ecc_dbe_total", -1))
+
+
+def _ints_of(values: list[Any], missing: int) -> np.ndarray:
+    """Integers (None: ``missing``), capped at int64's largest."""
     try:
         return np.array(values, dtype=np.int64)
     except (TypeError, OverflowError):
@@ -148,9 +158,8 @@ class GpuColumns:
             floats[:, k] = _floats(rows, name)
         ints = np.empty((n, len(_INTS)), dtype=np.int64)
         ints[:, 0] = [r["gpu"] for r in rows]
-        ints[:, 1] = _ints(rows, "clock_event_reasons", 0)
-        ints[:, 2] = _ints(rows, "xid", -1)
-        ints[:, 3] = _ints(rows, "ecc_dbe_total", -1)
+        for k, (name, missing) in enumerate(_INT_FIELDS, 1):
+            ints[:, k] = _ints(rows, name, missing)
         ints[:, 4] = -1
         return cls(
             [r["node"] for r in rows] if node is None else node,
@@ -181,6 +190,35 @@ class GpuColumns:
             at = head["ts"]
             ts += [at if (t := e.get("ts")) is None else t for e in items]
         return cls.of(rows, node, job, ts)
+
+    @classmethod
+    def of_structs(cls, records: Sequence[tuple[Any, Sequence[Any]]]) -> GpuColumns:
+        """Columns of records decoded as Structs
+        (:func:`~guard.schemas.sample_decoder.decode_structs`): each the record (``ts``,
+        ``node``, ``job``) and its entries, read by attribute (an entry's ``ts`` None: the
+        record's; an absent metric None: NaN, or the integer columns' missing value)."""
+        entries: list[Any] = []
+        node: list[str] = []
+        job: list[str | None] = []
+        for head, items in records:
+            n = len(items)
+            entries += items
+            node += [head.node] * n
+            job += [head.job] * n
+        n = len(entries)
+        floats = np.empty((n, len(_FLOATS)))
+        ts = [e.ts for e in entries]
+        if None in ts:
+            ts = [h.ts if e.ts is None else e.ts for h, items in records for e in items]
+        floats[:, 0] = ts
+        for k, name in enumerate(FIELDS.values(), 1):
+            floats[:, k] = np.array(list(map(attrgetter(name), entries)), dtype=np.float64)
+        ints = np.empty((n, len(_INTS)), dtype=np.int64)
+        ints[:, 0] = list(map(attrgetter("gpu"), entries))
+        for k, (name, missing) in enumerate(_INT_FIELDS, 1):
+            ints[:, k] = _ints_of(list(map(attrgetter(name), entries)), missing)
+        ints[:, 4] = -1
+        return cls(node, job, floats, ints)
 
     @classmethod
     def concat(cls, parts: Sequence[GpuColumns]) -> GpuColumns:
@@ -315,11 +353,17 @@ def impact_codes(
     return np.select([troubled, clock_low, power_low, near], [1, 2, 3, 4], 0)
 
 
+#: a rule's hold conditions over rounds: (slot, condition, the cells it looks at or None:
+#: every GPU), in the order their events are reported
+Holds = list[tuple[int, np.ndarray, np.ndarray | None]]
+
+
 class GpuRoundRule:
     """Base of the per-round rules: their thresholds, and the holds they keep per GPU as
-    slots of the node's state rows (:meth:`held`). ``judge`` is the rule's own: the findings
-    of a wave of rounds (at most one round of each node), as ``(round, gpu column, order,
-    finding)``."""
+    slots of the node's state rows (:meth:`held`). The rule's own parts: ``conditions``, its
+    holds' conditions over every closed round of a step at once (and what its findings
+    say), and ``finding_of``, the finding of a hold's event. Only the holds go round by
+    round (:func:`~guard.detectors.gpu_step.judge_rounds`: one wave per round of a node)."""
 
     name = "gpu_round_rule"
     #: holds a GPU has under this rule (claims, then observations without impact)
@@ -328,9 +372,22 @@ class GpuRoundRule:
     def __init__(self, raise_after: int, within: int, clear_after: int) -> None:
         self.hold_args = (raise_after, within, clear_after)
 
-    def judge(
-        self, rounds: Rounds, state: np.ndarray, rows: np.ndarray, nodes: Sequence[str]
-    ) -> list[tuple[int, int, int, Finding]]:
+    def conditions(self, rounds: Rounds) -> tuple[Holds, dict[str, Any]]:
+        """Each hold's condition over ``rounds``, and the matrices its findings read."""
+        raise NotImplementedError
+
+    def finding_of(
+        self,
+        seen: dict[str, Any],
+        rounds: Rounds,
+        nodes: Sequence[str],
+        r: int,
+        j: int,
+        slot: int,
+        since: float,
+        clear: bool,
+    ) -> Finding:
+        """The finding of an event of hold ``slot`` of GPU ``j`` of round ``r``."""
         raise NotImplementedError
 
     def held(

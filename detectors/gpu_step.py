@@ -12,7 +12,8 @@ The core hands in the GPU samples of a step (a poll or a tick of a partition) as
    and clocks as array operations over :class:`~guard.detectors.gpu_round.Rounds`, a node's
    holds stacked with the others' for the step; a node with several rounds in the step has
    them judged in order, one wave per round;
-4. feeds the node's river model (every ``sample_s``), a round at a time.
+4. adds a round every ``sample_s`` to the node's window features for its job's river model
+   (:class:`~guard.detectors.peer_anomaly.GpuWindows`).
 
 The findings come in the order the per-sample rules gave them: a sample's errors, then the
 findings of the round it closed.
@@ -47,7 +48,7 @@ import numpy as np
 from .findings import Finding
 from .gpu_errors import update_errors_at
 from .gpu_round import GpuColumns, Rounds
-from .hold import arrival_rank
+from .hold import CLEAR, arrival_rank
 
 if TYPE_CHECKING:
     from .engine import NodeDetectors
@@ -138,24 +139,33 @@ def judge_rounds(
     cols = rounds.cols
     rows = np.where(rounds.valid, base[rounds.owner][:, None] + cols.row[rounds.at], -1)
     cfg = nodes[0]
-    rules = ((0, cfg.thermal, 0), (1, cfg.power, 2), (2, cfg.clocks, 4))
+    # each rule's conditions over every round at once; only the holds go round by round
+    rules = [
+        (order, rule, first, *rule.conditions(rounds))
+        for order, rule, first in ((0, cfg.thermal, 0), (1, cfg.power, 2), (2, cfg.clocks, 4))
+    ]
     wave = arrival_rank(rounds.owner)  # a node's rounds in order, one per pass
     found: list[tuple[int, int, int, int, int, Finding]] = []
     for w in range(int(wave.max()) + 1 if len(wave) else 0):
         pick = np.flatnonzero(wave == w)
         part = _subset(rounds, pick)
         part_rows = rows[pick]
-        for order, rule, slot in rules:
-            view = state[:, slot : slot + rule.slots]
-            for r, j, sub, f in rule.judge(part, view, part_rows, names):
-                found.append((int(keys[pick[r]]), 1, order, j, sub, f))
+        for order, rule, first, holds, seen in rules:
+            view = state[:, first : first + rule.slots]  # the rule's holds: its slots
+            for slot, cond, look in holds:
+                cells = None if look is None else look[pick]
+                rs, js, events = rule.held(view[:, slot], part, part_rows, cond[pick], cells)
+                for r, j, event in zip(rs.tolist(), js.tolist(), events.tolist(), strict=True):
+                    since = float(view[part_rows[r, j], slot, 3])
+                    at = int(pick[r])
+                    f = rule.finding_of(seen, rounds, names, at, j, slot, since, event == CLEAR)
+                    found.append((int(keys[at]), 1, order, j, rule.slots - 1 - slot, f))
     for k, det in enumerate(nodes):
         det.holds = state[base[k] : base[k + 1]].copy()
     for r in range(len(rounds)):
         det = nodes[int(rounds.owner[r])]
         if det.anomaly is not None:
-            for f in det.anomaly.update(rounds, r, det.node):
-                found.append((int(keys[r]), 1, 3, 0, 0, f))
+            det.anomaly.update(rounds, r)  # its windows go to the job's model (the core sends)
     return found
 
 

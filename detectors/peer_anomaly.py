@@ -26,17 +26,22 @@ must be anomalous in ``raise_after`` of ``within`` windows
 corroboration and Grafana shows, never a claim by itself. The evidence carries the window's
 feature vector, the score, the threshold and the features that stand out.
 
-Two feeds share the class (one instance per Kafka key, so the streams app and the backtest
-keep the same state):
+Two feeds share the class:
 
-* :class:`GpuPeerAnomaly` — a node's GPUs, per sampling round (``temp_c``, ``power``,
-  ``sm_clock`` residuals against the node's siblings, the node's NIC error rate); one model
-  per node, shared by its GPUs;
+* the GPU feed, in two halves: :class:`GpuWindows` on the node (each GPU's window means of
+  ``temp_c``, ``power`` and ``sm_clock`` against the node's siblings, and the node's NIC error
+  rate, every ``sample_s``, as arrays) and :class:`GpuJobAnomaly` on the job: one model for
+  all the job's GPUs, which scores and learns each window once. The node's windows reach the
+  job's model as ``window_features`` records on the findings topic keyed ``anomaly:<job>``
+  (the fusion table holds the model), and its findings go back keyed by the GPU's node, so
+  the design's "models over windows grouped by job" is what runs, and a node's own state
+  holds no river model;
 * :class:`RankPeerAnomaly` — a job's ranks, per step timing (``compute`` residual against
   the ranks of the same pipeline stage); one model per job and stage.
 
-State: one model per group (8 trees of height 5: a node's feed pickles to about 26 KB, 3.3 KB
-per GPU) and a few numbers per component.
+State: one model per group (8 trees of height 5: about 23 KB pickled) and a few numbers per
+component (about 0.6 KB per GPU in the job's model; the node's window sums about 0.1 KB
+per GPU).
 
 Parameters
 ----------
@@ -63,8 +68,10 @@ min_peers
 raise_after, within, clear_after
     Hysteresis, in windows.
 sample_s, step_every
-    The feeds' cadence: :class:`GpuPeerAnomaly` observes one sampling round every
-    ``sample_s`` seconds, :class:`RankPeerAnomaly` every ``step_every``-th step.
+    The feeds' cadence: :class:`GpuWindows` adds one sampling round every ``sample_s``
+    seconds, :class:`RankPeerAnomaly` every ``step_every``-th step.
+slack
+    :class:`GpuJobAnomaly` scores a window once a window ``slack`` later has arrived.
 
 References
 ----------
@@ -108,7 +115,9 @@ from .robust import median
 __all__ = [
     "GPU_FEATURES",
     "RANK_FEATURES",
-    "GpuPeerAnomaly",
+    "ClosedWindow",
+    "GpuJobAnomaly",
+    "GpuWindows",
     "PeerAnomalyDetector",
     "RankPeerAnomaly",
 ]
@@ -255,7 +264,7 @@ class PeerAnomalyDetector:
             members.setdefault(self.where[component][0], []).append(component)
         found: list[Finding] = []
         for group, components in members.items():
-            found += self._score_group(group, components)
+            found += self.score(group, self._residuals(components))
         self.sums = {}
         return found
 
@@ -282,13 +291,16 @@ class PeerAnomalyDetector:
                 out[c][name] = round(min(hi, max(lo, r)), 4)
         return out
 
-    def _score_group(self, group: Any, components: list[Any]) -> list[Finding]:
+    def score(self, group: Any, residuals: dict[Any, dict[str, float]]) -> list[Finding]:
+        """Score each component's residuals (:meth:`_residuals`) with ``group``'s model, in
+        the order given, learning those that are not anomalous; the findings of the window
+        :attr:`window_start`..:attr:`window_end`."""
         model = self.groups.get(group)
         if model is None:
             model = self.groups[group] = _Group(self.features, *self.model_args)
         k, min_spread, fading, settle = self.calibration
         found: list[Finding] = []
-        for component, x in self._residuals(components).items():
+        for component, x in residuals.items():
             score = threshold = base = None
             size = self._sizes(x)
             z = {n: min(_SPAN, d) for n, d in size.items()}
@@ -368,42 +380,128 @@ class PeerAnomalyDetector:
         )
 
 
-class GpuPeerAnomaly:
-    """A node's feed: each GPU per sampling round, against its siblings; one model per node."""
+#: A window a node closed: (newest sample's time, window number, job, GPUs, feature -> values)
+ClosedWindow = tuple[float, int, str, list[int], dict[str, list[float]]]
+
+#: the GPU features read from the round columns, and the column each is read from
+_GPU_VALUES = (("temp_c", "temp"), ("power", "power"), ("sm_clock", "clock"))
+
+
+class GpuWindows:
+    """A node's half of the GPU feed: its GPUs' window means against their siblings.
+
+    Every ``sample_s`` it adds one sampling round's temperature, power and clock to the
+    window's sums (arrays with a row per GPU: the error rules' row), and the node's NIC error
+    rate; when a round falls in a later window (windows are aligned: number ``floor(ts /
+    window_s)``, the same on every node) it turns the open window into residuals against the
+    node's siblings and keeps them in :attr:`closed` for the core to send to the job's model
+    (:class:`GpuJobAnomaly`, on the findings topic as a ``window_features`` record keyed
+    ``anomaly:<job>``). A window of a node with no job is dropped: an idle node's GPUs have
+    no job's model (its rule detectors still watch it)."""
 
     name = "peer_anomaly"
 
-    def __init__(self, sample_s: float = 5.0, nic: NicDetector | None = None, **args: Any) -> None:
-        self.detector = PeerAnomalyDetector(GPU_FEATURES, **args)
+    def __init__(
+        self,
+        sample_s: float = 5.0,
+        window_s: float = 20.0,
+        min_peers: int = 3,
+        nic: NicDetector | None = None,
+        **_scoring: Any,  # the job side's settings (:class:`GpuJobAnomaly`)
+    ) -> None:
         self.sample_s = sample_s
+        self.window_s = window_s
+        self.min_peers = min_peers
         self.next_round = 0.0
+        self.window = -1  # the open window's number (-1: none)
+        self.newest = 0.0  # the open window's newest sample time
+        self.job: str | None = None
+        #: per GPU row: samples and sums of temp, power, clock in the open window
+        self.counts = np.zeros((0, len(_GPU_VALUES)))
+        self.sums = np.zeros((0, len(_GPU_VALUES)))
+        self.gpu_of_row = np.zeros(0, dtype=np.int64)
+        self.nic_sum = [0.0, 0.0]  # rounds with a NIC rate, and the rates' sum
+        #: windows closed and not yet sent (the core takes them after each step)
+        self.closed: list[ClosedWindow] = []
         #: the node's NIC detector (its ports' latest counters and times): read once per
         #: observed round, so NIC samples cost this feed nothing
         self.nic = nic
         #: each port's (time, error total) when this feed last read it (nan: never)
         self.nic_kept = np.empty((0, 2))
 
-    def update(self, rounds: Rounds, r: int, node: str) -> list[Finding]:
-        """Observe round ``r``'s GPUs (one round every ``sample_s``: a window's mean needs no
+    def update(self, rounds: Rounds, r: int) -> None:
+        """Add round ``r``'s GPUs (one round every ``sample_s``: a window's mean needs no
         more, and the node's other rules already see every round)."""
         ts = float(rounds.ts[r])
         if ts < self.next_round:
-            return []
+            return
         self.next_round = ts + self.sample_s
+        window = int(ts // self.window_s)
+        if window != self.window:
+            if window < self.window:
+                return  # a round older than the open window: its window is gone
+            self._close()
+            self.window = window
+        cols = rounds.cols
+        at = rounds.at[r][rounds.valid[r]]
+        rows = cols.row[at]
+        if len(rows) and int(rows.max()) >= len(self.counts):
+            self._grow(int(rows.max()) + 1)
+        values = np.stack([getattr(cols, column)[at] for _, column in _GPU_VALUES], axis=1)
+        seen = ~np.isnan(values)
+        np.add.at(self.counts, rows, seen)
+        np.add.at(self.sums, rows, np.where(seen, values, 0.0))
+        self.gpu_of_row[rows] = cols.gpu[at]
+        self.newest = max(self.newest, ts)
+        if (job := rounds.job[r]) is not None:
+            self.job = job
         nic = self._nic_errors()
-        cols, job = rounds.cols, rounds.job[r]
-        found: list[Finding] = []
-        for i in rounds.at[r][rounds.valid[r]].tolist():
-            values = {
-                name: float(v)
-                for name, column in _GPU_VALUES
-                if not np.isnan(v := getattr(cols, column)[i])  # NaN: not reported
-            }
-            if nic is not None:
-                values["nic_errors"] = nic
-            gpu = int(cols.gpu[i])
-            found += self.detector.observe(float(cols.ts[i]), gpu, node, values, node, gpu, job=job)
-        return found
+        if nic is not None:
+            self.nic_sum[0] += 1.0
+            self.nic_sum[1] += nic
+
+    def _grow(self, rows: int) -> None:
+        more = rows - len(self.counts)
+        self.counts = np.concatenate([self.counts, np.zeros((more, self.counts.shape[1]))])
+        self.sums = np.concatenate([self.sums, np.zeros((more, self.sums.shape[1]))])
+        self.gpu_of_row = np.concatenate([self.gpu_of_row, np.full(more, -1, dtype=np.int64)])
+
+    def _close(self) -> None:
+        """The open window's residuals to :attr:`closed`; the sums start again."""
+        reported = self.counts.sum(1) > 0
+        if self.window >= 0 and self.job is not None and reported.any():
+            self.closed.append(
+                (self.newest, self.window, self.job, *self._residuals(np.flatnonzero(reported)))
+            )
+        self.counts[:] = 0.0
+        self.sums[:] = 0.0
+        self.nic_sum = [0.0, 0.0]
+        self.newest = 0.0
+
+    def _residuals(self, rows: np.ndarray) -> tuple[list[int], dict[str, list[float]]]:
+        """Each GPU's window mean of each feature against its siblings' median (0: like them,
+        or no peers to say); the node's NIC error rate as it is."""
+        counts, sums = self.counts[rows], self.sums[rows]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = np.where(counts > 0, sums / counts, np.nan)
+        features: dict[str, list[float]] = {}
+        for j, (name, _) in enumerate(_GPU_VALUES):
+            kind, lo, hi, _, _ = GPU_FEATURES[name]
+            column = means[:, j]
+            known = ~np.isnan(column)
+            r = np.zeros(len(rows))
+            if known.sum() >= self.min_peers:
+                center = float(np.median(column[known]))
+                if kind == "diff":
+                    r = np.where(known, column - center, 0.0)
+                elif center:
+                    r = np.where(known, column / center - 1.0, 0.0)
+            features[name] = np.round(np.clip(r, lo, hi), 4).tolist()
+        _, lo, hi, _, _ = GPU_FEATURES["nic_errors"]
+        rounds, total = self.nic_sum
+        nic = min(hi, max(lo, total / rounds)) if rounds else lo
+        features["nic_errors"] = [round(nic, 4)] * len(rows)
+        return self.gpu_of_row[rows].tolist(), features
 
     def _nic_errors(self) -> float | None:
         """log10(1 + the node's NIC error rate): physical errors and retransmits per second
@@ -426,11 +524,82 @@ class GpuPeerAnomaly:
         return []
 
     def flush(self) -> list[Finding]:
-        return self.detector.flush()
+        """End of input: the open window goes to :attr:`closed` too."""
+        self._close()
+        return []
 
 
-#: the features of a GPU's values, and the column each is read from
-_GPU_VALUES = (("temp_c", "temp"), ("power", "power"), ("sm_clock", "clock"))
+class GpuJobAnomaly:
+    """A job's half of the GPU feed: one river model for all the job's GPUs, over the
+    windows its nodes send (:class:`GpuWindows`).
+
+    It lives in the fusion table under ``anomaly:<job>``. Nodes' windows arrive at their
+    partitions' paces, so a window is scored once a window ``slack`` later has arrived (or at
+    the end of input), all its nodes' GPUs in (node, GPU) order: the model learns the same
+    vectors in the same order whether the records came live or from a file. A window that
+    arrives after its turn is scored on its own. Findings are ``info`` (``anomaly``) on the
+    GPU's node, back to fusion through the findings topic.
+
+    State: one model (8 trees of height 5, about 23 KB) per job, and a score baseline and a
+    component's place (about 0.3 KB) per GPU."""
+
+    name = "peer_anomaly"
+
+    def __init__(self, job: str, slack: int = 2, **args: Any) -> None:
+        args.pop("sample_s", None)
+        self.job = job
+        self.slack = slack
+        self.detector = PeerAnomalyDetector(GPU_FEATURES, **args)
+        self.newest = -1  # the newest window number seen
+        self.done = -1  # windows up to this one are scored
+        #: window number -> its nodes' windows: (node, newest time, GPUs, feature -> values)
+        self.pending: dict[int, list[tuple[str, float, list[int], dict[str, list[float]]]]] = {}
+
+    def add(
+        self, node: str, ts: float, window: int, gpus: list[int], features: dict[str, list[float]]
+    ) -> list[Finding]:
+        """One node's window; the findings of the windows it makes due."""
+        self.pending.setdefault(window, []).append((node, ts, gpus, features))
+        self.newest = max(self.newest, window)
+        due = sorted(w for w in self.pending if w <= self.newest - self.slack or w <= self.done)
+        found: list[Finding] = []
+        for w in due:
+            found += self._score(w, self.pending.pop(w))
+        return found
+
+    def _score(
+        self, window: int, parts: list[tuple[str, float, list[int], dict[str, list[float]]]]
+    ) -> list[Finding]:
+        det = self.detector
+        det.window_start = window * det.window_s
+        det.window_end = max(ts for _, ts, _, _ in parts)
+        residuals: dict[Any, dict[str, float]] = {}
+        for node, _, gpus, features in sorted(parts, key=lambda p: p[0]):
+            for i, gpu in enumerate(gpus):
+                component = (node, gpu)
+                residuals[component] = {
+                    name: _clip(features.get(name), i, spec) for name, spec in GPU_FEATURES.items()
+                }
+                det.where[component] = (self.job, node, gpu, None, self.job)
+        self.done = max(self.done, window)
+        return det.score(self.job, residuals)
+
+    def tick(self, now: float) -> list[Finding]:
+        return []
+
+    def flush(self) -> list[Finding]:
+        """End of input: every window still waiting."""
+        found: list[Finding] = []
+        for w in sorted(self.pending):
+            found += self._score(w, self.pending.pop(w))
+        return found
+
+
+def _clip(values: list[float] | None, i: int, spec: Feature) -> float:
+    """A window's value of a feature within its limits (absent: like the peers)."""
+    kind, lo, hi, _, _ = spec
+    v = values[i] if values is not None else (lo if kind == "level" else 0.0)
+    return min(hi, max(lo, v))
 
 
 class RankPeerAnomaly:

@@ -54,8 +54,7 @@ import numpy as np
 from guard.schemas.nvml_codes import HW_POWER_BRAKE, SW_POWER_CAP
 
 from .findings import Finding
-from .gpu_round import GpuRoundRule, Rounds, finding, opt
-from .hold import CLEAR
+from .gpu_round import GpuRoundRule, Holds, Rounds, finding, opt
 
 __all__ = ["PowerDetector"]
 
@@ -85,10 +84,9 @@ class PowerDetector(GpuRoundRule):
         self.min_util = min_util
         self.util_band = util_band
 
-    def judge(
-        self, rounds: Rounds, state: np.ndarray, rows: np.ndarray, nodes: Sequence[str]
-    ) -> list[tuple[int, int, int, Finding]]:
-        """Findings of a wave of rounds (raises and clears of the GPUs' holds)."""
+    def conditions(self, rounds: Rounds) -> tuple[Holds, dict[str, Any]]:
+        """The observation's hold (capped below the siblings' limit, or drawing well below
+        them at the same load), then the claim's (that, with an impact on speed)."""
         power, limit = rounds.matrix("power"), rounds.matrix("limit")
         util, clock = rounds.matrix("util"), rounds.matrix("clock")
         bits = rounds.matrix("reasons")
@@ -111,40 +109,52 @@ class PowerDetector(GpuRoundRule):
             [1, 2, 3],
             0,
         )
-        watched = self.held(state[:, 1], rounds, rows, odd)
-        claimed = self.held(state[:, 0], rounds, rows, impact != 0)
-        seen = {"power": power, "limit": limit, "util": util, "bits": bits, "below": below}
-        medians = {"power": power_med, "limit": limit_med}
-        found = []
-        for slot, (rs, js, events) in ((1, watched), (0, claimed)):
-            for r, j, event in zip(rs.tolist(), js.tolist(), events.tolist(), strict=True):
-                evidence = _evidence(seen, medians, r, j)
-                b = float(below[r, j])
-                score = round(max(b, 1.0 if brake[r, j] else 0.0, 0.5 if capped[r, j] else 0.0), 3)
-                severity = "info"
-                if slot == 0:
-                    evidence["impact"] = _IMPACTS[int(impact[r, j])] or "hw_power_brake"
-                    severity = "warning"
-                since = float(state[rows[r, j], slot, 3])
-                clear = event == CLEAR
-                f = finding(
-                    self, rounds, nodes, r, j, "power", severity, score, evidence, since, clear
-                )
-                found.append((r, j, 1 - slot, f))
-        return found
+        seen = {
+            "power": power,
+            "limit": limit,
+            "util": util,
+            "bits": bits,
+            "below": below,
+            "power_med": power_med,
+            "limit_med": limit_med,
+            "brake": brake,
+            "capped": capped,
+            "impact": impact,
+        }
+        return [(1, odd, None), (0, impact != 0, None)], seen
+
+    def finding_of(
+        self,
+        seen: dict[str, Any],
+        rounds: Rounds,
+        nodes: Sequence[str],
+        r: int,
+        j: int,
+        slot: int,
+        since: float,
+        clear: bool,
+    ) -> Finding:
+        evidence = _evidence(seen, r, j)
+        b = float(seen["below"][r, j])
+        score = round(
+            max(b, 1.0 if seen["brake"][r, j] else 0.0, 0.5 if seen["capped"][r, j] else 0.0), 3
+        )
+        severity = "info"
+        if slot == 0:
+            evidence["impact"] = _IMPACTS[int(seen["impact"][r, j])] or "hw_power_brake"
+            severity = "warning"
+        return finding(self, rounds, nodes, r, j, "power", severity, score, evidence, since, clear)
 
 
-def _evidence(
-    seen: dict[str, np.ndarray], medians: dict[str, np.ndarray], r: int, j: int
-) -> dict[str, Any]:
+def _evidence(seen: dict[str, np.ndarray], r: int, j: int) -> dict[str, Any]:
     """What GPU ``j`` of round ``r`` drew and was allowed, against its siblings."""
     return {
         "metric": "power_w",
         "power_w": opt(seen["power"][r, j]),
-        "peer_median_w": opt(medians["power"][r, 0]),
+        "peer_median_w": opt(seen["power_med"][r, 0]),
         "below_peers_pct": round(100.0 * float(seen["below"][r, j]), 1),
         "power_limit_w": opt(seen["limit"][r, j]),
-        "peer_median_limit_w": opt(medians["limit"][r, 0]),
+        "peer_median_limit_w": opt(seen["limit_med"][r, 0]),
         "util_pct": opt(seen["util"][r, j]),
         "reasons": hex(int(seen["bits"][r, j])),
     }

@@ -67,8 +67,7 @@ import numpy as np
 from guard.schemas.nvml_codes import HW_SLOWDOWN, THERMAL_REASONS
 
 from .findings import Finding
-from .gpu_round import IMPACTS, GpuRoundRule, Rounds, finding, impact_codes, opt
-from .hold import CLEAR
+from .gpu_round import IMPACTS, GpuRoundRule, Holds, Rounds, finding, impact_codes, opt
 
 __all__ = ["ThermalDetector"]
 
@@ -97,11 +96,9 @@ class ThermalDetector(GpuRoundRule):
         self.critical_c = critical_c
         self.margin_c = margin_c
 
-    def judge(
-        self, rounds: Rounds, state: np.ndarray, rows: np.ndarray, nodes: Sequence[str]
-    ) -> list[tuple[int, int, int, Finding]]:
-        """Findings of a wave of rounds (raises and clears of the GPUs' holds); ``state``
-        holds the claim's hold, then the observation's, of each row."""
+    def conditions(self, rounds: Rounds) -> tuple[Holds, dict[str, Any]]:
+        """The observation's hold (hot against the siblings or the limit), then the claim's
+        (thermal reason bits, or hot with an impact on speed)."""
         temp = rounds.matrix("temp")
         center = rounds.median("temp")[:, None]
         bits = rounds.matrix("reasons") & THERMAL_REASONS
@@ -111,42 +108,36 @@ class ThermalDetector(GpuRoundRule):
         if hot.any():
             impact = impact_codes(rounds, self.limit_c, self.margin_c, reasons=_REASONS)
         claim = (bits != 0) | (hot & (impact != 0))
-        watched = self.held(state[:, 1], rounds, rows, hot)
-        claimed = self.held(state[:, 0], rounds, rows, claim)
-        found = []
-        for slot, (rs, js, events) in ((1, watched), (0, claimed)):
-            for r, j, event in zip(rs.tolist(), js.tolist(), events.tolist(), strict=True):
-                t = opt(temp[r, j])
-                evidence: dict[str, Any] = {
-                    "metric": "temp_c",
-                    "temp_c": t,
-                    "peer_median_c": opt(center[r, 0]),
-                    "above_peers_c": round(float(above[r, j]), 1),
-                    "limit_c": self.limit_c,
-                    "temp_slowdown_c": opt(rounds.matrix("slowdown")[r, j]),
-                    "thermal_bits": hex(int(bits[r, j])),
-                }
-                score = round(
-                    max(float(above[r, j]) / self.peer_delta_c, 1.0 if bits[r, j] else 0.0), 3
-                )
-                severity = "info"
-                if slot == 0:
-                    evidence["impact"] = IMPACTS[int(impact[r, j])] or "reason_bits"
-                    critical = t is not None and t >= self.critical_c
-                    severity = "critical" if critical else "warning"
-                since = float(state[rows[r, j], slot, 3])
-                f = finding(
-                    self,
-                    rounds,
-                    nodes,
-                    r,
-                    j,
-                    "thermal",
-                    severity,
-                    score,
-                    evidence,
-                    since,
-                    event == CLEAR,
-                )
-                found.append((r, j, 1 - slot, f))
-        return found
+        seen = {"temp": temp, "center": center, "bits": bits, "above": above, "impact": impact}
+        return [(1, hot, None), (0, claim, None)], seen
+
+    def finding_of(
+        self,
+        seen: dict[str, Any],
+        rounds: Rounds,
+        nodes: Sequence[str],
+        r: int,
+        j: int,
+        slot: int,
+        since: float,
+        clear: bool,
+    ) -> Finding:
+        above, bits = float(seen["above"][r, j]), int(seen["bits"][r, j])
+        t = opt(seen["temp"][r, j])
+        evidence: dict[str, Any] = {
+            "metric": "temp_c",
+            "temp_c": t,
+            "peer_median_c": opt(seen["center"][r, 0]),
+            "above_peers_c": round(above, 1),
+            "limit_c": self.limit_c,
+            "temp_slowdown_c": opt(rounds.cols.slowdown[rounds.at[r, j]]),
+            "thermal_bits": hex(bits),
+        }
+        score = round(max(above / self.peer_delta_c, 1.0 if bits else 0.0), 3)
+        severity = "info"
+        if slot == 0:
+            evidence["impact"] = IMPACTS[int(seen["impact"][r, j])] or "reason_bits"
+            severity = "critical" if t is not None and t >= self.critical_c else "warning"
+        return finding(
+            self, rounds, nodes, r, j, "thermal", severity, score, evidence, since, clear
+        )

@@ -23,7 +23,13 @@ from guard.detectors.core import MessageFeed
 from guard.detectors.engine import EngineConfig
 from guard.schemas import Flag, GuardMessage, SchemaError, encode
 from guard.schemas.codec import leading_kind
-from guard.schemas.sample_decoder import Rows, decode_rows, parse_samples
+from guard.schemas.sample_decoder import (
+    Rows,
+    decode_rows,
+    decode_structs,
+    parse_samples,
+    record_ts,
+)
 
 __all__ = ["BacktestStats", "FlagSource", "make_detector", "read_messages", "run_backtest"]
 
@@ -78,6 +84,8 @@ class BacktestStats:
 Item = GuardMessage | Rows
 #: the record kinds the detection core takes as fields (its columns)
 _ROW_KINDS = frozenset({b"gpu", b"gpu_batch", b"nic", b"nic_batch"})
+#: those of them decoded as Structs (read by attribute into the GPU columns)
+_GPU_KINDS = frozenset({b"gpu", b"gpu_batch"})
 
 
 def _read_file(
@@ -92,8 +100,11 @@ def _read_file(
         for number, text in enumerate(fh, 1):
             stats.bytes_read += len(text)
             try:
-                if rows and leading_kind(text) in _ROW_KINDS:
-                    found: Item = decode_rows(text, None)
+                lead = leading_kind(text) if rows else None
+                if lead in _ROW_KINDS:
+                    found: Item = (decode_structs if lead in _GPU_KINDS else decode_rows)(
+                        text, None
+                    )
                     if line is not None:
                         line[0] = number
                     yield found
@@ -133,7 +144,7 @@ def read_messages(
 def _numbered(path: Path, stats: BacktestStats, rows: bool) -> Iterator[tuple[float, int, Item]]:
     line = [0]
     for item in _read_file(path, stats, line, rows):
-        yield (item[1]["ts"] if type(item) is tuple else item.ts), line[0], item
+        yield (record_ts(item[1]) if type(item) is tuple else item.ts), line[0], item
 
 
 def run_backtest(

@@ -42,6 +42,7 @@ from .messages import (
     StepTiming,
     SweepCheck,
     SweepResult,
+    WindowFeatures,
     stable_id,
 )
 from .truth import Truth
@@ -77,6 +78,7 @@ __all__ = [
     "SweepResult",
     "TelemetryBatch",
     "Truth",
+    "WindowFeatures",
     "batch_messages",
     "decode",
     "encode",

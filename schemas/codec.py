@@ -24,6 +24,7 @@ from .messages import (
     NodeState,
     StepTiming,
     SweepResult,
+    WindowFeatures,
 )
 
 __all__ = [
@@ -49,6 +50,7 @@ MODELS: dict[str, type[GuardMessage]] = {
     "collective": CollectiveTiming,
     "flag": Flag,
     "finding": Finding,
+    "window_features": WindowFeatures,
     "sweep": SweepResult,
     "node_state": NodeState,
     "advice": Advice,
@@ -66,6 +68,7 @@ Message = Annotated[
         CollectiveTiming,
         Flag,
         Finding,
+        WindowFeatures,
         SweepResult,
         NodeState,
         Advice,

@@ -47,7 +47,9 @@ dead-letter topic (`guard.dlq`) with the reason in its `guard-error` header.
 Producers written with confluent-kafka use `partitioner=murmur2_random`, so that a key lands
 on the partition faust (aiokafka, murmur2) expects. Topic names below are suffixes after the
 configured prefix (default `guard.`). Internal topics: `guard.findings` (key = node, or
-`job:<id>` for job-level findings) carries detector findings to fusion; operator requests
+`job:<id>` for job-level findings) carries detector findings to fusion, and nodes' GPU
+window features to their job's river model (`window_features`, key = `anomaly:<job>`, since
+revision 1.2); operator requests
 travel on `guard.node-state` as `node_state` messages with `actor = operator:<name>`.
 
 A `flag` with `node` null is about the job as a whole (e.g. `imbalance`); it never triggers
@@ -101,6 +103,7 @@ def _kind_section(kind: str, model: type[BaseModel]) -> str:
     key_text = f"`{key}`" + {
         "flag": " (a job-level flag: its `job`)",
         "finding": " (a job-level finding: `job:<job>`)",
+        "window_features": " as `anomaly:<job>`",
     }.get(kind, "")
     return (
         f"## `{kind}` — {model.__name__}\n\n{_doc(model)}\n\n"

@@ -35,6 +35,7 @@ __all__ = [
     "StepTiming",
     "SweepCheck",
     "SweepResult",
+    "WindowFeatures",
     "stable_id",
 ]
 
@@ -243,6 +244,48 @@ class Finding(GuardMessage):
 
     def kafka_key(self) -> bytes | None:
         return (self.node if self.node is not None else f"job:{self.job or ''}").encode()
+
+
+#: GPUs in one ``window_features`` message: a node has at most a few dozen.
+WINDOW_MAX_GPUS = 4096
+#: Features of one window (the GPU feed has four).
+WINDOW_MAX_FEATURES = 32
+
+
+class WindowFeatures(GuardMessage):
+    """A node's GPUs over one event-time window, as its job's river model reads them (internal
+    topic ``guard.findings``, key ``anomaly:<job>``).
+
+    Each feature is a GPU's window mean against its siblings on the node (a difference in
+    degrees, a ratio for power and clocks) or a node-level rate, one value per GPU in the order
+    of ``gpus``. The job's model scores the windows of all its nodes. ``ts`` is
+    the newest sample in the window; the window is ``[window * window_s, (window + 1) *
+    window_s)``.
+    """
+
+    kind: Literal["window_features"] = "window_features"
+    job: Name = Field(description="the job whose model scores the window")
+    window: Annotated[int, Field(ge=0, le=2**40)] = Field(
+        description="window number: its start is window * window_s"
+    )
+    window_s: Annotated[float, Field(gt=0.0, le=86_400.0)] = Field(description="window length, s")
+    gpus: list[Index] = Field(max_length=WINDOW_MAX_GPUS, description="the GPUs, in order")
+    features: dict[Annotated[str, Field(min_length=1, max_length=64)], list[float]] = Field(
+        max_length=WINDOW_MAX_FEATURES, description="feature -> one value per GPU of gpus"
+    )
+
+    key_field: ClassVar[str] = "job"
+
+    @field_validator("features")
+    @classmethod
+    def _one_value_per_gpu(cls, value: dict[str, list[float]], info: Any) -> dict[str, list[float]]:
+        gpus = info.data.get("gpus")
+        if gpus is not None and any(len(v) != len(gpus) for v in value.values()):
+            raise ValueError("every feature needs one value per GPU of gpus")
+        return value
+
+    def kafka_key(self) -> bytes | None:
+        return f"anomaly:{self.job}".encode()
 
 
 class SweepCheck(BaseModel):

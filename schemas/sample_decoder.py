@@ -65,7 +65,17 @@ from .constraints import bounds, check_plain_model, unwrap
 from .fast import fast_builder
 from .messages import GuardMessage
 
-__all__ = ["FAST_SAMPLE_KINDS", "Rows", "decode_rows", "decode_samples", "parse_samples"]
+__all__ = [
+    "FAST_SAMPLE_KINDS",
+    "STRUCT_KINDS",
+    "Rows",
+    "decode_rows",
+    "decode_samples",
+    "decode_structs",
+    "gpu_structs",
+    "parse_samples",
+    "record_ts",
+]
 
 #: msgspec's integer bounds must fit an int64: a larger bound becomes this (stricter: safe)
 _INT64_MAX = 2**63 - 1
@@ -77,8 +87,9 @@ _REFUSED = (msgspec.DecodeError, ValueError, RecursionError)
 MAX_BRACKETS = 190
 
 Samples = list[GuardMessage]
-#: (record kind, common fields, entries) of a record: see :func:`decode_rows`
-Rows = tuple[str, dict[str, Any], list[dict[str, Any]]]
+#: (record kind, common fields, entries) of a record: see :func:`decode_rows` (dicts) and
+#: :func:`decode_structs` (Structs, read by attribute)
+Rows = tuple[str, Any, list[Any]]
 
 
 def _int_type(b: dict[str, Any]) -> Any:
@@ -233,6 +244,38 @@ class _ModelBuilder:
 _FROM_FACTORY: Any = object()
 
 
+_STRUCTS: dict[type[BaseModel], Any] = {}
+
+
+def _struct(model: type[BaseModel]) -> Any:
+    """A msgspec Struct that decodes as ``model`` validates, for kinds whose detectors read
+    fields by attribute into columns (no dict per entry): the same wire types and bounds as
+    :func:`_typed_dict`; an absent optional field is its default. A model with a default
+    factory, or a mapping whose keys have a longest length, has none (TypeError)."""
+    if model in _STRUCTS:
+        return _STRUCTS[model]
+    _typed_dict(model)  # the same checks, and the key limits
+    if KEY_LIMITS[model]:
+        raise TypeError(f"{model.__name__}: mapping keys with a longest length")
+    str_max = model.model_config.get("str_max_length")
+    fields: list[tuple[str, Any, Any] | tuple[str, Any]] = []
+    for name, info in model.model_fields.items():
+        if info.default_factory is not None:
+            raise TypeError(f"{model.__name__}.{name}: a default factory")
+        base, optional, inner = unwrap(info.annotation)
+        if get_origin(base) is list:
+            (item,) = get_args(base)
+            wire = _sized(list[_struct(item)], bounds([*info.metadata, *inner]))  # type: ignore[misc]
+        else:
+            wire = _wire_type(base, bounds([*info.metadata, *inner]), str_max)
+        if optional:
+            wire = Optional[wire]  # noqa: UP045 (a runtime type for msgspec)
+        fields.append((name, wire) if info.is_required() else (name, wire, info.default))
+    out = msgspec.defstruct(f"{model.__name__}Struct", fields, kw_only=True)
+    _STRUCTS[model] = out
+    return out
+
+
 class _SampleKind:
     """The fast path of one telemetry kind: its single records and its batch records."""
 
@@ -251,6 +294,15 @@ class _SampleKind:
         self.entry_limits = KEY_LIMITS[entry]
         self.sample = _ModelBuilder(single)
         self.finish = self.sample.complete if self.sample.factories or self.sample.nested else None
+        try:  # records as Structs (:meth:`structs`), where the kind's models allow it
+            self.single_struct = _struct(single)
+            self.struct_decode: tuple[Callable[[bytes], Any], Callable[[bytes], Any]] | None = (
+                msgspec.json.Decoder(self.single_struct).decode,
+                msgspec.json.Decoder(_struct(batch)).decode,
+            )
+            self.struct_fields = tuple(self.single_struct.__struct_fields__)
+        except TypeError:
+            self.struct_decode = None
 
     def single(self, data: bytes) -> dict[str, Any]:
         record = self.single_decode(data)
@@ -301,6 +353,23 @@ class _SampleKind:
             return self.batch_kind, record, record[self.entries_field]
         record = self.single(data)
         return self.kind, record, [record]
+
+    def structs(self, data: bytes) -> Rows:
+        """A record as Structs: the batch (or the single record) and its entries (a single
+        record: itself); an entry's ``ts`` None: the batch's. ValueError (and msgspec's
+        errors) where pydantic must decide."""
+        assert self.struct_decode is not None
+        if _BATCH_MARK in data:
+            record = self.struct_decode[1](data)
+            if record.kind != self.batch_kind:  # a kind-less record is a single (pydantic's)
+                raise ValueError("a batch without its kind")
+            return self.batch_kind, record, getattr(record, self.entries_field)
+        record = self.struct_decode[0](data)
+        return self.kind, record, [record]
+
+    def struct_of(self, sample: GuardMessage) -> Any:
+        """The single record's Struct of a validated sample (what pydantic's path gives)."""
+        return self.single_struct(**{name: getattr(sample, name) for name in self.struct_fields})
 
 
 def _sample_kinds() -> dict[str, _SampleKind]:
@@ -374,6 +443,46 @@ def decode_rows(data: bytes, kind: str | None) -> Rows:
     if not samples or samples[0].kind not in _KINDS:
         raise SchemaError("not a telemetry record", kind=kind)
     return record_kind, samples[0].__dict__, [m.__dict__ for m in samples]
+
+
+#: the kinds whose records :func:`decode_structs` gives as Structs
+STRUCT_KINDS = frozenset({"gpu", "gpu_batch"})
+
+
+def decode_structs(data: bytes, kind: str | None) -> Rows:
+    """A ``gpu`` or ``gpu_batch`` record as msgspec Structs, for the detectors' columns: its
+    kind, the record (a batch, or the single record) and its entries, each read by
+    attribute (an entry's ``ts`` None: the record's). ``kind`` None: a line of a file that
+    must name a GPU kind. Acceptance is :func:`decode_samples`'s: a record the fast path
+    refuses is decided by pydantic, whose samples become the same Structs, or whose
+    :class:`SchemaError` is raised."""
+    fast = _KINDS["gpu"]
+    if type(data) is bytes and _plain(data):
+        try:
+            return fast.structs(data)
+        except _REFUSED:
+            pass  # pydantic decides, and says why
+    if kind is None:
+        samples = parse_samples(data)
+        record_kind = samples[0].kind if len(samples) == 1 else f"{samples[0].kind}_batch"
+    else:
+        record_kind, samples = decode_samples(data, kind)
+    if not samples or samples[0].kind != "gpu":
+        raise SchemaError("not a gpu record", kind=kind)
+    entries = [fast.struct_of(m) for m in samples]
+    return record_kind, entries[0], entries
+
+
+def gpu_structs(samples: Samples) -> list[Any]:
+    """Validated ``gpu`` samples as the Structs :func:`decode_structs` gives."""
+    struct_of = _KINDS["gpu"].struct_of
+    return [struct_of(m) for m in samples]
+
+
+def record_ts(head: Any) -> float:
+    """The event time of a record :func:`decode_rows` (a dict) or :func:`decode_structs` gave."""
+    ts: float = head["ts"] if type(head) is dict else head.ts
+    return ts
 
 
 def parse_samples(data: bytes) -> Samples:

@@ -31,6 +31,7 @@ TOPIC_BY_KIND: dict[str, str] = {
     "node_state": "node-state",
     "advice": "advice",
     "finding": "findings",  # streams-internal
+    "window_features": "findings",  # streams-internal
     # Batches (guard.schemas.batches) travel with their single kinds.
     "gpu_batch": "gpu",
     "nic_batch": "nic",

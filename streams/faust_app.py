@@ -21,16 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import faust
 from faust.sensors import Monitor
 
 from guard.config import Settings, streams_state_key
-from guard.detectors.core import TABLES, DetectionCore, encode_finding, finding_key
+from guard.detectors.core import TABLES, DetectionCore, Outgoing, encode_finding, finding_key
 from guard.detectors.engine import EngineConfig
-from guard.detectors.findings import Finding
 from guard.kafka import DLQ_ERROR_HEADER, DLQ_SOURCE_HEADER, faust_broker_settings
 from guard.metrics import dead_letter_reason
 from guard.schemas import SchemaError, encode
@@ -170,7 +169,7 @@ class _Wiring:
         _backed_by(state, self.app.Table(table, **self.table_args), self.state_key)
         return state
 
-    async def send_findings(self, findings: list[Finding]) -> None:
+    async def send_findings(self, findings: Sequence[Outgoing]) -> None:
         for f in findings:
             await self.findings.send(
                 key=finding_key(f).encode(), value=encode_finding(f), timestamp=f.ts
@@ -219,6 +218,7 @@ class _Wiring:
                 )
                 for index, error in out.bad_findings:
                     await self.dead_letter(events[index], error)
+                await self.send_findings(out.findings)  # the jobs' river models' findings
                 for flag in out.flags:
                     await self.remediation.send(
                         key=flag.kafka_key(), value=encode(flag), timestamp=flag.ts

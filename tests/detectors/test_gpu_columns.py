@@ -19,7 +19,7 @@ from guard.detectors.gpu_round import GpuColumns
 from guard.detectors.gpu_step import update_gpus
 from guard.schemas import GpuSample, encode
 from guard.schemas.batches import _make_batch
-from guard.schemas.sample_decoder import decode_rows
+from guard.schemas.sample_decoder import decode_structs
 
 from .reference_gpu import ReferenceGpuNode
 
@@ -120,7 +120,7 @@ def test_columnar_gpu_rules_give_the_reference_findings(
         else:
             runs = _runs(step) if records == "batched" else [[s] for s in step]
             encoded = [encode(_make_batch(run)) for run in runs]  # type: ignore[arg-type]
-            cols = GpuColumns.of_records([decode_rows(e, "gpu")[1:] for e in encoded])
+            cols = GpuColumns.of_structs([decode_structs(e, "gpu")[1:] for e in encoded])
         for f in update_gpus([nodes[n] for n in present], owner, cols):
             got[f.node].append(f)  # type: ignore[index]
     for n in NODES:

@@ -12,6 +12,7 @@ from guard.agents.simulator import ClusterSimulator, SimConfig
 from guard.detectors.core import MessageFeed
 from guard.detectors.engine import EngineConfig, JobDetectors, NodeDetectors
 from guard.detectors.findings import Finding
+from guard.detectors.peer_anomaly import GpuJobAnomaly
 from guard.schemas import GpuSample, GuardMessage, StepTiming
 
 T0 = 1_767_225_600.0
@@ -49,12 +50,35 @@ def anomalies(found: list[Finding]) -> list[Finding]:
     return [f for f in found if f.detector == "peer_anomaly" and not f.clear]
 
 
-def run_node(samples: list[GpuSample], node: NodeDetectors | None = None) -> list[Finding]:
+def windows_to(scorer: GpuJobAnomaly, node: NodeDetectors) -> list[Finding]:
+    """The windows ``node`` closed, through the job's model (what the core does by way of
+    the findings topic)."""
+    assert node.anomaly is not None
+    found: list[Finding] = []
+    for ts, window, job, gpus, features in node.anomaly.closed:
+        assert job == scorer.job
+        found += scorer.add(node.node, ts, window, gpus, features)
+    node.anomaly.closed = []
+    return found
+
+
+def run_node(
+    samples: list[GpuSample],
+    node: NodeDetectors | None = None,
+    scorer: GpuJobAnomaly | None = None,
+    end: bool = True,
+) -> list[Finding]:
+    """One node's samples through its detectors and its job's river model."""
     node = node or NodeDetectors("n1")
+    scorer = scorer or GpuJobAnomaly("j")
     found: list[Finding] = []
     for s in samples:
         found += node.update(s)
-    return found + node.flush()
+        found += windows_to(scorer, node)
+    if end:
+        found += node.flush()
+        found += windows_to(scorer, node) + scorer.flush()
+    return found
 
 
 def test_a_steadily_warmer_gpu_is_its_own_normal() -> None:
@@ -138,12 +162,10 @@ def test_a_checkpointed_model_resumes_where_it_stopped() -> None:
 
     samples = node_samples(fault, 1000)
     whole = run_node(samples)
-    node = NodeDetectors("n1")
-    half: list[Finding] = []
-    for s in samples[: len(samples) // 2]:
-        half += node.update(s)
-    restored = pickle.loads(pickle.dumps(node, protocol=pickle.HIGHEST_PROTOCOL))
-    rest = run_node(samples[len(samples) // 2 :], restored)
+    node, scorer = NodeDetectors("n1"), GpuJobAnomaly("j")
+    half = run_node(samples[: len(samples) // 2], node, scorer, end=False)
+    node, scorer = pickle.loads(pickle.dumps((node, scorer), protocol=pickle.HIGHEST_PROTOCOL))
+    rest = run_node(samples[len(samples) // 2 :], node, scorer)
     assert anomalies(whole) and [(f.gpu, f.ts, f.score) for f in anomalies(half + rest)] == [
         (f.gpu, f.ts, f.score) for f in anomalies(whole)
     ]
@@ -170,3 +192,99 @@ def test_state_stays_within_the_per_gpu_budget_and_the_switch_turns_it_off() -> 
     assert all(p.anomaly is not None for p in nodes_on.values())
     assert all(p.anomaly is None for p in nodes_off.values())
     assert off < on < 10_000  # the design's budget: under 10 KB of detector state per GPU
+
+
+def _job_records(order: int) -> list[list[tuple[int, str | None, bytes]]]:
+    """Four nodes of one job, a second a step; node n2's GPU 3 runs hot, low-power and
+    low-clocked from t=600. ``order`` permutes the nodes within each step (a live run's
+    partitions interleave in any order), and from 2 on node n0's records come ``order``
+    steps late (its partition lags)."""
+    from guard.schemas import encode
+
+    per_node = {}
+    for n in range(4):
+
+        def fault(t: int, g: int, n: int = n) -> dict[str, float]:
+            bad = n == 2 and g == 3 and t >= 600
+            return {"temp": 6.0, "power": -0.1, "clock": -0.05} if bad else {}
+
+        samples = node_samples(fault, 900)
+        for s in samples:
+            s.node, s.ts = f"n{n}", s.ts + 0.1 * n
+        per_node[n] = samples
+    nodes = list(range(4))
+    rng = np.random.default_rng(order)
+    lag = order if order >= 2 else 0
+    steps = []
+    for t in range(900 + lag):
+        if order:
+            rng.shuffle(nodes)
+        step = []
+        for n in nodes:
+            at = t - lag if n == 0 else t
+            if at >= 0:
+                step += [(0, "gpu", encode(s)) for s in per_node[n][8 * at : 8 * at + 8]]
+        steps.append(step)
+    return steps
+
+
+def _run_core(steps: list[list[tuple[int, str | None, bytes]]]) -> list[Finding]:
+    """The records through a DetectionCore, each step's outgoing records fed back the way the
+    findings topic does, in a shuffled order; every finding of the jobs' river models."""
+    from guard.detectors.core import DetectionCore, encode_findings
+
+    core = DetectionCore()
+    scored: list[Finding] = []
+    pending: list = []
+    for t, records in enumerate(steps):
+        out = core.step(records, pending, wall=T0 + t)
+        assert not out.bad and not out.bad_findings
+        scored += [f for f in out.findings if isinstance(f, Finding)]
+        pending = encode_findings(out.findings)
+    while pending:
+        out = core.step((), pending, wall=T0 + 900)
+        scored += [f for f in out.findings if isinstance(f, Finding)]
+        pending = encode_findings(out.findings)
+    return [f for f in scored if f.detector == "peer_anomaly" and not f.clear]
+
+
+def test_one_model_per_job_scores_every_nodes_gpus_the_same_in_any_arrival_order() -> None:
+    """The nodes send their GPUs' windows to the job's model (``window_features`` records on
+    the findings topic, keyed ``anomaly:<job>``); it claims the one GPU that changed, on its
+    node, and gives the same scores whatever order the nodes' records arrive in."""
+    first = _run_core(_job_records(0))
+    assert {(f.node, f.gpu, f.job, f.category) for f in first} == {("n2", 3, "j", "anomaly")}
+    assert first[0].since >= T0 + 600 and first[0].ts <= T0 + 700
+    for order in (1, 25):
+        shuffled = _run_core(_job_records(order))
+        assert [(f.node, f.gpu, f.ts, f.score) for f in shuffled] == [
+            (f.node, f.gpu, f.ts, f.score) for f in first
+        ]
+
+
+def test_window_features_are_validated_like_any_record_and_keyed_by_their_job() -> None:
+    """A malformed window, or one under another job's key, is a bad record (dead letter);
+    the worker carries on with the rest."""
+    from guard.detectors.core import DetectionCore
+    from guard.schemas import WindowFeatures, encode
+
+    good = WindowFeatures(
+        ts=T0,
+        node="n1",
+        job="j",
+        window=5,
+        window_s=20.0,
+        gpus=[0, 1],
+        features={"temp_c": [0.5, -0.5]},
+    )
+    uneven = encode(good).replace(b'"gpus":[0,1]', b'"gpus":[0]')
+    records = [
+        (0, b"anomaly:j", uneven),
+        (0, b"anomaly:other", encode(good)),
+        (0, b"anomaly:j", b"{not json"),
+        (0, b"anomaly:j", encode(good)),
+    ]
+    out = DetectionCore().step((), records, wall=T0)
+    assert [n for n, _ in out.bad_findings] == [0, 1, 2]
+    assert "one value per GPU" in str(out.bad_findings[0][1])
+    assert "under key 'anomaly:other'" in str(out.bad_findings[1][1])

@@ -71,6 +71,46 @@ def test_same_samples_and_rejections_as_pydantic(case: tuple[str, list[bytes]]) 
         assert _parsed(value, parse_samples) == _parsed(value, lambda v: expand(parse_message(v)))
 
 
+def _struct_samples(value: bytes, kind: str) -> tuple[str, str] | str:
+    """:func:`decode_structs`'s record as the samples it stands for (the record's ``ts``,
+    ``node`` and ``job`` on each entry, an entry's own ``ts`` where it has one)."""
+    from guard.schemas.sample_decoder import decode_structs
+
+    try:
+        record_kind, head, entries = decode_structs(value, kind)
+    except SchemaError as exc:
+        return str(exc)
+    shown = []
+    for e in entries:
+        fields = {f: getattr(e, f) for f in e.__struct_fields__}
+        if record_kind == "gpu_batch":  # a batch's samples are v 1 (TelemetryBatch.samples)
+            fields.update(kind="gpu", v=1, node=head.node, job=head.job)
+        fields["ts"] = head.ts if fields.get("ts") is None else fields["ts"]
+        shown.append(("GpuSample", sorted((k, repr(v)) for k, v in fields.items())))
+    return record_kind, repr(shown)
+
+
+def _reference_fields(value: bytes, kind: str) -> tuple[str, str] | str:
+    try:
+        message = decode(value, kind)
+    except SchemaError as exc:
+        return str(exc)
+    shown = [
+        (type(s).__name__, sorted((k, repr(v)) for k, v in s.__dict__.items()))
+        for s in expand(message)
+    ]
+    return message.kind, repr(shown)
+
+
+@hsettings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(records("gpu"))
+def test_gpu_records_as_structs_hold_what_pydantic_accepts(values: list[bytes]) -> None:
+    """The core's GPU columns read Structs (no dict per entry): the same acceptance, reasons
+    and values as pydantic's samples, valid and broken records alike."""
+    for value in values:
+        assert _struct_samples(value, "gpu") == _reference_fields(value, "gpu")
+
+
 def test_every_telemetry_kind_and_its_batch_have_the_fast_path() -> None:
     assert {k for kind in TELEMETRY for k in (kind, f"{kind}_batch")} == FAST_SAMPLE_KINDS
 

@@ -937,6 +937,7 @@ def run_broken_check(bootstrap: str, home: Path, args: argparse.Namespace) -> di
         "stop_held": (
             cap["max_out_of_pool"] <= cap["cordon_cap"] == cap["sweeps_failed"] == cap["in_repair"]
             and min_sweeps <= rate["sweeps_failed"] <= min_sweeps + workers - 1
+            and rate["max_out_of_pool"] <= min_sweeps + workers - 1  # cordoned only for a worker
             and rate["sweeps_failed"] < rate["cordon_cap"]
             and rate["stopped_gauge"] == 1
             and [a["status"] for a in stop_alerts] == ["firing"]

@@ -296,6 +296,12 @@ class OrchestratorSettings(Section):
     operator_check_s: float = Field(
         30, gt=0, description="how often the nodes Guard holds are checked for an operator's undo"
     )
+    node_watch_s: float = Field(
+        300,
+        gt=0,
+        description="how often the scheduler's nodes are read again: nodes that joined since "
+        "get the GuardSuspect=False condition (Kubernetes) and count in the inventory",
+    )
     opt_out_nodes: list[str] = Field(
         default_factory=list,
         description="nodes Guard never cordons, sweeps or marks (also: the Kubernetes label "
@@ -336,6 +342,12 @@ class OrchestratorSettings(Section):
     rendezvous_port: int = Field(
         29500, ge=1, le=65535, description="ssh executor: the multi-node all-reduce's TCP port"
     )
+    ssh_multi_node: bool = Field(
+        False,
+        description="ssh executor: run multi-node sweeps with healthy peers borrowed as they are "
+        "(ssh cannot drain them or wait for their jobs): only where the nodes run nothing but "
+        "Guard's sweeps; off, a network flag is untested and keeps the node out",
+    )
     simulated_truth: str | None = Field(
         None, description="simulator TRUTH.json for the simulated executor"
     )
@@ -366,7 +378,8 @@ class OrchestratorSettings(Section):
         3600,
         gt=0,
         description="longest wait for the jobs on a node taken out to end (slurm and kubernetes "
-        "executors); then the node goes to repair",
+        "executors, and ssh/commands sweeps under the slurm or kubernetes scheduler); then the "
+        "node goes to repair",
     )
     sweep_command: str = Field(
         "guard sweep run --json --node {node}",

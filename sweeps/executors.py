@@ -96,7 +96,7 @@ class SimulatedFault:
     def slowdown_at(self, now: float) -> float:
         """The slowdown at ``now``: a ``degrading`` fault ramps up over ``detail.ramp_s``."""
         ramp = self.detail.get("ramp_s")
-        return ramped_slowdown(self.slowdown, self.onset, float(ramp) if ramp else None, now)
+        return float(ramped_slowdown(self.slowdown, self.onset, float(ramp) if ramp else None, now))
 
     @classmethod
     def from_truth(cls, fault: Fault) -> SimulatedFault:
@@ -541,12 +541,15 @@ def _coverage_problems(
 class SshExecutor:
     """Runs ``guard sweep run --json`` on the node over ssh (bare metal without a scheduler).
 
-    A multi-node sweep starts the command on the node (rank 0, the all-reduce's rendezvous)
-    and on every peer at once; the node's line is the result, and a peer that fails adds a
-    failed check naming it.
+    Single-node sweeps only, by default: ssh cannot take a peer out of the pool or wait for
+    its jobs to end, so a multi-node sweep would share the peers with whatever runs there
+    (and disturb it). A network flag then fails as untested (:attr:`single_only_why` says
+    why), which keeps the node out. ``multi_node=True`` (``orchestrator.ssh_multi_node``)
+    is for nodes that run nothing but what Guard starts on them: a multi-node sweep then
+    starts the command on the node (rank 0, the all-reduce's rendezvous) and on every peer at
+    once, borrowed as they are; the node's line is the result, and a peer that fails or had
+    other compute processes on its GPUs (``peer_busy``) adds a failed check naming it.
     """
-
-    sweep_kinds: tuple[str, ...] = ("single", "multi")
 
     def __init__(
         self,
@@ -555,9 +558,18 @@ class SshExecutor:
         checks: Sequence[str] = (),
         timeout_s: float = 1800.0,
         rendezvous_port: int = 29500,
+        multi_node: bool = False,
     ) -> None:
         self.ssh, self.guard, self.checks = list(ssh), guard, list(checks)
         self.timeout_s, self.rendezvous_port = timeout_s, rendezvous_port
+        self.sweep_kinds: tuple[str, ...] = ("single", "multi") if multi_node else ("single",)
+
+    #: Why a network flag stays untested under this executor (on the node's state).
+    single_only_why = (
+        "the ssh executor cannot take peers out of the pool or wait for their jobs: use the "
+        "slurm or kubernetes executor, or set orchestrator.ssh_multi_node where the nodes run "
+        "nothing but Guard's sweeps"
+    )
 
     def command(self, node: str, sweep: str, peers: Sequence[str], rank: int = 0) -> list[str]:
         remote = [self.guard, "sweep", "run", "--json", "--node", node]
@@ -572,6 +584,9 @@ class SshExecutor:
     def run(self, node: str, sweep: str, peers: Sequence[str], now: float) -> list[SweepCheck]:
         if sweep == "single":
             return self._one(node, self.command(node, "single", []))
+        if "multi" not in self.sweep_kinds:
+            detail = f"untested: {self.single_only_why}"
+            return [SweepCheck(name="ssh_multi_node", passed=False, detail=detail)]
         members = [node, *peers]
         argvs = [
             self.command(m, "multi", [node, *[p for p in members if p != m]], rank)
@@ -654,7 +669,12 @@ def make_executor(settings: Settings) -> SweepExecutor | None:
         )
     if o.executor == "ssh":
         return SshExecutor(
-            o.ssh_command, o.remote_guard, o.remote_checks, o.sweep_timeout_s, o.rendezvous_port
+            o.ssh_command,
+            o.remote_guard,
+            o.remote_checks,
+            o.sweep_timeout_s,
+            o.rendezvous_port,
+            multi_node=o.ssh_multi_node,
         )
     if o.executor == "commands":
         return CommandExecutor(o.sweep_checks)

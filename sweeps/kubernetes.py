@@ -83,6 +83,8 @@ ANNOTATION_BEFORE = "guard.io/cordon-before"
 ANNOTATION_REASON = "guard.io/reason"
 _CONTROL_PLANE = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
 _STRATEGIC = "application/strategic-merge-patch+json"
+#: Nodes a multi-node sweep's peer choice asks for their pods at most (one list each).
+_IDLE_LOOKUPS = 16
 #: Patches in a row refused with 409 (the node changed meanwhile) before Guard gives up for now.
 CONFLICT_RETRIES = 5
 SWEEP_LABEL = "guard-sweep"  # app.kubernetes.io/name of the sweep Jobs and their pods
@@ -117,11 +119,11 @@ def _load_api_client(kubeconfig: str | None, context: str | None) -> Any:
     try:
         if kubeconfig is None:
             try:
-                config.load_incluster_config()
+                config.load_incluster_config()  # type: ignore[no-untyped-call]
             except config.ConfigException:
-                config.load_kube_config(context=context)
+                config.load_kube_config(context=context)  # type: ignore[no-untyped-call]
         else:
-            config.load_kube_config(config_file=kubeconfig, context=context)
+            config.load_kube_config(config_file=kubeconfig, context=context)  # type: ignore[no-untyped-call]
     except (config.ConfigException, OSError) as exc:
         where = kubeconfig or "~/.kube/config (and no in-cluster service account)"
         raise ConfigError(
@@ -448,9 +450,34 @@ class KubernetesScheduler:
 
     # --- jobs on the node ----------------------------------------------------------------------
 
+    def idle_peers(self, candidates: Sequence[str], want: int) -> list[str]:
+        """Up to ``want`` of ``candidates`` (in their order) with no workload pod (running or
+        pending, DaemonSet and mirror pods aside): a multi-node sweep takes those first, so
+        that no job is moved for it while an idle node would do. At most
+        ``_IDLE_LOOKUPS`` nodes are asked (one pod list each)."""
+        idle: list[str] = []
+        for node in candidates[:_IDLE_LOOKUPS]:
+            if not self.workload_pods(node, gpu_only=False):
+                idle.append(node)
+                if len(idle) == want:
+                    break
+        return idle
+
+    def jobs_on(self, node: str) -> list[str]:
+        """The training pods on the node, as ``namespace/name``."""
+        return [
+            f"{p['metadata'].get('namespace', 'default')}/{p['metadata']['name']}"
+            for p in self.training_pods(node)
+        ]
+
     def training_pods(self, node: str) -> list[dict[str, Any]]:
         """Pods on the node that use GPUs, are running or pending, and are not DaemonSet or
         mirror pods (nor Guard's sweep)."""
+        return self.workload_pods(node, gpu_only=True)
+
+    def workload_pods(self, node: str, gpu_only: bool) -> list[dict[str, Any]]:
+        """Running or pending pods on the node that are not DaemonSet or mirror pods (nor
+        Guard's sweep); with ``gpu_only``, those that ask for GPUs."""
         listed = self._call(
             f"listing the pods on {node}",
             self.api.list_pod_for_all_namespaces,
@@ -467,6 +494,9 @@ class KubernetesScheduler:
             if (meta.get("labels") or {}).get("app.kubernetes.io/name") == SWEEP_LABEL:
                 continue  # Guard's own sweep
             if (pod.get("status") or {}).get("phase") not in ("Running", "Pending"):
+                continue
+            if not gpu_only:
+                pods.append(pod)
                 continue
             containers = (pod.get("spec") or {}).get("containers") or []
             wants = [
@@ -493,10 +523,14 @@ class KubernetesScheduler:
         return out
 
     def _evict(self, namespace: str, pod: str) -> str:
+        from kubernetes.client import V1Eviction, V1ObjectMeta
         from kubernetes.client.exceptions import ApiException
 
-        body = {"apiVersion": "policy/v1", "kind": "Eviction"}
-        body["metadata"] = {"name": pod, "namespace": namespace}  # type: ignore[assignment]
+        body = V1Eviction(
+            api_version="policy/v1",
+            kind="Eviction",
+            metadata=V1ObjectMeta(name=pod, namespace=namespace),
+        )
         try:
             self.api.create_namespaced_pod_eviction(pod, namespace, body)
         except ApiException as exc:

@@ -11,6 +11,7 @@ included (:func:`webhook_delivery`, the notifier).
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import Histogram
@@ -120,6 +121,11 @@ def observe_orchestrator(metrics: Metrics, orchestrator: Any) -> None:
         lambda: len(core.held_back),
     )
     m.gauge(
+        "guard_sweeps_queued",
+        "qualified suspects waiting, flagged but not cordoned, for a free sweep worker",
+        lambda: len(core.queued),
+    )
+    m.gauge(
         "guard_sweeps_stopped",
         "1 while Guard cordons and sweeps nothing: too many recent sweeps failed",
         lambda: float(core.sweeps_stopped is not None),
@@ -137,10 +143,15 @@ def observe_orchestrator(metrics: Metrics, orchestrator: Any) -> None:
         ("guard_webhook_deliveries_total", "webhooks delivered", "delivered"),
         ("guard_webhook_dropped_total", "webhooks dropped from a full queue", "dropped"),
     ):
-        m.counter(name, doc, lambda attr=attr: getattr(webhook, attr, 0) if webhook else 0)
+        m.counter(name, doc, _attribute(webhook, attr))
     for sweep in ("single", "multi"):  # every series exists (zero) before the first sweep
         for result in ("passed", "failed"):
             SWEEP_DURATION.labels(sweep, result)
     for result in ("delivered", "failed"):
         WEBHOOK_DELIVERY.labels(result)
     m.include(SWEEP_DURATION, WEBHOOK_DELIVERY)
+
+
+def _attribute(obj: object | None, name: str) -> Callable[[], float]:
+    """A reader of ``obj.name`` (0 without ``obj``) for a counter."""
+    return lambda: float(getattr(obj, name, 0)) if obj is not None else 0.0

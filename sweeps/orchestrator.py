@@ -67,6 +67,8 @@ from .policy import SweepFailureStop, SweepPolicy
 from .scheduler import SchedulerAdapter, SchedulerError
 from .states import (
     ALLOWED,
+    FLAG_IN_REASON,
+    NETWORK_CATEGORIES,
     OUT_OF_POOL,
     REASON_AWAITING_CORDON,
     REASON_AWAITING_REPAIR,
@@ -74,6 +76,7 @@ from .states import (
     REASON_PUT_BACK,
     InvalidTransition,
     NodeRecord,
+    flags_note,
     is_operator,
     recover_views,
 )
@@ -87,8 +90,9 @@ Publish = Callable[[GuardMessage], None]
 StopListener = Callable[[bool, str], None]
 
 _SEEN_FLAG_IDS = 100_000
-_HOLD_NOTE = re.compile(r"; (?:cap of \d|sweeping stopped: )")
+_HOLD_NOTE = re.compile(r"; (?:cap of \d|sweeping stopped: |queued: )")
 _SCHEDULER_RETRY_S = 10.0
+_JOBS_POLL_S = 1.0
 
 
 class SimulatedClock:
@@ -176,7 +180,8 @@ class Orchestrator:
         self.listeners = list(listeners)
         self.actor = settings.actor
         self._inventory: list[str] | None = list(nodes or settings.nodes) or None
-        self._inventory_asked = self._inventory is not None
+        self._inventory_asked = self._inventory_fixed = self._inventory is not None
+        self._next_node_watch = time.monotonic() + settings.node_watch_s
         self.records: dict[str, NodeRecord] = {}
         self._jobs: dict[str, _SweepJob] = {}
         self._scheduler_todo: dict[str, tuple[str, str, float]] = {}
@@ -194,8 +199,10 @@ class Orchestrator:
             )
         )
         self.stats: collections.Counter[str] = collections.Counter()
-        #: qualified suspects the cordon cap holds back now (as of the last tick)
+        #: qualified suspects the cordon cap (or the stop) holds back now (as of the last tick)
         self.held_back: list[str] = []
+        #: qualified suspects waiting, not cordoned, for a free sweep worker (the last tick)
+        self.queued: list[str] = []
         self.failure_stop = SweepFailureStop.from_settings(settings)
         self.stop_listeners = list(stop_listeners)
         #: why Guard stopped cordoning and sweeping (as of the last tick), None while it sweeps
@@ -232,7 +239,7 @@ class Orchestrator:
         """After :meth:`recover`: re-assert cordons, carry interrupted work on, apply requests."""
         with self._lock:
             self._judge_failure_rate(self.clock())  # the recovered failures may stop it at once
-            self._watch_start()
+            self._watch_nodes()
             for rec in list(self.records.values()):
                 if rec.state in OUT_OF_POOL:
                     done = self._call_scheduler(rec.node, "reassert", rec.reason)
@@ -360,6 +367,8 @@ class Orchestrator:
             self._retry_scheduler()
             self._collect_sweeps()
             self._check_operator_undo()
+            if time.monotonic() >= self._next_node_watch:
+                self._watch_nodes()
             self._judge_failure_rate(now)
             for rec in list(self.records.values()):
                 if rec.state == "cordoned" and rec.node not in self._jobs:
@@ -448,6 +457,10 @@ class Orchestrator:
     def _transition(self, rec: NodeRecord, state: str, reason: str, operator: bool = False) -> None:
         if not operator and state not in ALLOWED[rec.state]:
             raise InvalidTransition(f"{rec.node}: {rec.state} -> {state} is not allowed")
+        if state in OUT_OF_POOL and not FLAG_IN_REASON.search(reason):
+            # the flags stay named on the latest state: compaction and restarts keep them
+            note = flags_note(self._flag_kinds(rec))
+            reason = f"{reason}; {note}" if note else reason
         message = NodeState(
             ts=self.clock(),
             node=rec.node,
@@ -460,6 +473,17 @@ class Orchestrator:
         self.stats[f"to_{state}"] += 1
         log.info("%s: %s -> %s (%s)", rec.node, message.prev, state, reason)
         self._emit(message)
+
+    def _flag_kinds(self, rec: NodeRecord) -> list[tuple[str, str]]:
+        """(severity, category) of the node's claims, the most severe per category, in the
+        order first seen; the ones a restart read back from its last reason first."""
+        kinds = dict((c, s) for s, c in rec.flag_kinds)
+        for flag in sorted(rec.claims.values(), key=lambda f: f.ts):
+            was = kinds.get(flag.category)
+            if was is None or SEVERITY_RANK[flag.severity] > SEVERITY_RANK[was]:
+                kinds[flag.category] = flag.severity
+        rec.flag_kinds = [(s, c) for c, s in kinds.items()]
+        return rec.flag_kinds
 
     def _emit(self, message: GuardMessage) -> None:
         self._publish(message)
@@ -490,9 +514,17 @@ class Orchestrator:
             self.stats["scheduler_foreign"] += 1
         return done or "done"
 
-    def _watch_start(self) -> None:
-        """At start: the scheduler marks every node Guard watches (Kubernetes: the condition
-        False, as node-problem-detector does), the nodes Guard holds excepted."""
+    def _watch_nodes(self) -> None:
+        """At start and every ``node_watch_s``: the scheduler marks every node Guard watches
+        (Kubernetes: the condition False, as node-problem-detector does), the nodes Guard
+        holds excepted, so that nodes that joined later are marked too; and the inventory
+        (peers, cluster size), unless configured, is read again."""
+        self._next_node_watch = time.monotonic() + self.settings.node_watch_s
+        if not self._inventory_fixed and self._inventory_asked:
+            try:
+                self._inventory = self.scheduler.inventory() or self._inventory
+            except SchedulerError as exc:  # the inventory read last stays
+                log.warning("could not list the nodes in %s: %s", self.scheduler.name, exc)
         watch = getattr(self.scheduler, "watch", None)
         if watch is None:
             return
@@ -595,10 +627,12 @@ class Orchestrator:
     def _cordon_qualified(self) -> None:
         waiting = [r for r in self.records.values() if r.state == "suspect" and r.qualified]
         held: list[str] = []
+        queued: list[str] = []
         try:
-            self._cordon_within_cap(waiting, held)
+            self._cordon_within_cap(waiting, held, queued)
         finally:
             self._report_held_back(held)
+            self.queued = queued
 
     def _report_held_back(self, held: list[str]) -> None:
         """Say when the cap starts and stops holding qualified suspects back (the gauge
@@ -642,12 +676,21 @@ class Orchestrator:
             except Exception:
                 log.exception("orchestrator stop listener failed")
 
-    def _cordon_within_cap(self, waiting: list[NodeRecord], held: list[str]) -> None:
+    def _cordon_within_cap(
+        self, waiting: list[NodeRecord], held: list[str], queued: list[str]
+    ) -> None:
+        """Cordon qualified suspects, most urgent first, while the cap, the failure-rate stop
+        and the sweep workers allow. A node to sweep is cordoned only when a worker is free
+        to take it; the rest stay qualified suspects (``awaiting cordon``, which a restart
+        reads back), so that the stop is judged again before each new cordon: a burst of
+        flags with a broken check takes out at most ``sweep_workers`` more nodes than the
+        stop's threshold, not the whole cap."""
         if not waiting:
             return
         waiting.sort(key=lambda r: (not r.to_repair, -r.severity_rank, r.first_claim_ts or r.since))
         limit = self.policy.cordon_limit(self.cluster_size())
         out = sum(self.policy.counts_against_cap(r.state) for r in self.records.values())
+        free = self._free_sweep_workers()
         for rec in waiting:
             if self.sweeps_stopped is not None or out >= limit:
                 note = (
@@ -655,10 +698,14 @@ class Orchestrator:
                     if self.sweeps_stopped is not None
                     else f"cap of {limit} of {self.cluster_size()} nodes out of the pool reached"
                 )
-                if note not in rec.reason:
-                    self._transition(rec, "suspect", f"{_without_hold_note(rec.reason)}; {note}")
+                self._note_hold(rec, note)
                 self.stats["cordons_deferred"] += 1
                 held.append(rec.node)
+                continue
+            if not rec.to_repair and free is not None and free <= 0:
+                workers = self.settings.sweep_workers
+                self._note_hold(rec, f"queued: all {workers} sweep workers busy")
+                queued.append(rec.node)
                 continue
             evidence = _without_hold_note(rec.reason.split(": ", 1)[-1])
             opted_out = self._opted_out(rec.node)
@@ -688,6 +735,25 @@ class Orchestrator:
                     self._start_sweep(rec, "single", [], note=note)
                 else:  # a later tick starts it, when a sweep worker is free
                     self._sweep_notes[rec.node] = note
+            free = self._free_sweep_workers()  # an inline sweep has ended by now
+
+    def _note_hold(self, rec: NodeRecord, note: str) -> None:
+        """Say on a waiting suspect's state what holds it back (once per change)."""
+        if note not in rec.reason:
+            self._transition(rec, "suspect", f"{_without_hold_note(rec.reason)}; {note}")
+
+    def _free_sweep_workers(self) -> int | None:
+        """Sweep workers free for a node cordoned now: ``sweep_workers`` less the running
+        sweeps and the nodes already cordoned for a sweep that has not started (a scheduler
+        retry, a restart). ``None`` without an executor: nothing is ever swept, the cap alone
+        bounds the nodes held."""
+        if self.executor is None:
+            return None
+        waiting = sum(
+            r.state == "cordoned" and not r.to_repair and r.node not in self._jobs
+            for r in self.records.values()
+        )
+        return self.settings.sweep_workers - len(self._jobs) - waiting
 
     def _can_start_sweep(self) -> bool:
         """A sweep may start now: sweeping has not stopped and a sweep worker is free (a
@@ -719,22 +785,59 @@ class Orchestrator:
         self._jobs[rec.node] = job
         self.stats[f"sweeps_{sweep}"] += 1
         if self._pool is None:
-            job.checks = self._run_executor(rec.node, sweep, peers, now)
+            job.checks = self._run_executor(job, now)
             del self._jobs[rec.node]
             self._finish_sweep(rec, job)
         else:
-            job.future = self._pool.submit(self._run_executor, rec.node, sweep, peers, now)
+            job.future = self._pool.submit(self._run_executor, job, now)
 
     def _sweep_budget_s(self) -> float:
-        """``sweep_timeout_s``, plus the wait for the node's jobs to end where the executor
-        waits for them itself (the Slurm and Kubernetes executors' ``drain_wait_s``)."""
-        return self.settings.sweep_timeout_s + float(getattr(self.executor, "drain_wait_s", 0.0))
+        """``sweep_timeout_s``, plus the wait for the node's jobs to end: the executor's own
+        (the Slurm and Kubernetes executors' ``drain_wait_s``) or :meth:`_wait_for_jobs`."""
+        wait = getattr(self.executor, "drain_wait_s", None)
+        if wait is None and self._waits_for_jobs():
+            wait = self.settings.drain_timeout_s
+        return self.settings.sweep_timeout_s + float(wait or 0.0)
 
-    def _run_executor(
-        self, node: str, sweep: str, peers: list[str], now: float
-    ) -> list[SweepCheck]:
+    def _waits_for_jobs(self) -> bool:
+        """The orchestrator waits for a node's jobs before its single-node sweep where the
+        executor does not (ssh, commands) and the scheduler can list them (Slurm, Kubernetes)."""
+        return not hasattr(self.executor, "drain_wait_s") and hasattr(self.scheduler, "jobs_on")
+
+    def _wait_for_jobs(self, job: _SweepJob) -> SweepCheck | None:
+        """Wait until the scheduler lists no job on the node just taken out (a sweep beside a
+        job measures the sharing and disturbs the job); a failed check when some are still
+        there after ``drain_timeout_s``, or when the sweep was abandoned meanwhile."""
+        jobs_on = self.scheduler.jobs_on  # type: ignore[attr-defined]
+        timeout = self.settings.drain_timeout_s
+        deadline = time.monotonic() + timeout
+        left: list[str] | str = []
+        while self._jobs.get(job.node) is job:
+            try:
+                left = list(jobs_on(job.node))
+            except SchedulerError as exc:  # asked again until the deadline
+                left = f"the jobs on it unknown ({exc})"
+            if not left:
+                return None
+            if time.monotonic() > deadline:
+                shown = left if isinstance(left, str) else "jobs " + ", ".join(left[:20])
+                return SweepCheck(
+                    name="drain_timeout",
+                    passed=False,
+                    detail=f"untested: {job.node} still runs {shown} {timeout:g} s after it "
+                    f"was taken out in {self.scheduler.name}"[:4000],
+                )
+            time.sleep(min(_JOBS_POLL_S, timeout / 10))
+        return SweepCheck(name="sweep_abandoned", passed=False, detail="abandoned while waiting")
+
+    def _run_executor(self, job: _SweepJob, now: float) -> list[SweepCheck]:
         assert self.executor is not None  # _start_sweep runs none without one
+        node, sweep, peers = job.node, job.sweep, job.peers
         try:
+            if sweep == "single" and self._waits_for_jobs():
+                waited = self._wait_for_jobs(job)
+                if waited is not None:
+                    return [waited]
             return self.executor.run(node, sweep, peers, now)
         except Exception as exc:
             log.exception("%s sweep of %s raised", sweep, node)
@@ -783,7 +886,7 @@ class Orchestrator:
             self._transition(rec, "failed", f"failed the {job.sweep}-node sweep: {summary}")
             self._send_to_repair(rec, f"failed the {job.sweep}-node sweep ({summary})")
             return
-        network = sorted({f.category for f in rec.claims.values()} & NETWORK_CATEGORIES)
+        network = sorted({c for _, c in self._flag_kinds(rec)} & NETWORK_CATEGORIES)
         multi = bool(self.executor and "multi" in self.executor.sweep_kinds)
         if job.sweep == "single" and multi:
             peers = self._choose_peers(rec.node)
@@ -791,7 +894,13 @@ class Orchestrator:
                 self._start_sweep(rec, "multi", peers)
                 return
         if job.sweep == "single" and network:  # a link is only tested between two nodes
-            why = "no healthy peer for it" if multi else "this executor runs single-node ones only"
+            why = (
+                "no healthy peer for it"
+                if multi
+                else getattr(
+                    self.executor, "single_only_why", "this executor runs single-node ones only"
+                )
+            )
             summary = f"untested: a {'/'.join(network)} flag needs a multi-node sweep, {why}"
             self._transition(rec, "failed", f"passed the single-node sweep; {summary}")
             self._send_to_repair(rec, summary)
@@ -833,16 +942,23 @@ class Orchestrator:
         ]
         # A stable but node-specific order spreads the peer load over the healthy nodes.
         healthy.sort(key=lambda n: stable_id("peer", node, n))
-        return healthy[:want]
+        idle_peers = getattr(self.scheduler, "idle_peers", None)
+        if idle_peers is not None and healthy:
+            try:
+                idle: list[str] = idle_peers(healthy, want)
+            except SchedulerError as exc:
+                log.warning(
+                    "could not tell which nodes are idle in %s: %s", self.scheduler.name, exc
+                )
+                idle = []
+            if idle:  # never drain a busy peer while an idle one would do (even if fewer)
+                return idle
+        return healthy[:want]  # none idle: busy peers, drained for the sweep by the executor
 
 
 def _without_hold_note(reason: str) -> str:
     """A waiting suspect's reason without the note of what holds it back."""
     return _HOLD_NOTE.split(reason, 1)[0]
-
-
-#: Flags about the network: a single-node sweep cannot clear them (the link is between nodes).
-NETWORK_CATEGORIES = frozenset({"nic", "link", "comm_slow", "comm_hang"})
 
 
 def _describe(flag: Flag) -> str:

@@ -100,7 +100,7 @@ class SweepPolicy:
             return False
         start = min(f.ts - (f.window_s or 0.0) for f in rec.claims.values())
         end = max(f.ts for f in rec.claims.values())
-        return end - start >= self.persistence_s
+        return bool(end - start >= self.persistence_s)
 
     def cordon_limit(self, cluster_size: int) -> int:
         """Nodes that may be out of the pool on suspicion at once (never below one)."""

@@ -13,7 +13,10 @@ says, or ``None``), ``lift(node)`` (remove Guard's own marks, and nothing the op
 ``opted_out(node)`` (why Guard must never touch the node, or ``None``) and ``watch(held)``
 (at start: mark every watched node, those Guard holds excepted). The orchestrator calls them
 when present: a node put back by an operator is a cancel, not cordoned again for
-``operator_holdoff_s``.
+``operator_holdoff_s``. ``idle_peers(candidates, want)`` (those of the healthy candidates that
+run nothing now, in order) lets a multi-node sweep take idle peers before busy ones, and
+``jobs_on(node)`` (the jobs running there) lets the orchestrator wait for them to end before
+the sweep of an executor that does not wait itself (ssh, commands).
 
 ``cordon``/``reassert``/``uncordon`` return what they did (a word such as ``drained``,
 ``foreign`` for someone else's node, ``resumed-by-other`` when a restart finds the node back

@@ -100,7 +100,8 @@ def _read_to_end(
                     at_end.discard(record.partition())
                     yield record
                 elif error.code() == KafkaError._PARTITION_EOF:
-                    at_end.add(record.partition())
+                    if (partition := record.partition()) is not None:
+                        at_end.add(partition)
                 else:
                     log.warning("reading %s: %s", topic, error)
     finally:
@@ -367,9 +368,9 @@ class KafkaOrchestrator:
                 if error.code() != KafkaError._PARTITION_EOF:
                     log.warning("remediation consumer: %s", error)
                 continue
-            positions[record.partition()] = TopicPartition(
-                record.topic(), record.partition(), record.offset() + 1
-            )
+            topic, partition, offset = record.topic(), record.partition(), record.offset()
+            if topic is not None and partition is not None and offset is not None:  # a record's
+                positions[partition] = TopicPartition(topic, partition, offset + 1)
             try:
                 flag = decode(record.value() or b"", "flag")
             except SchemaError as exc:

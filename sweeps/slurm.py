@@ -80,6 +80,11 @@ log = logging.getLogger(__name__)
 
 GUARD_REASON_PREFIX = "guard:"
 _BUSY = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
+#: State flags of an IDLE node that is not free to lend (sinfo's idle alone is not enough).
+_NOT_FREE = frozenset(
+    {"DRAIN", "COMPLETING", "PLANNED", "RESERVED", "MAINT", "FAIL", "NOT_RESPONDING",
+     "POWERED_DOWN", "POWERING_DOWN", "POWERING_UP", "REBOOT_REQUESTED", "REBOOT_ISSUED"}
+)  # fmt: skip
 _REASON_STAMP = re.compile(r"\s*\[[^\]]*@[^\]]*\]\s*$")
 _GRES_SOCKETS = re.compile(r"\([^)]*\)")
 _GRES_GPU = re.compile(r"(?:^|,)gpu(?::[^:,]+)?:(\d+)")
@@ -129,6 +134,11 @@ class SlurmNode:
     @property
     def busy(self) -> bool:
         return self.base in _BUSY or "COMPLETING" in self.flags
+
+    @property
+    def idle(self) -> bool:
+        """Free to lend to a sweep now: IDLE, nothing running, planned, reserved or held."""
+        return self.base == "IDLE" and not self.flags & _NOT_FREE
 
     @property
     def drained(self) -> bool:
@@ -188,8 +198,12 @@ class SlurmCli:
         return SlurmNode.parse(line)
 
     def nodes(self) -> list[str]:
+        return [n.name for n in self.node_states()]
+
+    def node_states(self) -> list[SlurmNode]:
+        """Every node, from one ``scontrol show nodes``."""
         out = self.scontrol_run("show", "nodes", "--oneliner")
-        return [SlurmNode.parse(x).name for x in out.splitlines() if x.startswith("NodeName=")]
+        return [SlurmNode.parse(x) for x in out.splitlines() if x.startswith("NodeName=")]
 
     def jobs_on(self, name: str) -> list[str]:
         """Ids of the jobs running (or being set up) on the node."""
@@ -367,6 +381,13 @@ class SlurmScheduler:
             time.sleep(0.2)
         if out == "PENDING":
             self.cli.scontrol_run("update", f"JobId={job}", "StartTime=now")
+
+    def idle_peers(self, candidates: Sequence[str], want: int) -> list[str]:
+        """Up to ``want`` of ``candidates`` (in their order) that are idle now (IDLE, not
+        drained, reserved or planned for a job): a multi-node sweep takes those first, so
+        that no job is drained for it while an idle node would do."""
+        idle = {self.names.agent(n.name) for n in self.cli.node_states() if n.idle}
+        return [c for c in candidates if c in idle][:want]
 
     def inventory(self) -> list[str] | None:
         try:

@@ -30,13 +30,16 @@ Example
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from guard.schemas import Flag, NodeState
+from guard.schemas import CATEGORIES, Flag, NodeState
 
 __all__ = [
     "ALLOWED",
+    "FLAG_IN_REASON",
+    "NETWORK_CATEGORIES",
     "OUT_OF_POOL",
     "REASON_AWAITING_CORDON",
     "REASON_AWAITING_REPAIR",
@@ -45,6 +48,8 @@ __all__ = [
     "InvalidTransition",
     "NodeRecord",
     "NodeView",
+    "flag_kinds",
+    "flags_note",
     "is_operator",
     "recover_views",
 ]
@@ -59,6 +64,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "repair": frozenset(),
 }
 
+#: Flags about the network: a single-node sweep cannot clear them (the link is between nodes).
+NETWORK_CATEGORIES = frozenset({"nic", "link", "comm_slow", "comm_hang"})
+
 #: States in which the node is drained in the scheduler.
 OUT_OF_POOL = frozenset({"cordoned", "sweeping", "failed", "repair"})
 
@@ -70,6 +78,29 @@ REASON_CORDONED_FOR_REPAIR = "cordoned for repair"
 REASON_PUT_BACK = "put back in service by an operator"
 
 OPERATOR_PREFIX = "operator"
+
+#: A flag as a reason names it ("critical nic flag"): what recovery and the webhook read back.
+FLAG_IN_REASON = re.compile(r"\b(info|warning|critical) ([a-z_]+) flag\b")
+
+
+def flag_kinds(reason: str) -> list[tuple[str, str]]:
+    """The (severity, category) of each flag a reason names, first mention of a category.
+
+    >>> flag_kinds("sent to repair: x; after a critical nic flag, a warning thermal flag")
+    [('critical', 'nic'), ('warning', 'thermal')]
+    """
+    seen: dict[str, str] = {}
+    for severity, category in FLAG_IN_REASON.findall(reason):
+        if category in CATEGORIES:
+            seen.setdefault(category, severity)
+    return [(sev, cat) for cat, sev in seen.items()]
+
+
+def flags_note(kinds: Iterable[tuple[str, str]]) -> str:
+    """``after a critical nic flag, ...``: the flags behind a node's time out of the pool,
+    appended to the reasons that name none (so that they survive compaction and restarts)."""
+    named = [f"a {severity} {category} flag" for severity, category in kinds]
+    return f"after {', '.join(named)}" if named else ""
 
 
 class InvalidTransition(ValueError):
@@ -102,8 +133,12 @@ class NodeRecord:
     released_ts: float | None = None
     #: an operator put the node back in service: no cordon before this time
     hold_off_until: float | None = None
+    #: (severity, category) of the claims as the last state's reason named them (a restart
+    #: rebuilds no claims): a network flag keeps needing its multi-node sweep
+    flag_kinds: list[tuple[str, str]] = field(default_factory=list)
 
     def reset_claims(self) -> None:
+        self.flag_kinds = []
         self.claims.clear()
         self.first_claim_ts = self.last_claim_ts = None
         self.severity_rank = 0
@@ -113,6 +148,8 @@ class NodeRecord:
     def from_state(cls, state: NodeState) -> NodeRecord:
         """The record a persisted state implies (used on restart)."""
         rec = cls(state.node, state.state, state.prev, state.reason, state.ts)
+        if state.state != "healthy":
+            rec.flag_kinds = flag_kinds(state.reason)
         if state.state == "healthy":
             rec.released_ts = state.ts
             if state.prev == "sweeping":

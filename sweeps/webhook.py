@@ -70,7 +70,6 @@ import hashlib
 import hmac
 import json
 import logging
-import re
 import ssl
 import threading
 import time
@@ -82,9 +81,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from guard.schemas import CATEGORIES, NodeState, stable_id
+from guard.schemas import NodeState, stable_id
 
 from .metrics import webhook_delivery
+from .states import flag_kinds
 
 __all__ = [
     "SIGNATURE_HEADER",
@@ -111,7 +111,6 @@ ALERTS_PATH = "/api/v2/alerts"
 _ZERO_TIME = "0001-01-01T00:00:00Z"
 #: Longest wait a Retry-After may impose, s: a receiver cannot park the notifier for hours.
 MAX_RETRY_AFTER_S = 300.0
-_FLAG_IN_REASON = re.compile(r"\b(?:info|warning|critical) ([a-z_]+) flag\b")
 
 
 def _mac(secret: bytes, t: int, body: bytes) -> str:
@@ -153,10 +152,10 @@ def episode_category(state: NodeState) -> str:
     """The category an episode is filed under: the first flag category its reason names."""
     if state.actor.startswith("operator"):
         return "operator"
-    for match in _FLAG_IN_REASON.finditer(state.reason):
-        if match.group(1) in CATEGORIES:
-            return match.group(1)
-    return "unknown"
+    kinds = flag_kinds(state.reason)
+    if kinds:
+        return kinds[0][1]
+    return "operator" if " by operator" in state.reason else "unknown"
 
 
 def severity_of(state: NodeState) -> str:

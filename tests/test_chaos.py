@@ -96,5 +96,8 @@ def test_a_check_that_fails_every_node_stops_at_the_cap_and_at_the_failure_rate(
     # The failure-rate stop, under a cap of 8 it never reaches.
     assert rate["cordon_cap"] == 8 and rate["sweeps"] == rate["sweeps_failed"]
     assert 4 <= rate["sweeps_failed"] <= r["failure_stop_sweeps_bound"] < rate["cordon_cap"]
+    # A node is cordoned only when a sweep worker can take it: the rest of the burst was
+    # never taken out, so no more nodes are out than were swept.
+    assert rate["max_out_of_pool"] <= r["failure_stop_sweeps_bound"]
     assert rate["stopped_gauge"] == 1 and r["stop_alert"] == ["firing"]
     assert r["stop_held"] and r["orchestrator_alive_after"] and r["ok"]

@@ -116,7 +116,9 @@ def parse_diag(output: str) -> DcgmDiag:
     root = doc.get("DCGM Diagnostic", doc.get("DCGM GPU Diagnostic", {}))
     if not isinstance(root, dict):
         root = {}
-    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    meta = doc.get("metadata")
+    if not isinstance(meta, dict):
+        meta = {}
     version = str(meta.get("version") or root.get("version") or doc.get("version") or "")
     tests = []
     for category in root.get("test_categories") or []:

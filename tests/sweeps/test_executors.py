@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from guard.config import OrchestratorSettings, Settings
-from guard.schemas import Flag
+from guard.schemas import Flag, NodeState
 from guard.sweeps.executors import (
     NO_EXECUTOR_HINT,
     CheckCommand,
@@ -253,8 +253,8 @@ def fake_ssh(tmp_path: Path) -> Path:
     return script
 
 
-def ssh_executor(fake_ssh: Path, checks: list[str]) -> SshExecutor:
-    return SshExecutor([str(fake_ssh)], GUARD_ON_NODE, checks, timeout_s=240)
+def ssh_executor(fake_ssh: Path, checks: list[str], multi_node: bool = False) -> SshExecutor:
+    return SshExecutor([str(fake_ssh)], GUARD_ON_NODE, checks, timeout_s=240, multi_node=multi_node)
 
 
 @pytest.fixture
@@ -315,7 +315,8 @@ def test_parse_sweep_output_trusts_only_a_line_for_this_node() -> None:
 def test_a_multi_node_sweep_starts_the_command_on_the_node_and_every_peer(
     fake_ssh: Path, no_fleet: None
 ) -> None:
-    ex = ssh_executor(fake_ssh, [])
+    ex = ssh_executor(fake_ssh, [], multi_node=True)
+    assert ex.sweep_kinds == ("single", "multi")
     assert ex.command("n1", "multi", ["n1", "n2", "n3"], rank=0)[-1] == (
         f"{GUARD_ON_NODE} sweep run --json --node n1 --sweep multi --peers n2,n3 "
         "--node-rank 0 --rendezvous n1:29500"
@@ -405,3 +406,53 @@ def test_a_flagged_node_is_swept_over_ssh_and_released_or_sent_to_repair_by_its_
     assert orch.state_of("n3") == end
     assert scheduler.cordoned == (set() if end == "healthy" else {"n3"})
     assert (fake_ssh.parent / "calls").read_text().startswith("n3 ")
+
+
+def test_ssh_runs_no_multi_node_sweep_on_peers_it_cannot_drain(
+    fake_ssh: Path, no_fleet: None
+) -> None:
+    # ssh cannot take a peer out of the pool nor wait for its jobs: by default it runs no
+    # multi-node sweep, and a network flag is untested (failed, to repair) and says why.
+    assert make_executor(Settings(orchestrator={"executor": "ssh"})).sweep_kinds == ("single",)  # type: ignore[union-attr]
+    ex = ssh_executor(fake_ssh, ["cpu_count"])
+    [refused] = ex.run("n1", "multi", ["n2"], 0)
+    assert refused.name == "ssh_multi_node" and not refused.passed
+    assert refused.detail.startswith("untested: the ssh executor cannot take peers out")
+
+    def orchestrate(category: str) -> tuple[list[NodeState], str]:
+        out: list = []
+        orch = Orchestrator(
+            OrchestratorSettings(nodes=[f"n{i}" for i in range(8)]),
+            scheduler=DryRunScheduler(),
+            executor=ex,
+            publish=out.append,
+            clock=lambda: 100.0,
+            inline_sweeps=True,
+        )
+        orch.handle_flag(
+            Flag(
+                id=category,
+                ts=99.0,
+                node="n3",
+                detector="d",
+                category=category,
+                severity="critical",
+                score=5.0,
+            )
+        )
+        orch.tick()
+        calls = (fake_ssh.parent / "calls").read_text()
+        (fake_ssh.parent / "calls").unlink()
+        return [m for m in out if isinstance(m, NodeState)], calls
+
+    states, calls = orchestrate("nic")
+    assert [s.state for s in states] == ["suspect", "cordoned", "sweeping", "failed", "repair"]
+    assert states[3].reason == (
+        "passed the single-node sweep; untested: a nic flag needs a multi-node sweep, "
+        f"{SshExecutor.single_only_why}; after a critical nic flag"
+    )
+    assert "--sweep multi" not in calls and calls.count("\n") == 1  # no peer was touched
+    states, calls = orchestrate("thermal")  # a GPU flag: the single-node sweep decides
+    assert [s.state for s in states][-1] == "healthy"
+    assert states[-1].reason == "passed the single-node sweep"
+    assert calls.startswith("n3 ") and calls.count("\n") == 1

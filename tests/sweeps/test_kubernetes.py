@@ -28,7 +28,7 @@ from kubernetes import client
 
 from guard.config import ConfigError, OrchestratorSettings, Settings
 from guard.schemas import Flag, GuardMessage, NodeState, SweepCheck, SweepResult
-from guard.sweeps.executors import make_executor
+from guard.sweeps.executors import CommandExecutor, make_executor
 from guard.sweeps.kubernetes import (
     ANNOTATION_BEFORE,
     ANNOTATION_REASON,
@@ -775,3 +775,86 @@ def test_an_opted_out_node_is_never_touched_and_watched_nodes_get_the_condition_
     assert len([r for r in apiserver.requests if r["method"] != "GET"]) == writes
     orch.resume([])  # a second start finds the condition already False: no write
     assert len([r for r in apiserver.requests if r["method"] != "GET"]) == writes
+
+
+def test_a_node_that_joins_later_gets_the_condition_false_and_joins_the_inventory(
+    apiserver: StandInApiServer, kube: KubernetesScheduler
+) -> None:
+    orch = Orchestrator(
+        OrchestratorSettings(node_watch_s=0.05),
+        scheduler=kube,
+        executor=None,
+        publish=[].append,
+        inline_sweeps=True,
+    )
+    orch.resume([])
+    assert orch.inventory() == ["gpu-a", "gpu-b"]
+    apiserver.nodes["gpu-c"] = gpu_node("gpu-c")  # a node added to the cluster later
+    orch.tick()  # before node_watch_s: not read again
+    assert apiserver.nodes["gpu-c"]["status"]["conditions"] == []
+    time.sleep(0.06)
+    orch.tick()
+    [condition] = apiserver.nodes["gpu-c"]["status"]["conditions"]
+    assert (condition["type"], condition["status"]) == ("GuardSuspect", "False")
+    assert orch.inventory() == ["gpu-a", "gpu-b", "gpu-c"]
+    assert orch.cluster_size() == 3
+
+
+def test_an_ssh_or_commands_sweep_waits_until_the_training_pods_are_gone(
+    apiserver: StandInApiServer, kube: KubernetesScheduler
+) -> None:
+    def orchestrate(drain_timeout_s: float) -> list[GuardMessage]:
+        out: list[GuardMessage] = []
+        orch = Orchestrator(
+            OrchestratorSettings(drain_timeout_s=drain_timeout_s),
+            scheduler=kube,
+            executor=CommandExecutor([{"name": "ok", "command": "echo 0", "max": 0}]),
+            publish=out.append,
+            inline_sweeps=True,
+        )
+        orch.handle_flag(thermal("gpu-b", f"w{drain_timeout_s}", time.time() - 1))
+        orch.tick()
+        return out
+
+    apiserver.pods = {"trainer-0": pod("trainer-0", "gpu-b")}
+    threading.Timer(1.5, apiserver.pods.clear).start()  # the training pod ends meanwhile
+    passed = orchestrate(drain_timeout_s=30)
+    [sweep] = [m for m in passed if isinstance(m, SweepResult)]
+    assert [c.name for c in sweep.checks] == ["ok"] and sweep.passed
+    assert [m.state for m in passed if isinstance(m, NodeState)][-1] == "healthy"
+    apiserver.pods = {"trainer-0": pod("trainer-0", "gpu-b")}
+    stays = orchestrate(drain_timeout_s=1.0)
+    [sweep] = [m for m in stays if isinstance(m, SweepResult)]
+    assert [c.name for c in sweep.checks] == ["drain_timeout"]
+    assert sweep.checks[0].detail == (
+        "untested: gpu-b still runs jobs train/trainer-0 1 s after it was taken out in kubernetes"
+    )
+
+
+def test_a_sweep_released_by_an_operator_while_it_waits_for_the_pods_never_runs(
+    apiserver: StandInApiServer, kube: KubernetesScheduler, tmp_path: Path
+) -> None:
+    ran = tmp_path / "ran"
+    apiserver.pods = {"trainer-0": pod("trainer-0", "gpu-b")}  # it stays
+    out: list[GuardMessage] = []
+    orch = Orchestrator(
+        OrchestratorSettings(drain_timeout_s=60),
+        scheduler=kube,
+        executor=CommandExecutor([{"name": "ran", "command": f"touch {ran}", "max": 0}]),
+        publish=out.append,
+    )
+    try:
+        orch.handle_flag(thermal("gpu-b", "w-op", time.time() - 1))
+        orch.tick()
+        assert orch.sweeping() == ["gpu-b"]  # waiting for trainer-0 in a sweep worker
+        orch.handle_operator(
+            NodeState(ts=time.time(), node="gpu-b", state="healthy", actor="operator:ann")
+        )
+        apiserver.pods.clear()  # the job ends after the release
+        time.sleep(2.5)  # more than one poll of the pods: the wait has seen it abandoned
+        orch.tick()
+    finally:
+        orch.close()
+    assert not ran.exists()  # the sweep never started on a node back in service
+    assert [m for m in out if isinstance(m, SweepResult)] == []
+    assert orch.state_of("gpu-b") == "healthy"

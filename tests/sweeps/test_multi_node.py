@@ -71,7 +71,7 @@ def test_a_network_flag_never_passes_on_a_single_node_sweep(category: str) -> No
     assert [s.state for s in alone] == ["suspect", "cordoned", "sweeping", "failed", "repair"]
     assert alone[3].reason == (
         f"passed the single-node sweep; untested: a {category} flag needs a multi-node sweep, "
-        "this executor runs single-node ones only"
+        f"this executor runs single-node ones only; after a critical {category} flag"
     )
     no_peer = orchestrate(category, SimulatedSweepExecutor([], seed=1), multi_sweep_peers=0)
     assert [s.state for s in no_peer][-2:] == ["failed", "repair"]
@@ -79,6 +79,48 @@ def test_a_network_flag_never_passes_on_a_single_node_sweep(category: str) -> No
     multi = orchestrate(category, SimulatedSweepExecutor([], seed=1))
     assert [s.state for s in multi] == ["suspect", "cordoned", "sweeping", "healthy"]
     assert multi[-1].reason == "passed the single-node and multi-node sweeps"
+
+
+def test_a_network_flag_still_needs_its_multi_node_sweep_after_a_restart() -> None:
+    # The orchestrator is killed while the nic-flagged node's single-node sweep runs; the
+    # restarted one has no claims, only the node-state topic (compacted: the last state).
+    first: list[GuardMessage] = []
+    gate = threading.Event()
+
+    class Hanging(SingleOnly):
+        def run(self, node: str, sweep: str, peers: Any, now: float) -> list[SweepCheck]:
+            gate.wait(60)
+            return super().run(node, sweep, peers, now)
+
+    orch = Orchestrator(
+        OrchestratorSettings(nodes=NODES),
+        scheduler=DryRunScheduler(),
+        executor=Hanging(),
+        publish=first.append,
+        clock=Clock(T0),
+    )
+    try:
+        orch.handle_flag(flag("node-010", "f1", T0 - 1, category="nic", gpu=None))
+        orch.tick()
+        assert orch.sweeping() == ["node-010"]
+    finally:
+        orch.close()
+        gate.set()
+    last = [m for m in first if isinstance(m, NodeState)][-1]
+    assert last.state == "sweeping" and last.reason.endswith("; after a critical nic flag")
+    after: list[GuardMessage] = []
+    again = Orchestrator(
+        OrchestratorSettings(nodes=NODES),
+        scheduler=DryRunScheduler(),
+        executor=SingleOnly(),
+        publish=after.append,
+        clock=Clock(T0 + 60),
+        inline_sweeps=True,
+    )
+    again.resume(again.recover([last]))
+    states = [m for m in after if isinstance(m, NodeState)]
+    assert [s.state for s in states] == ["sweeping", "failed", "repair"]  # not released
+    assert "untested: a nic flag needs a multi-node sweep" in states[1].reason
 
 
 def test_a_gpu_flag_still_passes_on_a_single_node_sweep() -> None:
@@ -144,6 +186,9 @@ class TwoNodeSlurm:
 
     def nodes(self) -> list[str]:
         return list(self.nodes_)
+
+    def node_states(self) -> list[SlurmNode]:
+        return [self.node(n) for n in self.nodes_]
 
     def jobs_on(self, name: str) -> list[str]:
         if name == "sb" and self.peer_jobs:
@@ -217,7 +262,57 @@ def test_an_admin_drained_peer_is_not_borrowed_and_the_sweep_is_untested(tmp_pat
     assert not any("NodeName=sb" in c for c in cli.calls)
 
 
+def test_slurm_lends_an_idle_peer_before_a_busy_one(tmp_path: Path) -> None:
+    # sa is the suspect; of its two healthy peers one runs a job (MIXED) and one is IDLE:
+    # whichever the order of the health-only choice, the idle one is taken, not drained.
+    def chosen(states: dict[str, str]) -> list[str]:
+        where = tmp_path / "-".join(states.values())
+        where.mkdir()
+        cli = TwoNodeSlurm(where)
+        cli.nodes_.update({n: {"State": st, "Reason": ""} for n, st in states.items()})
+        out: list[GuardMessage] = []
+        orch = Orchestrator(
+            OrchestratorSettings(nodes=["sa", "sb", "sc"], multi_sweep_peers=1),
+            scheduler=SlurmScheduler(cli, user="guard"),  # type: ignore[arg-type]
+            executor=SimulatedSweepExecutor([], seed=1),
+            publish=out.append,
+            clock=Clock(T0),
+            inline_sweeps=True,
+        )
+        orch.handle_flag(flag("sa", "f1", T0 - 1, category="nic", gpu=None))
+        orch.tick()
+        [multi] = [m for m in out if isinstance(m, SweepResult) and m.sweep == "multi"]
+        return multi.peers
+
+    assert chosen({"sb": "MIXED", "sc": "IDLE"}) == ["sc"]
+    assert chosen({"sb": "IDLE", "sc": "ALLOCATED"}) == ["sb"]
+    # IDLE but planned for a job, reserved or drained is not free; with none idle, a busy
+    # healthy peer is drained for the sweep (the executor waits for its jobs).
+    assert len(chosen({"sb": "IDLE+PLANNED", "sc": "MIXED"})) == 1
+    assert [SlurmNode.parse(f"NodeName=x State={st}").idle for st in
+            ("IDLE", "IDLE+PLANNED", "IDLE+DRAIN", "IDLE+RESERVED", "MIXED", "DOWN")] == [
+        True, False, False, False, False, False]  # fmt: skip
+
+
 # --- Kubernetes, on the recording API of test_kubernetes.py ---------------------------------
+
+
+def test_kubernetes_lends_a_peer_without_workload_pods_first(tmp_path: Path) -> None:
+    server = StandInApiServer()
+    try:
+        kube = KubernetesScheduler(kubeconfig=kubeconfig(tmp_path, server.url), namespace="g")
+        # gpu-b runs a CPU-only pod of a job: busy (it would be moved); gpu-a only a
+        # DaemonSet's pod and a finished pod: idle.
+        cpu_job = pod("etl-0", "gpu-b", gpus=None)
+        agent = pod("agent-x", "gpu-a", owner="DaemonSet")
+        done = pod("old-0", "gpu-a")
+        done["status"]["phase"] = "Succeeded"
+        server.pods = {"etl-0": cpu_job, "agent-x": agent, "old-0": done}
+        assert kube.training_pods("gpu-b") == []  # no GPU asked: not a training pod ...
+        assert kube.idle_peers(["gpu-b", "gpu-a"], 2) == ["gpu-a"]  # ... but not idle either
+        assert kube.idle_peers(["gpu-b"], 1) == []
+    finally:
+        server.close()
 
 
 class TwoNodeApiServer(StandInApiServer):

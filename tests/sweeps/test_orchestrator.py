@@ -464,26 +464,84 @@ def test_a_check_that_fails_every_node_stops_sweeping_and_alerts() -> None:
     assert h.orch.sweeps_stopped == why and told[2] == (True, why)
 
 
-def test_sweeps_wait_cordoned_for_a_free_worker_and_stop_when_too_many_fail() -> None:
+def _most_out_at_once(out: list[GuardMessage], states: tuple[str, ...]) -> int:
+    """The most nodes in ``states`` at the same time, from the published history."""
+    now_in: set[str] = set()
+    most = 0
+    for m in out:
+        if isinstance(m, NodeState):
+            (now_in.add if m.state in states else now_in.discard)(m.node)
+            most = max(most, len(now_in))
+    return most
+
+
+def test_a_burst_with_a_broken_check_is_cordoned_only_as_sweep_workers_free_up() -> None:
+    # The chaos scenario broken_check in small: 12 nodes flagged at once, a GEMM no node
+    # passes, a cap of 20 it never reaches. A node is cordoned only when one of the 2 sweep
+    # workers can take it, so the stop (4 failures) is judged before every new cordon.
+    workers, min_sweeps = 2, 4
     h = Harness(
         executor=CommandExecutor([BROKEN_GEMM]),
         inline=False,
         cluster_size=40,
         max_cordoned_fraction=0.5,
-        sweep_workers=2,
-        sweep_stop_min_sweeps=4,
+        sweep_workers=workers,
+        sweep_stop_min_sweeps=min_sweeps,
     )
     try:
         for i, node in enumerate(FLAGGED):
             h.orch.handle_flag(flag(node, f"b{i}", T0 - 20 + i))
         h.orch.tick()
-        assert len(h.orch.sweeping()) == 2  # the others wait cordoned, not "sweeping"
-        assert sum(h.orch.state_of(n) == "cordoned" for n in FLAGGED) == 10
+        assert h.orch.sweeping() == FLAGGED[:2]
+        # The others wait flagged, not cordoned: in the pool, their jobs untouched.
+        assert [h.orch.state_of(n) for n in FLAGGED[2:]] == ["suspect"] * 10
+        assert h.orch.queued == FLAGGED[2:] and h.orch.held_back == []
+        assert "queued: all 2 sweep workers busy" in h.orch.snapshot()["node-003"].reason
+        assert h.actions("node-003") == []
         wait_until(lambda: h.orch.sweeps_stopped and not h.orch.sweeping(), tick=h.orch.tick)
-        failed = [n for n in FLAGGED if h.sweeps(n)]
-        # Stopped at 4 failures; a sweep already running when it stopped may finish (5).
-        assert 4 <= len(failed) <= 5 and all(not h.sweeps(n)[0].passed for n in failed)
         h.orch.tick()
-        assert [n for n in FLAGGED if h.sweeps(n)] == failed  # nothing more starts
     finally:
         h.orch.close()
+    cordoned = [n for n in FLAGGED if "cordoned" in h.states(n)]
+    # Stopped at the 4th failure; the sweep still running then may end too (the 5th).
+    assert min_sweeps <= len(cordoned) <= workers + min_sweeps - 1
+    assert all(h.orch.state_of(n) == "repair" for n in cordoned)
+    assert all([s.passed for s in h.sweeps(n)] == [False] for n in cordoned)
+    assert _most_out_at_once(h.out, ("cordoned", "sweeping")) == workers
+    rest = [n for n in FLAGGED if n not in cordoned]
+    assert h.orch.held_back == rest and h.orch.queued == []
+    assert all(h.actions(n) == [] for n in rest)  # never drained
+    assert "sweeping stopped: " in h.orch.snapshot()[rest[0]].reason
+    assert "queued: " not in h.orch.snapshot()[rest[0]].reason
+
+
+def test_the_queue_of_flagged_nodes_survives_a_restart() -> None:
+    gated = GatedExecutor(SimulatedSweepExecutor([], seed=3))
+    settings: dict[str, Any] = {
+        "cluster_size": 40,
+        "max_cordoned_fraction": 0.5,
+        "sweep_workers": 2,
+    }
+    first = Harness(executor=gated, inline=False, **settings)
+    six = FLAGGED[:6]
+    try:
+        for i, node in enumerate(six):
+            first.orch.handle_flag(flag(node, f"q{i}", T0 - 20 + i))
+        first.orch.tick()
+        assert first.orch.sweeping() == six[:2] and first.orch.queued == six[2:]
+    finally:
+        first.orch.close()  # killed mid-sweep: the queue is only on the node-state topic
+        gated.gate.set()
+    second = Harness(inline=False, **settings)
+    try:
+        second.orch.resume(second.orch.recover(m for m in first.out if isinstance(m, NodeState)))
+        second.orch.tick()
+        assert second.orch.queued == six[2:]  # still queued, still not cordoned
+        assert all(second.actions(n) == [] for n in six[2:])
+        wait_until(
+            lambda: all(second.orch.state_of(n) == "healthy" for n in six), tick=second.orch.tick
+        )
+    finally:
+        second.orch.close()
+    assert all(second.states(n)[-3:] == ["cordoned", "sweeping", "healthy"] for n in six[2:])
+    assert _most_out_at_once(second.out, ("cordoned", "sweeping")) <= 2

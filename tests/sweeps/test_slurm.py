@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ import pytest
 
 from guard.config import OrchestratorSettings
 from guard.schemas import Flag, GuardMessage, NodeState
-from guard.sweeps.executors import sweep_lines
+from guard.sweeps.executors import CommandExecutor, sweep_lines
 from guard.sweeps.multinode import slurm_multi_argv
 from guard.sweeps.orchestrator import Orchestrator
 from guard.sweeps.slurm import SlurmNode, SlurmScheduler, SlurmSweepExecutor, SweepJob
@@ -535,3 +536,58 @@ def test_a_job_opens_only_the_gpus_slurm_gave_it(node: str) -> None:
     ]
     whole = _open_gpus(node, "--exclusive", f"--gres=gpu:{gpus}")  # the sweep's request
     assert whole == [f"nvidia{i} OSError" for i in range(gpus)]
+
+
+def test_an_idle_node_is_lent_first_and_a_busy_or_drained_one_is_not_idle(node: str) -> None:
+    # The peer choice of a multi-node sweep reads the real node states (one scontrol call).
+    scheduler = SlurmScheduler(user="root")
+    assert scheduler.idle_peers([node], 1) == [node]
+    job = sh("sbatch", "--parsable", "-w", node, "-o", "/dev/null", "--wrap", "sleep 300").strip()
+    wait_for("the job running", lambda: job in sh("squeue", "-h", "-t", "R", "-o", "%i"))
+    assert scheduler.idle_peers([node], 1) == []  # MIXED or ALLOCATED: a job runs there
+    sh("scancel", job)
+    wait_for("the node idle again", lambda: scheduler.idle_peers([node], 1) == [node])
+    sh("scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=bad cable")
+    assert scheduler.idle_peers([node], 1) == []  # IDLE+DRAIN: not free to lend
+    assert scheduler.idle_peers(["no-such-node"], 1) == []
+
+
+def test_an_ssh_or_commands_sweep_starts_only_once_the_jobs_on_the_node_ended(node: str) -> None:
+    # The commands executor does not wait for the node's jobs itself (ssh neither): the
+    # orchestrator asks Slurm. The check fails if any job runs on the node when it runs.
+    idle_check = {
+        "name": "jobs_on_node",
+        "command": ["sh", "-c", f"squeue -h -w {node} -t RUNNING -o %i | wc -l"],
+        "max": 0,
+        "unit": "jobs",
+    }
+
+    def orchestrate(drain_timeout_s: float) -> tuple[list[GuardMessage], str, Orchestrator]:
+        job = sh("sbatch", "--parsable", "-w", node, "-o", "/dev/null", "--wrap", "sleep 300")
+        job = job.strip()
+        wait_for("the job running", lambda: job in sh("squeue", "-h", "-t", "R", "-o", "%i"))
+        out: list[GuardMessage] = []
+        orch = Orchestrator(
+            OrchestratorSettings(nodes=[node], drain_timeout_s=drain_timeout_s),
+            scheduler=SlurmScheduler(user="root"),
+            executor=CommandExecutor([idle_check]),
+            publish=out.append,
+            inline_sweeps=True,
+        )
+        orch.handle_flag(critical_flag(node))
+        return out, job, orch
+
+    out, job, orch = orchestrate(drain_timeout_s=60)
+    threading.Timer(2.0, sh, ("scancel", job)).start()  # the job ends while Guard waits
+    orch.tick()
+    [sweep] = [m for m in out if m.kind == "sweep"]
+    assert [(c.name, c.value, c.passed) for c in sweep.checks] == [("jobs_on_node", 0.0, True)]
+    assert states(out)[-1] == "healthy"
+
+    out, job, orch = orchestrate(drain_timeout_s=1.5)  # a job that stays: untested, repair
+    orch.tick()
+    [sweep] = [m for m in out if m.kind == "sweep"]
+    assert [c.name for c in sweep.checks] == ["drain_timeout"]
+    assert sweep.checks[0].detail.startswith(f"untested: {node} still runs jobs {job} 1.5 s")
+    assert states(out)[-1] == "repair"
+    assert job in sh("squeue", "-h", "-t", "R", "-o", "%i")  # the job was left to run

@@ -12,7 +12,7 @@ from guard.schemas import NodeState
 from guard.sweeps.executors import SimulatedSweepExecutor
 from guard.sweeps.orchestrator import Orchestrator
 from guard.sweeps.scheduler import DryRunScheduler
-from guard.sweeps.webhook import WebhookNotifier, sign, verify_signature
+from guard.sweeps.webhook import WebhookNotifier, open_episodes, sign, verify_signature
 from tests.sweeps.helpers import NODES, SECRET, Clock, Receiver, flag, wait_until
 
 T0 = 1_767_226_000.0
@@ -190,3 +190,30 @@ def test_the_verification_snippet_in_the_docs_accepts_and_refuses_like_guard() -
     assert not verify(SECRET, body + b" ", sign(SECRET, body))  # type: ignore[operator]
     assert not verify(SECRET, body, sign(SECRET, body, now=time.time() - 3600))  # type: ignore[operator]
     assert not verify(b"other", body, sign(SECRET, body))  # type: ignore[operator]
+
+
+def test_an_episode_rebuilt_from_a_compacted_topic_keeps_its_category() -> None:
+    # Compaction leaves each node's last state only; that state must still name the flag.
+    out: list = []
+    orch = Orchestrator(
+        OrchestratorSettings(nodes=NODES),
+        scheduler=DryRunScheduler(),
+        executor=None,  # cordoned, and it stays so: the episode is open
+        publish=out.append,
+        clock=Clock(1_767_226_000.0),
+        inline_sweeps=True,
+    )
+    orch.handle_flag(flag("node-004", "l4", 1_767_226_000.0 - 1, category="link"))
+    orch.tick()
+    orch.handle_operator(NodeState(ts=1.0, node="node-004", state="repair", actor="operator:ann"))
+    orch.handle_operator(NodeState(ts=1.0, node="node-009", state="repair", actor="operator"))
+    orch.handle_flag(flag("node-007", "t7", 1_767_226_000.0 - 1, category="thermal"))
+    # node-007 waits under the cap of 1; node-004 is in repair by an operator
+    last = {m.node: m for m in out if isinstance(m, NodeState)}
+    assert {n: m.state for n, m in last.items()} == {
+        "node-004": "repair",
+        "node-009": "repair",
+        "node-007": "suspect",
+    }
+    episodes = {e.node: e.category for e in open_episodes(last.values())}
+    assert episodes == {"node-004": "link", "node-009": "operator", "node-007": "thermal"}

@@ -1,7 +1,8 @@
 """Multi-node sweeps under Slurm and Kubernetes: the suspect with one or two healthy peers lent
-for it, idle ones first (the orchestrator asks the scheduler's ``idle_peers``). The ssh
-executor cannot lend peers and runs none unless ``ssh_multi_node`` says the nodes run nothing
-else (:class:`~guard.sweeps.executors.SshExecutor`).
+for it, idle ones first (the orchestrator asks the scheduler's ``idle_peers``). The ssh and
+commands executors cannot lend peers and run none unless ``ssh_multi_node`` /
+``commands_multi_node`` says the nodes run nothing else
+(:class:`~guard.sweeps.executors.UndrainedPeers`).
 
 A network flag (a NIC, a link, a slow or hung collective) is about a path between nodes, so a
 single-node sweep cannot clear it (the orchestrator fails such a node as untested without a

@@ -120,11 +120,12 @@ def lend_peer(ex: SlurmSweepExecutor, peer: str, node: str) -> None:
         raise NodeNotOwned(f"peer {peer} is drained by someone else ({current.reason!r})")
     sched._drain(slurm_peer, f"{PEER_REASON} {node}")
     deadline = time.monotonic() + ex.job.drain_timeout_s
+    backoff = ex.job.jobs_backoff(deadline)
     while not (sched.cli.node(slurm_peer).drained and not sched.cli.jobs_on(slurm_peer)):
         if time.monotonic() > deadline:
             jobs = ", ".join(sched.cli.jobs_on(slurm_peer)) or "none listed"
             raise TimeoutError(f"peer {peer} still runs jobs ({jobs}) after the drain")
-        time.sleep(ex.job.poll_s)
+        backoff.sleep()
 
 
 def return_peer(ex: SlurmSweepExecutor, peer: str) -> None:
@@ -276,12 +277,13 @@ def run_kubernetes_multi(
             cordoned.append(peer)
             sched.cordon(peer, f"{PEER_REASON} {node}")
         deadline = time.monotonic() + ex.job.drain_timeout_s
+        backoff = ex.job.jobs_backoff(deadline)
         for peer in peers:
             while pods := sched.training_pods(peer):
                 if time.monotonic() > deadline:
                     names = ", ".join(p["metadata"]["name"] for p in pods)
                     raise TimeoutError(f"peer {peer} still runs {names} after the cordon")
-                time.sleep(ex.job.poll_s)
+                backoff.sleep()
         members = [node, *peers]
         rendezvous = f"{_node_address(sched, node)}:{ex.rendezvous_port}"
         gpus: dict[str, str] = {}

@@ -583,7 +583,7 @@ class Settings(BaseSettings):
         fields, fields and ``extra`` keys named like passwords, secrets, tokens or keys, and
         the credentials inside URLs and DSNs (``user:***@``, secret query parameters, the
         path and query of a webhook URL, which is often the credential itself)."""
-        data = json.loads(self.model_dump_json())
+        data: dict[str, Any] = json.loads(self.model_dump_json())
         data["clickhouse"]["dsn"] = self.clickhouse_dsn
         for name, section in data.items():
             if not isinstance(section, dict):

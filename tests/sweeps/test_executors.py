@@ -19,6 +19,7 @@ from guard.sweeps.executors import (
     SimulatedFault,
     SimulatedSweepExecutor,
     SshExecutor,
+    SweepExecutor,
     make_executor,
     parse_sweep_output,
 )
@@ -226,6 +227,31 @@ def test_command_checks_fail_on_errors_timeouts_and_missing_numbers() -> None:
     assert "could not run" in results["missing"].detail
 
 
+def states_after_a_flag(executor: SweepExecutor, category: str) -> list[NodeState]:
+    """The states of n3 (of n0..n7) after a critical ``category`` flag, swept inline."""
+    out: list = []
+    orch = Orchestrator(
+        OrchestratorSettings(nodes=[f"n{i}" for i in range(8)]),
+        scheduler=DryRunScheduler(),
+        executor=executor,
+        publish=out.append,
+        clock=lambda: 100.0,
+        inline_sweeps=True,
+    )
+    flag = Flag(
+        id=category,
+        ts=99.0,
+        node="n3",
+        detector="d",
+        category=category,
+        severity="critical",
+        score=5.0,
+    )
+    orch.handle_flag(flag)
+    orch.tick()
+    return [m for m in out if isinstance(m, NodeState)]
+
+
 def test_the_commands_executor_runs_no_peer_check_on_peers_nobody_drained(tmp_path: Path) -> None:
     # Like ssh, the commands executor cannot drain a peer nor wait for its jobs: its
     # sweep = "multi" checks run only where the site says the nodes run nothing else.
@@ -250,30 +276,7 @@ def test_the_commands_executor_runs_no_peer_check_on_peers_nobody_drained(tmp_pa
     assert "orchestrator.commands_multi_node" in ex.single_only_why
     assert not ran.exists()  # the peer check never started
 
-    def orchestrate(executor: CommandExecutor, category: str) -> list[NodeState]:
-        out: list = []
-        orch = Orchestrator(
-            OrchestratorSettings(nodes=[f"n{i}" for i in range(8)]),
-            scheduler=DryRunScheduler(),
-            executor=executor,
-            publish=out.append,
-            clock=lambda: 100.0,
-            inline_sweeps=True,
-        )
-        flag = Flag(
-            id=category,
-            ts=99.0,
-            node="n3",
-            detector="d",
-            category=category,
-            severity="critical",
-            score=5.0,
-        )
-        orch.handle_flag(flag)
-        orch.tick()
-        return [m for m in out if isinstance(m, NodeState)]
-
-    states = orchestrate(ex, "nic")  # a link is only tested between nodes: untested, repair
+    states = states_after_a_flag(ex, "nic")  # a link is only tested between nodes: untested, repair
     assert [s.state for s in states] == ["suspect", "cordoned", "sweeping", "failed", "repair"]
     assert states[3].reason == (
         "passed the single-node sweep; untested: a nic flag needs a multi-node sweep, "
@@ -292,7 +295,7 @@ def test_the_commands_executor_runs_no_peer_check_on_peers_nobody_drained(tmp_pa
         )
     )
     assert isinstance(allowed, CommandExecutor) and allowed.sweep_kinds == ("single", "multi")
-    states = orchestrate(allowed, "nic")
+    states = states_after_a_flag(allowed, "nic")
     assert states[-1].state == "healthy"
     assert states[-1].reason == "passed the single-node and multi-node sweeps"
     single, multi = ran.read_text().splitlines()
@@ -499,30 +502,10 @@ def test_ssh_runs_no_multi_node_sweep_on_peers_it_cannot_drain(
     assert refused.detail.startswith("untested: the ssh executor cannot take peers out")
 
     def orchestrate(category: str) -> tuple[list[NodeState], str]:
-        out: list = []
-        orch = Orchestrator(
-            OrchestratorSettings(nodes=[f"n{i}" for i in range(8)]),
-            scheduler=DryRunScheduler(),
-            executor=ex,
-            publish=out.append,
-            clock=lambda: 100.0,
-            inline_sweeps=True,
-        )
-        orch.handle_flag(
-            Flag(
-                id=category,
-                ts=99.0,
-                node="n3",
-                detector="d",
-                category=category,
-                severity="critical",
-                score=5.0,
-            )
-        )
-        orch.tick()
+        states = states_after_a_flag(ex, category)
         calls = (fake_ssh.parent / "calls").read_text()
         (fake_ssh.parent / "calls").unlink()
-        return [m for m in out if isinstance(m, NodeState)], calls
+        return states, calls
 
     states, calls = orchestrate("nic")
     assert [s.state for s in states] == ["suspect", "cordoned", "sweeping", "failed", "repair"]

@@ -250,6 +250,8 @@ class DetectionCore:
         self.tick_s = cfg.tick_s
         self.fabric = cfg.fabric and cfg.node_telemetry
         self.clocks = {"node": _KeyClock(), "job": _KeyClock()}
+        #: fusion keys with job findings waiting for their node's stream (NodeFusion.wait)
+        self._waiting: set[str] = set()
         #: the step's GPU and NIC records, by kind: (their node's detectors, partition,
         #: common fields, entries)
         self._rows: dict[
@@ -274,9 +276,11 @@ class DetectionCore:
     ) -> CoreOutput:
         """One batch: telemetry to the detectors, findings to fusion (see the module doc)."""
         out = CoreOutput()
-        out.flags, out.bad_findings, scored = self._fuse(findings)
+        out.flags, out.bad_findings, scored = self._fuse(findings, wall)
         out.findings, out.bad = self._detect(telemetry, wall)
         out.findings += scored
+        if self._waiting:
+            out.flags += self._release(wall)
         return out
 
     def idle(self, wall: float) -> list[Finding]:
@@ -380,6 +384,11 @@ class DetectionCore:
             if newest:
                 store.checkpoint_due(newest)
                 found += self._advance(store, self.clocks[level], newest, wall)
+        fusion = self.fusion.live
+        for key in latest["node"]:  # a fusion state restored with findings still waiting
+            entry = fusion.get(key)
+            if entry is not None and getattr(entry[0], "waiting", None):
+                self._waiting.add(key)
         counters.findings += len(found)
         return found, bad
 
@@ -517,6 +526,28 @@ class DetectionCore:
                 found += self._tick(store, clock, key, ts)
         return found
 
+    def _release(self, wall: float, every: bool = False) -> list[Flag]:
+        """The flags of job findings whose node's stream caught up (or that waited long
+        enough, or ``every``: all of them), see :meth:`NodeFusion.wait`."""
+        flags: list[Flag] = []
+        newest = self.clocks["node"].newest
+        for key in sorted(self._waiting):
+            entry = self.fusion.live.get(key)
+            if entry is not None:
+                flags += entry[0].release(newest.get(key), wall, every)
+                if entry[0].waiting:
+                    continue
+            self._waiting.discard(key)
+        if flags:
+            self.fusion.checkpoint_due({f.node for f in flags if f.node is not None})
+            self.counters.flags += len(flags)
+            self.counters.flag_classes.update((f.category, f.severity) for f in flags)
+        return flags
+
+    def release_waiting(self, wall: float) -> list[Flag]:
+        """End of input: the flags of every job finding still waiting for its node."""
+        return self._release(wall, every=True)
+
     @staticmethod
     def _tick(store: PartStore, clock: _KeyClock, key: str, now: float) -> list[Finding]:
         clock.last_tick[key] = now
@@ -526,7 +557,7 @@ class DetectionCore:
     # -- fusion ----------------------------------------------------------------------------
 
     def _fuse(
-        self, records: Iterable[FindingRecordIn]
+        self, records: Iterable[FindingRecordIn], wall: float
     ) -> tuple[list[Flag], list[tuple[int, SchemaError]], list[Finding]]:
         """Records off the findings topic, in event-time order, through their key's state:
         findings through fusion (flags), window features through their job's river model
@@ -548,6 +579,10 @@ class DetectionCore:
                 scored += state.add(
                     record.node, record.ts, record.window, record.gpus, record.features
                 )
+            elif isinstance(state, NodeFusion) and state.wait(
+                record, self.clocks["node"].newest.get(key), wall
+            ):
+                self._waiting.add(key)
             elif (flag := state.update(record)) is not None:
                 flags.append(flag)
         if decoded:
@@ -737,7 +772,7 @@ class MessageFeed:
         those as); the flags of the step it closed, if any."""
         if type(message) is tuple:
             _, head, entries = message
-            ts = record_ts(head)
+            ts = record_ts(head) or 0.0
             newest = max(ts, *(record_ts(e) or 0.0 for e in entries))
             return self._add(ts, newest, message)
         return self.add([message])
@@ -761,16 +796,18 @@ class MessageFeed:
         """End of input: the last step, then what every key still has pending."""
         flags = self._step() if self.batch else []
         flags += self._fuse(self.core.flush())
-        return flags + self._fuse(self.core.flush_fusion())
+        flags += self._fuse(self.core.flush_fusion())
+        return flags + self.core.release_waiting(self.watermark)
 
     def _step(self) -> list[Flag]:
         core, wall = self.core, self.watermark
-        found = core.step(self.batch, (), wall).findings
+        out = core.step(self.batch, (), wall)  # its flags: findings that waited for a node
+        found = out.findings
         self.batch = []
         if wall - self.last_idle >= 1.0:
             self.last_idle = wall
             found += core.idle(wall)
-        return self._fuse(found)
+        return out.flags + self._fuse(found)
 
     def _fuse(self, found: Sequence[Outgoing]) -> list[Flag]:
         """``found`` through the findings topic's path, and what that finds in turn (the

@@ -20,6 +20,13 @@ findings, and ``agree``: every detector with an active finding on the same compo
 the node as a whole, info observations included (a thermal ``info``, a river ``anomaly``
 score from ``peer_anomaly``), so corroboration is visible at a glance.
 
+A job's detectors and a node's own are consumed from different partitions, at their own
+paces, so a straggler finding can reach fusion before the node's thermal finding that
+explains it. Such findings (:data:`EXPLAINABLE`) wait until the node's own stream on this
+worker has reached their time (at most :data:`WAIT_S` of the runner's clock;
+:meth:`NodeFusion.wait`), so a node's claims do not depend on which partition ran ahead,
+and a live worker claims what a backtest of the same records claims.
+
 Job-level findings (``node`` is ``None``: imbalance, communication hang, step-time
 regression) pass through :class:`JobFusion`, which drops repeats of an active finding.
 
@@ -53,7 +60,16 @@ from guard.schemas import SEVERITY_RANK, Flag, stable_id
 
 from .findings import Finding
 
-__all__ = ["PRIORITY", "WORSE_FACTOR", "WORSE_MIN", "JobFusion", "NodeFusion", "to_flag"]
+__all__ = [
+    "EXPLAINABLE",
+    "PRIORITY",
+    "WAIT_S",
+    "WORSE_FACTOR",
+    "WORSE_MIN",
+    "JobFusion",
+    "NodeFusion",
+    "to_flag",
+]
 
 #: A finding is materially worse than the flagged one of its component at this many times
 #: its score, and at least :data:`WORSE_MIN` more (scores of slowdowns are fractions).
@@ -128,10 +144,21 @@ def to_flag(f: Finding, also: list[dict[str, Any]] | None = None) -> Flag:
     )
 
 
-class NodeFusion:
-    """The current suspicion of one node (state: its active findings, what was flagged)."""
+#: Findings a job's detectors make about a node that the node's own findings can explain
+#: (a straggler that is a hot GPU): fusion takes them once the node's own stream has reached
+#: their time (:meth:`NodeFusion.wait`), so the order in which two partitions are consumed
+#: does not decide which claims a node gets.
+EXPLAINABLE = frozenset({"straggler", "comm_slow"})
+#: Longest a finding waits for its node's stream, on the runner's clock (seconds): a node
+#: whose telemetry stopped, or lags more, is fused in arrival order.
+WAIT_S = 5.0
 
-    __slots__ = ("active", "flagged", "level", "node", "top")
+
+class NodeFusion:
+    """The current suspicion of one node (state: its active findings, what was flagged, and
+    the job findings waiting for the node's own stream)."""
+
+    __slots__ = ("active", "flagged", "level", "node", "top", "waiting")
 
     def __init__(self, node: str) -> None:
         self.node = node
@@ -139,6 +166,35 @@ class NodeFusion:
         self.level = -1  # severity rank of the suspicion flagged so far; -1: none
         self.top = -1  # priority of the most specific category flagged so far
         self.flagged: dict[str, tuple[int, str, float]] = {}  # component -> priority, cat, score
+        #: (finding, when it arrived on the runner's clock), in arrival order
+        self.waiting: list[tuple[Finding, float]] = []
+
+    def wait(self, f: Finding, node_time: float | None, wall: float) -> bool:
+        """Keep ``f`` for later if it is a job finding a node finding could explain and the
+        node's own stream (``node_time``: its event time on this worker; None: no node
+        telemetry here) has not reached its time yet; True if kept."""
+        if f.category not in EXPLAINABLE or node_time is None or f.ts <= node_time:
+            return False
+        self.waiting.append((f, wall))
+        return True
+
+    def release(self, node_time: float | None, wall: float, every: bool = False) -> list[Flag]:
+        """Fuse the waiting findings the node's stream has reached, those that waited
+        :data:`WAIT_S` on the runner's clock, or (``every``) all of them, in event-time
+        order."""
+        due: list[tuple[Finding, float]] = []
+        keep: list[tuple[Finding, float]] = []
+        for f, at in self.waiting:
+            reached = node_time is not None and f.ts <= node_time
+            (due if every or reached or wall - at >= WAIT_S else keep).append((f, at))
+        if not due:
+            return []
+        self.waiting = keep
+        flags = []
+        for f, _ in sorted(due, key=lambda item: item[0].ts):
+            if (flag := self.update(f)) is not None:
+                flags.append(flag)
+        return flags
 
     def update(self, f: Finding) -> Flag | None:
         """Fold one finding into the node's suspicion; return a flag when it is news."""

@@ -453,8 +453,9 @@ class GpuWindows:
         np.add.at(self.sums, rows, np.where(seen, values, 0.0))
         self.gpu_of_row[rows] = cols.gpu[at]
         self.newest = max(self.newest, ts)
-        if (job := rounds.job[r]) is not None:
-            self.job = job
+        # the window's job is what its last round's samples say (None: the job ended; the
+        # round's own job is the node's last known one, which outlives the job)
+        self.job = cols.job[int(at[-1])] if len(at) else None
         nic = self._nic_errors()
         if nic is not None:
             self.nic_sum[0] += 1.0

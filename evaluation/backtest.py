@@ -144,7 +144,7 @@ def read_messages(
 def _numbered(path: Path, stats: BacktestStats, rows: bool) -> Iterator[tuple[float, int, Item]]:
     line = [0]
     for item in _read_file(path, stats, line, rows):
-        yield (record_ts(item[1]) if type(item) is tuple else item.ts), line[0], item
+        yield (record_ts(item[1]) or 0.0 if type(item) is tuple else item.ts), line[0], item
 
 
 def run_backtest(

@@ -479,9 +479,10 @@ def gpu_structs(samples: Samples) -> list[Any]:
     return [struct_of(m) for m in samples]
 
 
-def record_ts(head: Any) -> float:
-    """The event time of a record :func:`decode_rows` (a dict) or :func:`decode_structs` gave."""
-    ts: float = head["ts"] if type(head) is dict else head.ts
+def record_ts(record: Any) -> float | None:
+    """The event time of a record or an entry :func:`decode_rows` (a dict) or
+    :func:`decode_structs` gave (None: an entry without its own, which has the record's)."""
+    ts: float | None = record.get("ts") if type(record) is dict else record.ts
     return ts
 
 

@@ -32,7 +32,7 @@ from guard.detectors.core import TABLES, DetectionCore, Outgoing, encode_finding
 from guard.detectors.engine import EngineConfig
 from guard.kafka import DLQ_ERROR_HEADER, DLQ_SOURCE_HEADER, faust_broker_settings
 from guard.metrics import dead_letter_reason
-from guard.schemas import SchemaError, encode
+from guard.schemas import Flag, SchemaError, encode
 
 from .metrics import flags_sent
 from .processing import KeyedState, StreamsCounters, engine_config_of, topic_kinds
@@ -169,6 +169,11 @@ class _Wiring:
         _backed_by(state, self.app.Table(table, **self.table_args), self.state_key)
         return state
 
+    async def send_flags(self, flags: list[Flag]) -> None:
+        for flag in flags:
+            await self.remediation.send(key=flag.kafka_key(), value=encode(flag), timestamp=flag.ts)
+        flags_sent(flags, "faust")
+
     async def send_findings(self, findings: Sequence[Outgoing]) -> None:
         for f in findings:
             await self.findings.send(
@@ -202,6 +207,7 @@ class _Wiring:
                 for index, error in out.bad:
                     await self.dead_letter(events[index], error)
                 await self.send_findings(out.findings)
+                await self.send_flags(out.flags)  # job findings that waited for their node
 
         self.app.agent(self.app.topic(*kinds, **RAW), name="telemetry")(telemetry)
 
@@ -219,11 +225,7 @@ class _Wiring:
                 for index, error in out.bad_findings:
                     await self.dead_letter(events[index], error)
                 await self.send_findings(out.findings)  # the jobs' river models' findings
-                for flag in out.flags:
-                    await self.remediation.send(
-                        key=flag.kafka_key(), value=encode(flag), timestamp=flag.ts
-                    )
-                flags_sent(out.flags, "faust")
+                await self.send_flags(out.flags)
 
         self.app.agent(self.findings, name="fusion")(fusion)
 

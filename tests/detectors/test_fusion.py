@@ -69,3 +69,50 @@ def test_suspicion_ends_when_its_claims_are_withdrawn_and_info_does_not_hold_it(
     assert fusion.update(withdrawn) is None
     again = fusion.update(straggler(3, 400.0, 0.07))
     assert again is not None  # a fresh suspicion after the first ended
+
+
+def _claims_in_core(order: str, node_telemetry: bool = True) -> list[tuple[str, str]]:
+    """A job partition ahead of the node's: the straggler finding on n1's GPU 4 (made at
+    t=105) reaches fusion while n1's own stream is at t=100, and n1's thermal finding on the
+    same GPU (t=104) comes after it (``order`` "job-first") or before it ("node-first")."""
+    from guard.detectors.core import DetectionCore, encode_findings
+    from guard.schemas import GpuSample, encode
+
+    def gpu_records(ts: float) -> list[tuple[int, str, bytes]]:
+        if not node_telemetry:
+            return []
+        return [(0, "gpu", encode(GpuSample(ts=ts, node="n1", gpu=g))) for g in range(8)]
+
+    hot = Finding("thermal", "thermal", "warning", "n1", 104.0, 90.0, 1.2, gpu=4)
+    slow = straggler(4, 105.0, 0.1)
+    first, second = (slow, hot) if order == "job-first" else (hot, slow)
+    core = DetectionCore()
+    flags = core.step(gpu_records(100.0), (), wall=100.0).flags
+    flags += core.step((), encode_findings([first]), wall=100.5).flags
+    flags += core.step(gpu_records(101.0), encode_findings([second]), wall=101.0).flags
+    for t in range(102, 108):  # the node's stream catches up
+        flags += core.step(gpu_records(float(t)), (), wall=float(t)).flags
+    return [(f.node, f.category) for f in flags if f.severity != "info"]  # type: ignore[misc]
+
+
+def test_which_partition_is_consumed_first_does_not_decide_a_nodes_claims() -> None:
+    """A straggler the node's own thermal finding explains is folded into it whether the job
+    partition or the node partition is ahead: the job finding waits for the node's stream."""
+    assert _claims_in_core("node-first") == [("n1", "thermal")]
+    assert _claims_in_core("job-first") == [("n1", "thermal")]
+
+
+def test_a_job_finding_does_not_wait_for_a_node_without_telemetry_here() -> None:
+    """No node stream for n1 on this worker (or it stopped): the finding is fused at once,
+    or after WAIT_S of the runner's clock."""
+    assert _claims_in_core("job-first", node_telemetry=False)[0] == ("n1", "straggler")
+    from guard.detectors.core import DetectionCore, encode_findings
+    from guard.detectors.fusion import WAIT_S
+    from guard.schemas import GpuSample, encode
+
+    core = DetectionCore()
+    core.step([(0, "gpu", encode(GpuSample(ts=100.0, node="n1", gpu=0)))], (), wall=0.0)
+    assert core.step((), encode_findings([straggler(4, 105.0, 0.1)]), wall=1.0).flags == []
+    assert core.step((), (), wall=1.0 + WAIT_S / 2).flags == []
+    late = core.step((), (), wall=1.0 + WAIT_S).flags
+    assert [(f.node, f.category) for f in late] == [("n1", "straggler")]

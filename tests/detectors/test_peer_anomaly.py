@@ -194,6 +194,23 @@ def test_state_stays_within_the_per_gpu_budget_and_the_switch_turns_it_off() -> 
     assert off < on < 10_000  # the design's budget: under 10 KB of detector state per GPU
 
 
+def test_a_node_whose_job_ended_sends_no_more_windows() -> None:
+    """Idle GPUs have no job's model: once the node's samples carry no job, its windows stop
+    (they must not keep going to the ended job's model)."""
+    samples = node_samples(lambda t, g: {}, 200)
+    for s in samples[len(samples) // 2 :]:
+        s.job = None
+    node = NodeDetectors("n1")
+    jobs = []
+    for s in samples:
+        node.update(s)
+        assert node.anomaly is not None
+        jobs += [job for _, _, job, _, _ in node.anomaly.closed]
+        node.anomaly.closed = []
+    assert jobs and set(jobs) == {"j"}
+    assert len(jobs) <= 100 // 20 + 1  # the windows of the job's 100 s, none after
+
+
 def _job_records(order: int) -> list[list[tuple[int, str | None, bytes]]]:
     """Four nodes of one job, a second a step; node n2's GPU 3 runs hot, low-power and
     low-clocked from t=600. ``order`` permutes the nodes within each step (a live run's

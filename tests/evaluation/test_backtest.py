@@ -75,6 +75,31 @@ def test_backtest_cli_is_deterministic_and_eval_reads_it(
     assert "precision 1.00" in capsys.readouterr().out
 
 
+def test_a_backtest_of_batch_records_gives_the_flags_of_single_records(
+    simulated: tuple[Path, Path, list[bytes]], tmp_path: Path
+) -> None:
+    """The agents send batch records by default; ``guard backtest`` reads their GPU and NIC
+    lines as fields (no model per sample) and must find what the single records give."""
+    from guard.schemas.batches import batch_messages
+
+    telemetry, _, lines = simulated
+    batched = tmp_path / "batched.jsonl"
+    records = batch_messages([parse_message(line) for line in lines])
+    assert {r.kind for r in records} >= {"gpu_batch", "nic_batch", "step_batch"}
+    batched.write_bytes(b"".join(encode(r) + b"\n" for r in records))
+    flags = {}
+    for name, path in (("single", telemetry), ("batched", batched)):
+        out = tmp_path / f"flags-{name}.jsonl"
+        assert main(["backtest", str(path), "--out", str(out), "--quiet"]) == 0
+        flags[name] = [json.loads(x) for x in out.read_text().splitlines()]
+    assert flags["single"]
+    claims = {
+        n: {(f["node"], f["category"]) for f in fs if f["severity"] != "info"}
+        for n, fs in flags.items()
+    }
+    assert claims["batched"] == claims["single"]
+
+
 def test_backtest_skips_bad_lines_and_merges_inputs(
     simulated: tuple[Path, Path, list[bytes]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -101,7 +126,7 @@ def test_baselines_run_through_the_same_backtest(
 ) -> None:
     telemetry, _, _ = simulated
     for name in ("static", "nvrx"):
-        out = tmp_path / f"{name}.jsonl"
+        out = tmp_path / f"flags-{name}.jsonl"
         assert (
             main(["backtest", str(telemetry), "--out", str(out), "--detector", name, "--quiet"])
             == 0

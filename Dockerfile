@@ -29,9 +29,10 @@ COPY streams/ streams/
 COPY sweeps/ sweeps/
 COPY evaluation/ evaluation/
 COPY planning/ planning/
-# the kubernetes extra: the orchestrator's cordon + taint adapter
+# the services extra (chDB, faust, ...) and the kubernetes one: the orchestrator's cordon +
+# taint adapter
 RUN /opt/guard/bin/pip install --upgrade pip \
- && /opt/guard/bin/pip install '.[kubernetes]' \
+ && /opt/guard/bin/pip install '.[services,kubernetes]' \
  && /opt/guard/bin/guard --version
 
 # --- runtime: the environment only, as an unprivileged user ----------------------------------

@@ -1,8 +1,12 @@
 """dcgm-exporter as an alternative GPU source: its Prometheus text → :class:`GpuSample`.
 
 dcgm-exporter (``:9400/metrics``) publishes one line per GPU per field, e.g.
-``DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-…",Hostname="h100-07",…} 34``. Older exporters
-label the host ``Hostname``, newer ones ``hostname``; both are accepted. DCGM marks a value
+``DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-…",Hostname="h100-07",…} 34``. The records carry
+the agent's configured node (``--node``), as its NIC records do, never the exporter's
+``Hostname``/``hostname`` label: under Kubernetes that label is the exporter pod's name
+(``nvidia-dcgm-exporter-cwbcm``) unless the exporter is given ``NODE_NAME``, and it would
+rename the node's GPUs away from its NICs, its step timings and its cordon. An agent scrapes
+its own node's exporter, so a GPU is keyed by its index alone. DCGM marks a value
 it does not have with "blank" sentinels (``0x7ffffff0`` and up for 32-bit integers,
 ``0x7ffffffffffffff0`` and up for 64-bit ones, ``1.40737488355328e14`` and up for floats);
 those, NaN and infinities are dropped (the field stays null), never published as readings.
@@ -109,14 +113,15 @@ def _available(raw: str) -> float | None:
 
 
 def parse_dcgm_metrics(
-    text: str, default_node: str, ts: float, job: str | None = None
+    text: str, node: str, ts: float, job: str | None = None
 ) -> tuple[list[GpuSample], list[str]]:
-    """Samples (one per GPU per host) from an exposition, and the problems found.
+    """Samples (one per GPU, all of ``node``: the exporter's host label is not used) from an
+    exposition, and the problems found.
 
     Lines that are not valid exposition format, or metrics we do not use, are skipped; a
     problem is reported for malformed lines (at most 20), never raised.
     """
-    per_gpu: dict[tuple[str, int], dict[str, Any]] = {}
+    per_gpu: dict[int, dict[str, Any]] = {}
     problems: list[str] = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line or line.startswith("#"):
@@ -141,8 +146,7 @@ def parse_dcgm_metrics(
             if len(problems) < 20:
                 problems.append(f"line {number}: {name} has no numeric gpu label")
             continue
-        node = labels.get("Hostname") or labels.get("hostname") or default_node
-        entry = per_gpu.setdefault((node, gpu), {})
+        entry = per_gpu.setdefault(gpu, {})
         if labels.get("UUID"):
             entry["uuid"] = labels["UUID"]
         value = _available(raw)
@@ -150,7 +154,7 @@ def parse_dcgm_metrics(
             continue
         entry[field] = int(value) if field in _INTEGER_FIELDS else value
     samples = []
-    for (node, gpu), values in sorted(per_gpu.items()):
+    for gpu, values in sorted(per_gpu.items()):
         if values.get("xid") == 0:
             values["xid"] = None  # 0: no Xid in the interval
         try:
@@ -161,7 +165,7 @@ def parse_dcgm_metrics(
 
 
 def fetch_dcgm(
-    url: str, default_node: str, ts: float, job: str | None = None, timeout_s: float = 2.0
+    url: str, node: str, ts: float, job: str | None = None, timeout_s: float = 2.0
 ) -> list[GpuSample]:
     """Scrape dcgm-exporter once; an unreachable exporter gives no samples and a log line."""
     try:
@@ -170,7 +174,7 @@ def fetch_dcgm(
     except OSError as exc:
         log.warning("dcgm-exporter at %s did not answer: %s", url, exc)
         return []
-    samples, problems = parse_dcgm_metrics(text, default_node, ts, job)
+    samples, problems = parse_dcgm_metrics(text, node, ts, job)
     for problem in problems[:3]:
         log.warning("dcgm-exporter at %s: %s", url, problem)
     return samples

@@ -49,7 +49,6 @@ from .spool import Spool, SpoolRecord
 __all__ = ["Publisher"]
 
 log = logging.getLogger(__name__)
-kafka_log = logging.getLogger("guard.agents.librdkafka")
 
 
 class Publisher:
@@ -103,12 +102,10 @@ class Publisher:
         return self.spool.dropped
 
     def _make_producer(self) -> Any:
+        # librdkafka's log: guard.kafka's, as every service's (formatted, demoted, de-duplicated)
         return make_producer(
             self.settings,
-            **{
-                "message.timeout.ms": int(self.settings.agent.delivery_timeout_s * 1000),
-                "logger": kafka_log,
-            },
+            **{"message.timeout.ms": int(self.settings.agent.delivery_timeout_s * 1000)},
         )
 
     # --- API -------------------------------------------------------------------------------
@@ -283,9 +280,7 @@ class Publisher:
         from guard.kafka import client_config
 
         try:
-            conf = client_config(self.settings)
-            conf["logger"] = kafka_log
-            metadata = AdminClient(conf).list_topics(timeout=1.0)
+            metadata = AdminClient(client_config(self.settings)).list_topics(timeout=1.0)
         except Exception as exc:  # KafkaException and transport errors: still away
             log.debug("broker probe: %s", exc)
             return False

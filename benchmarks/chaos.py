@@ -395,7 +395,7 @@ def _broker_stop(broker: OwnBroker, home: Path, args: argparse.Namespace) -> dic
     third = len(messages) // 3
     publisher = Publisher(s, spool_dir=home / "spool", probe_s=1.0)
     # librdkafka says every failed reconnect while the broker is away: that is the scenario
-    logging.getLogger("guard.agents.librdkafka").setLevel(logging.CRITICAL)
+    logging.getLogger("guard.kafka.librdkafka").setLevel(logging.CRITICAL)
     worker = Worker(s, f"chaos-{uuid.uuid4().hex[:6]}", home / "broker-stop-worker.log", 5)
     try:
         worker.wait(lambda p: "telemetry" in p, args.timeout)

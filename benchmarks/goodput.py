@@ -902,17 +902,27 @@ def plot_sensitivity(
     path: Path,
     seeds: int,
     false_cordons: Any = None,
+    false_per_1000: float = 0.0,
 ) -> None:
-    """A diverging heat map per baseline (green where Guard wins, red where it loses), under
-    the false-cordon figure when given; one page, plotly.js inlined once."""
+    """A diverging heat map per baseline (green where Guard wins, red where it loses), each
+    with its own colour bar (the gains over no remediation are ten times those over the
+    rules: one shared scale would wash the others out, and one bar for three scales would
+    mislabel two), under the false-cordon figure when given; one page, plotly.js inlined
+    once."""
     import plotly.io as pio
     from plotly.subplots import make_subplots
 
     accs = sorted({a for a, _ in grid})
     restarts = sorted({r for _, r in grid})
-    fig = make_subplots(rows=1, cols=len(BASELINES), subplot_titles=[f"vs {b}" for b in BASELINES])
+    fig = make_subplots(
+        rows=1,
+        cols=len(BASELINES),
+        subplot_titles=[f"vs {b}" for b in BASELINES],
+        horizontal_spacing=0.1,
+    )
     for col, key in enumerate(BASELINES, start=1):
         z = [[grid[(a, r)][key] for r in restarts] for a in accs]
+        domain = fig.layout[f"xaxis{col if col > 1 else ''}"].domain
         fig.add_heatmap(
             z=z,
             x=[f"{r / 60:.0f} min" for r in restarts],
@@ -921,14 +931,14 @@ def plot_sensitivity(
             colorscale="RdYlGn",
             text=[[f"{v:+.2f}%" for v in row] for row in z],
             texttemplate="%{text}",
-            showscale=col == len(BASELINES),
+            colorbar={"x": domain[1] + 0.005, "xanchor": "left", "thickness": 12},
             row=1,
             col=col,
         )
     fig.update_layout(
         title="Guard's mean goodput gain, %, 1,024 GPUs over 24 h, by fault rate x restart cost"
-        f"<br><sub>{seeds} paired seeds a cell; Guard's false cordons 0 (their cost: the "
-        "figure above)</sub>",
+        f"<br><sub>{seeds} paired seeds a cell; Guard's false cordons {false_per_1000:g} per "
+        "1,000 node-hours (their cost: the figure above)</sub>",
         yaxis_title="fault rate (x InfiniteHBD)",
     )
     figures = [f for f in (false_cordons, fig) if f is not None]

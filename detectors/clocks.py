@@ -40,7 +40,7 @@ import numpy as np
 from guard.schemas.nvml_codes import IDLE
 
 from .findings import Finding
-from .gpu_round import GpuRoundRule, Holds, Rounds, finding, opt
+from .gpu_round import Event, GpuRoundRule, Holds, Rounds, finding, opt
 
 __all__ = ["ClockDetector"]
 
@@ -75,16 +75,9 @@ class ClockDetector(GpuRoundRule):
         return [(0, cond, judged)], seen
 
     def finding_of(
-        self,
-        seen: dict[str, Any],
-        rounds: Rounds,
-        nodes: Sequence[str],
-        r: int,
-        j: int,
-        slot: int,
-        since: float,
-        clear: bool,
+        self, seen: dict[str, Any], rounds: Rounds, nodes: Sequence[str], event: Event
     ) -> Finding:
+        r, j, _, since, clear = event
         b = float(seen["below"][r, j])
         evidence: dict[str, Any] = {
             "metric": "sm_clock_mhz",

@@ -55,6 +55,7 @@ from .hold import step_holds
 __all__ = [
     "FIELDS",
     "IMPACTS",
+    "Event",
     "GpuColumns",
     "GpuRoundRule",
     "Holds",
@@ -356,6 +357,8 @@ def impact_codes(
 #: a rule's hold conditions over rounds: (slot, condition, the cells it looks at or None:
 #: every GPU), in the order their events are reported
 Holds = list[tuple[int, np.ndarray, np.ndarray | None]]
+#: a hold's event: (round, GPU column, slot, when the hold's run began, whether it clears)
+Event = tuple[int, int, int, float, bool]
 
 
 class GpuRoundRule:
@@ -377,17 +380,9 @@ class GpuRoundRule:
         raise NotImplementedError
 
     def finding_of(
-        self,
-        seen: dict[str, Any],
-        rounds: Rounds,
-        nodes: Sequence[str],
-        r: int,
-        j: int,
-        slot: int,
-        since: float,
-        clear: bool,
+        self, seen: dict[str, Any], rounds: Rounds, nodes: Sequence[str], event: Event
     ) -> Finding:
-        """The finding of an event of hold ``slot`` of GPU ``j`` of round ``r``."""
+        """The finding of a hold's event: ``(round, GPU column, slot, since, clear)``."""
         raise NotImplementedError
 
     def held(

@@ -158,7 +158,7 @@ def judge_rounds(
                 for r, j, event in zip(rs.tolist(), js.tolist(), events.tolist(), strict=True):
                     since = float(view[part_rows[r, j], slot, 3])
                     at = int(pick[r])
-                    f = rule.finding_of(seen, rounds, names, at, j, slot, since, event == CLEAR)
+                    f = rule.finding_of(seen, rounds, names, (at, j, slot, since, event == CLEAR))
                     found.append((int(keys[at]), 1, order, j, rule.slots - 1 - slot, f))
     for k, det in enumerate(nodes):
         det.holds = state[base[k] : base[k + 1]].copy()

@@ -54,7 +54,7 @@ import numpy as np
 from guard.schemas.nvml_codes import HW_POWER_BRAKE, SW_POWER_CAP
 
 from .findings import Finding
-from .gpu_round import GpuRoundRule, Holds, Rounds, finding, opt
+from .gpu_round import Event, GpuRoundRule, Holds, Rounds, finding, opt
 
 __all__ = ["PowerDetector"]
 
@@ -124,16 +124,9 @@ class PowerDetector(GpuRoundRule):
         return [(1, odd, None), (0, impact != 0, None)], seen
 
     def finding_of(
-        self,
-        seen: dict[str, Any],
-        rounds: Rounds,
-        nodes: Sequence[str],
-        r: int,
-        j: int,
-        slot: int,
-        since: float,
-        clear: bool,
+        self, seen: dict[str, Any], rounds: Rounds, nodes: Sequence[str], event: Event
     ) -> Finding:
+        r, j, slot, since, clear = event
         evidence = _evidence(seen, r, j)
         b = float(seen["below"][r, j])
         score = round(

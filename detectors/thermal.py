@@ -67,7 +67,7 @@ import numpy as np
 from guard.schemas.nvml_codes import HW_SLOWDOWN, THERMAL_REASONS
 
 from .findings import Finding
-from .gpu_round import IMPACTS, GpuRoundRule, Holds, Rounds, finding, impact_codes, opt
+from .gpu_round import IMPACTS, Event, GpuRoundRule, Holds, Rounds, finding, impact_codes, opt
 
 __all__ = ["ThermalDetector"]
 
@@ -112,16 +112,9 @@ class ThermalDetector(GpuRoundRule):
         return [(1, hot, None), (0, claim, None)], seen
 
     def finding_of(
-        self,
-        seen: dict[str, Any],
-        rounds: Rounds,
-        nodes: Sequence[str],
-        r: int,
-        j: int,
-        slot: int,
-        since: float,
-        clear: bool,
+        self, seen: dict[str, Any], rounds: Rounds, nodes: Sequence[str], event: Event
     ) -> Finding:
+        r, j, slot, since, clear = event
         above, bits = float(seen["above"][r, j]), int(seen["bits"][r, j])
         t = opt(seen["temp"][r, j])
         evidence: dict[str, Any] = {

@@ -18,6 +18,24 @@ __all__ = ["build_parser", "main"]
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 
+#: Import name -> distribution, for every requirement of the ``services`` extra
+#: (pyproject.toml; tests/deploy/test_images.py holds the two together). A command that
+#: needs one of them on an install without the extra (a GPU node's ``[agent]``) says so in one
+#: line instead of a traceback.
+SERVICES_MODULES = {
+    "faust": "faust-streaming",
+    "river": "river",
+    "clickhouse_connect": "clickhouse-connect",
+    "chdb": "chdb",
+    "orjson": "orjson",
+    "msgspec": "msgspec",
+    "rich": "rich",
+    "numpy": "numpy",
+    "cramjam": "cramjam",
+    "uvloop": "uvloop",
+    "plotly": "plotly",
+}
+
 EPILOG = (
     "exit status: 0 done; 1 a runtime failure (one line on stderr says what was wrong and "
     "what to do next); 2 a usage error; 130 interrupted."
@@ -81,6 +99,17 @@ def _one_line(exc: GuardError) -> str:
     return " ".join(str(exc).split())
 
 
+def _services_module(exc: BaseException) -> str | None:
+    """The services' module whose absence ``exc`` is (or was raised from), if it is one."""
+    while exc is not None:
+        if isinstance(exc, ModuleNotFoundError):
+            top = (exc.name or "").partition(".")[0]
+            if top in SERVICES_MODULES:
+                return top
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return None
+
+
 def _load(config: str | None) -> Settings:
     try:
         return load_settings(config)
@@ -119,6 +148,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_FAILURE
     except Exception as exc:  # a bug: one line for the user, the traceback in the debug log
+        missing = _services_module(exc)
+        if missing:
+            print(
+                f"guard: error: guard {args.command} needs the services' dependencies "
+                f"({SERVICES_MODULES[missing]} is not installed): "
+                "pip install 'guard-telemetry[services]'",
+                file=sys.stderr,
+            )
+            return EXIT_FAILURE
         logging.getLogger("guard").debug("unexpected failure", exc_info=True)
         print(
             f"guard: error: unexpected {type(exc).__name__}: {' '.join(str(exc).split())} "

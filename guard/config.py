@@ -328,6 +328,13 @@ class OrchestratorSettings(Section):
         description="commands executor checks: {name, command, unit, baseline, min|max, sweep, "
         "timeout_s, pattern}; {node} and {peers} are substituted (e.g. srun -w {node} ...)",
     )
+    commands_multi_node: bool = Field(
+        False,
+        description='commands executor: run the sweep = "multi" checks, on healthy peers '
+        "borrowed as they are (Guard does not drain them or wait for their jobs): only where "
+        "the nodes run nothing but Guard's sweeps; off, a network flag is untested and keeps "
+        "the node out",
+    )
     ssh_command: list[str] = Field(
         default_factory=lambda: ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"],
         description="ssh executor: the ssh command before the node's name",
@@ -576,7 +583,7 @@ class Settings(BaseSettings):
         fields, fields and ``extra`` keys named like passwords, secrets, tokens or keys, and
         the credentials inside URLs and DSNs (``user:***@``, secret query parameters, the
         path and query of a webhook URL, which is often the credential itself)."""
-        data = json.loads(self.model_dump_json())
+        data: dict[str, Any] = json.loads(self.model_dump_json())
         data["clickhouse"]["dsn"] = self.clickhouse_dsn
         for name, section in data.items():
             if not isinstance(section, dict):

@@ -17,7 +17,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+
+# NewTopic's home: confluent_kafka.admin re-exports it without saying so (no __all__)
+from confluent_kafka.cimpl import NewTopic
 
 from guard.config import ConfigError, Settings
 from guard.errors import GuardError
@@ -230,9 +233,9 @@ def make_consumer(
         }
     )
     conf.update(overrides)
-    feed = conf.get("stats_cb")
-    if hasattr(feed, "for_group"):  # guard.metrics.LagFeed: the lag is this group's
-        conf["stats_cb"] = feed.for_group(group_id)
+    for_group = getattr(conf.get("stats_cb"), "for_group", None)
+    if for_group is not None:  # guard.metrics.LagFeed: the lag is this group's
+        conf["stats_cb"] = for_group(group_id)
     consumer = Consumer(conf)
     if topics is not None:
         callbacks = {"on_assign": on_assign, "on_revoke": on_revoke}
@@ -352,7 +355,9 @@ def wait_for_broker(settings: Settings, timeout_s: float = 15.0) -> AdminClient:
         if error.code() in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
             refused.append(error)
 
-    admin = AdminClient({**client_config(settings), "error_cb": on_error})
+    # librdkafka takes callbacks in the config; AdminClient's annotation allows scalars only
+    conf: dict[str, Any] = {**client_config(settings), "error_cb": on_error}
+    admin = AdminClient(conf)
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline and not refused:

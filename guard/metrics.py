@@ -105,7 +105,7 @@ class Metrics(Collector):
         self.started = time.monotonic()
         self.last_beat: float | None = None
         #: records behind, by (consumer group, topic, partition)
-        self.lag: dict[tuple[str, str, str], float] = {}
+        self.lag: dict[tuple[str, ...], float] = {}
         self._families: dict[str, _Family] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
@@ -239,7 +239,9 @@ class Metrics(Collector):
                 f" or {setting}" if setting else "",
             )
             return None
-        httpd.set_app(_with_health(httpd.get_app(), self))
+        app = httpd.get_app()
+        assert app is not None  # start_http_server serves prometheus_client's app
+        httpd.set_app(_with_health(app, self))
         server = MetricsServer(httpd, thread)
         log.info("metrics on :%d (/metrics, /healthz)", server.port)
         return server

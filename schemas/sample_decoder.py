@@ -435,14 +435,21 @@ def decode_rows(data: bytes, kind: str | None) -> Rows:
             return fast.rows(data)
         except _REFUSED:
             pass  # pydantic decides, and says why
-    if kind is None:
-        samples = parse_samples(data)
-        record_kind = samples[0].kind if len(samples) == 1 else f"{samples[0].kind}_batch"
-    else:
-        record_kind, samples = decode_samples(data, kind)
+    record_kind, samples = _decided(data, kind)
     if not samples or samples[0].kind not in _KINDS:
         raise SchemaError("not a telemetry record", kind=kind)
     return record_kind, samples[0].__dict__, [m.__dict__ for m in samples]
+
+
+def _decided(data: bytes, kind: str | None) -> tuple[str, Samples]:
+    """The kind and samples of a record the fast path refused, as pydantic decides them
+    (its :class:`SchemaError` if not valid); ``kind`` None: any kind (a line of a file)."""
+    if kind is not None:
+        return decode_samples(data, kind)
+    samples = parse_samples(data)
+    if not samples:
+        return "", samples
+    return (samples[0].kind if len(samples) == 1 else f"{samples[0].kind}_batch"), samples
 
 
 #: the kinds whose records :func:`decode_structs` gives as Structs
@@ -462,11 +469,7 @@ def decode_structs(data: bytes, kind: str | None) -> Rows:
             return fast.structs(data)
         except _REFUSED:
             pass  # pydantic decides, and says why
-    if kind is None:
-        samples = parse_samples(data)
-        record_kind = samples[0].kind if len(samples) == 1 else f"{samples[0].kind}_batch"
-    else:
-        record_kind, samples = decode_samples(data, kind)
+    record_kind, samples = _decided(data, kind)
     if not samples or samples[0].kind != "gpu":
         raise SchemaError("not a gpu record", kind=kind)
     entries = [fast.struct_of(m) for m in samples]

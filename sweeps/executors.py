@@ -42,7 +42,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -60,6 +60,7 @@ __all__ = [
     "SimulatedSweepExecutor",
     "SshExecutor",
     "SweepExecutor",
+    "UndrainedPeers",
     "make_executor",
     "parse_sweep_output",
     "peer_checks",
@@ -353,22 +354,73 @@ class CheckCommand(BaseModel):
         return float(numbers[-1]) if numbers else None
 
 
-class CommandExecutor:
-    """Runs each configured check command (``orchestrator.sweep_checks``) and judges the
-    number it prints; a site's own checks, on the node through ``srun -w {node}`` or ssh."""
+class UndrainedPeers:
+    """Multi-node sweeps for the executors that cannot drain a peer (ssh, commands).
 
-    def __init__(self, checks: Iterable[CheckCommand | dict[str, Any]]) -> None:
+    They cannot take a peer out of the pool or wait for its jobs to end, so a multi-node sweep
+    would share the peers with whatever runs there (and disturb it). They run none unless the
+    site says its nodes run nothing but Guard's sweeps (``orchestrator.<executor>_multi_node``):
+    a network flag then fails as untested (:attr:`single_only_why` says why, on the node's
+    state), which keeps the node out; a multi-node sweep asked for anyway is a failed check.
+    """
+
+    #: The executor's name in ``orchestrator.executor``.
+    executor_name: ClassVar[str]
+    sweep_kinds: tuple[str, ...]
+
+    def runnable(self, kinds: Iterable[str], multi_node: bool) -> tuple[str, ...]:
+        """``kinds`` without ``multi`` unless the site allowed peers borrowed as they are."""
+        return tuple(k for k in kinds if k != "multi" or multi_node)
+
+    @property
+    def single_only_why(self) -> str:
+        """Why a network flag stays untested under this executor (on the node's state)."""
+        name = self.executor_name
+        return (
+            f"the {name} executor cannot take peers out of the pool or wait for their jobs: use "
+            f"the slurm or kubernetes executor, or set orchestrator.{name}_multi_node where the "
+            "nodes run nothing but Guard's sweeps"
+        )
+
+    def refused_multi(self) -> list[SweepCheck]:
+        """The verdict of a multi-node sweep this executor will not run: untested."""
+        detail = f"untested: {self.single_only_why}"
+        return [SweepCheck(name=f"{self.executor_name}_multi_node", passed=False, detail=detail)]
+
+
+class CommandExecutor(UndrainedPeers):
+    """Runs each configured check command (``orchestrator.sweep_checks``) and judges the
+    number it prints; a site's own checks, on the node through ``srun -w {node}`` or ssh.
+
+    The ``multi`` checks (``{peers}``, ``{peer}``) run only with ``multi_node=True``
+    (``orchestrator.commands_multi_node``): the peers are not drained for them
+    (:class:`UndrainedPeers`)."""
+
+    executor_name = "commands"
+
+    def __init__(
+        self, checks: Iterable[CheckCommand | dict[str, Any]], multi_node: bool = False
+    ) -> None:
         self.checks = [c if isinstance(c, CheckCommand) else CheckCommand(**c) for c in checks]
         if not self.checks:
             raise ValueError(
                 "the commands executor needs at least one check in orchestrator.sweep_checks"
             )
-        self.sweep_kinds = tuple(k for k in ("single", "multi") if self._of(k))
+        configured = [k for k in ("single", "multi") if self._of(k)]
+        self.sweep_kinds = self.runnable(configured, multi_node)
+
+    @property
+    def single_only_why(self) -> str:
+        if not self._of("multi"):
+            return 'the commands executor has no check with sweep = "multi" in sweep_checks'
+        return super().single_only_why
 
     def _of(self, sweep: str) -> list[CheckCommand]:
         return [c for c in self.checks if c.sweep == sweep]
 
     def run(self, node: str, sweep: str, peers: Sequence[str], now: float) -> list[SweepCheck]:
+        if sweep == "multi" and sweep not in self.sweep_kinds:
+            return self.refused_multi()
         return [self._run_one(check, node, peers) for check in self._of(sweep)]
 
     def _run_one(self, check: CheckCommand, node: str, peers: Sequence[str]) -> SweepCheck:
@@ -538,18 +590,18 @@ def _coverage_problems(
     ]
 
 
-class SshExecutor:
+class SshExecutor(UndrainedPeers):
     """Runs ``guard sweep run --json`` on the node over ssh (bare metal without a scheduler).
 
-    Single-node sweeps only, by default: ssh cannot take a peer out of the pool or wait for
-    its jobs to end, so a multi-node sweep would share the peers with whatever runs there
-    (and disturb it). A network flag then fails as untested (:attr:`single_only_why` says
-    why), which keeps the node out. ``multi_node=True`` (``orchestrator.ssh_multi_node``)
-    is for nodes that run nothing but what Guard starts on them: a multi-node sweep then
-    starts the command on the node (rank 0, the all-reduce's rendezvous) and on every peer at
-    once, borrowed as they are; the node's line is the result, and a peer that fails or had
-    other compute processes on its GPUs (``peer_busy``) adds a failed check naming it.
+    Single-node sweeps only, by default (:class:`UndrainedPeers`). ``multi_node=True``
+    (``orchestrator.ssh_multi_node``) is for nodes that run nothing but what Guard starts on
+    them: a multi-node sweep then starts the command on the node (rank 0, the all-reduce's
+    rendezvous) and on every peer at once, borrowed as they are; the node's line is the
+    result, and a peer that fails or had other compute processes on its GPUs (``peer_busy``)
+    adds a failed check naming it.
     """
+
+    executor_name = "ssh"
 
     def __init__(
         self,
@@ -562,14 +614,7 @@ class SshExecutor:
     ) -> None:
         self.ssh, self.guard, self.checks = list(ssh), guard, list(checks)
         self.timeout_s, self.rendezvous_port = timeout_s, rendezvous_port
-        self.sweep_kinds: tuple[str, ...] = ("single", "multi") if multi_node else ("single",)
-
-    #: Why a network flag stays untested under this executor (on the node's state).
-    single_only_why = (
-        "the ssh executor cannot take peers out of the pool or wait for their jobs: use the "
-        "slurm or kubernetes executor, or set orchestrator.ssh_multi_node where the nodes run "
-        "nothing but Guard's sweeps"
-    )
+        self.sweep_kinds = self.runnable(("single", "multi"), multi_node)
 
     def command(self, node: str, sweep: str, peers: Sequence[str], rank: int = 0) -> list[str]:
         remote = [self.guard, "sweep", "run", "--json", "--node", node]
@@ -585,8 +630,7 @@ class SshExecutor:
         if sweep == "single":
             return self._one(node, self.command(node, "single", []))
         if "multi" not in self.sweep_kinds:
-            detail = f"untested: {self.single_only_why}"
-            return [SweepCheck(name="ssh_multi_node", passed=False, detail=detail)]
+            return self.refused_multi()
         members = [node, *peers]
         argvs = [
             self.command(m, "multi", [node, *[p for p in members if p != m]], rank)
@@ -677,5 +721,5 @@ def make_executor(settings: Settings) -> SweepExecutor | None:
             multi_node=o.ssh_multi_node,
         )
     if o.executor == "commands":
-        return CommandExecutor(o.sweep_checks)
+        return CommandExecutor(o.sweep_checks, multi_node=o.commands_multi_node)
     return None

@@ -626,6 +626,7 @@ class KubernetesSweepExecutor:
 
             return run_kubernetes_multi(self, node, peers)
         deadline = time.monotonic() + self.job.drain_timeout_s
+        backoff = self.job.jobs_backoff(deadline)
         while pods := self.scheduler.training_pods(node):
             if time.monotonic() > deadline:
                 names = ", ".join(p["metadata"]["name"] for p in pods)
@@ -633,7 +634,7 @@ class KubernetesSweepExecutor:
                     f"{node} still runs {names} {self.job.drain_timeout_s:g} s after the cordon"
                 )
                 return [SweepCheck(name="kube_drain_timeout", passed=False, detail=detail)]
-            time.sleep(self.job.poll_s)
+            backoff.sleep()
         ns = self.scheduler.namespace
         allocatable = self.scheduler._read(node).get("status", {}).get("allocatable") or {}
         gpus = str(allocatable.get(self.scheduler.gpu_resource, "0"))

@@ -1,7 +1,8 @@
 """Multi-node sweeps under Slurm and Kubernetes: the suspect with one or two healthy peers lent
-for it, idle ones first (the orchestrator asks the scheduler's ``idle_peers``). The ssh
-executor cannot lend peers and runs none unless ``ssh_multi_node`` says the nodes run nothing
-else (:class:`~guard.sweeps.executors.SshExecutor`).
+for it, idle ones first (the orchestrator asks the scheduler's ``idle_peers``). The ssh and
+commands executors cannot lend peers and run none unless ``ssh_multi_node`` /
+``commands_multi_node`` says the nodes run nothing else
+(:class:`~guard.sweeps.executors.UndrainedPeers`).
 
 A network flag (a NIC, a link, a slow or hung collective) is about a path between nodes, so a
 single-node sweep cannot clear it (the orchestrator fails such a node as untested without a
@@ -119,11 +120,12 @@ def lend_peer(ex: SlurmSweepExecutor, peer: str, node: str) -> None:
         raise NodeNotOwned(f"peer {peer} is drained by someone else ({current.reason!r})")
     sched._drain(slurm_peer, f"{PEER_REASON} {node}")
     deadline = time.monotonic() + ex.job.drain_timeout_s
+    backoff = ex.job.jobs_backoff(deadline)
     while not (sched.cli.node(slurm_peer).drained and not sched.cli.jobs_on(slurm_peer)):
         if time.monotonic() > deadline:
             jobs = ", ".join(sched.cli.jobs_on(slurm_peer)) or "none listed"
             raise TimeoutError(f"peer {peer} still runs jobs ({jobs}) after the drain")
-        time.sleep(ex.job.poll_s)
+        backoff.sleep()
 
 
 def return_peer(ex: SlurmSweepExecutor, peer: str) -> None:
@@ -275,12 +277,13 @@ def run_kubernetes_multi(
             cordoned.append(peer)
             sched.cordon(peer, f"{PEER_REASON} {node}")
         deadline = time.monotonic() + ex.job.drain_timeout_s
+        backoff = ex.job.jobs_backoff(deadline)
         for peer in peers:
             while pods := sched.training_pods(peer):
                 if time.monotonic() > deadline:
                     names = ", ".join(p["metadata"]["name"] for p in pods)
                     raise TimeoutError(f"peer {peer} still runs {names} after the cordon")
-                time.sleep(ex.job.poll_s)
+                backoff.sleep()
         members = [node, *peers]
         rendezvous = f"{_node_address(sched, node)}:{ex.rendezvous_port}"
         gpus: dict[str, str] = {}

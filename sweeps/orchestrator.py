@@ -64,7 +64,7 @@ from guard.schemas import (
 from .executors import NO_EXECUTOR_HINT, SweepExecutor
 from .metrics import sweep_finished
 from .policy import SweepFailureStop, SweepPolicy
-from .scheduler import SchedulerAdapter, SchedulerError
+from .scheduler import JOBS_POLL_MAX_S, JobsPollBackoff, SchedulerAdapter, SchedulerError
 from .states import (
     ALLOWED,
     FLAG_IN_REASON,
@@ -92,7 +92,9 @@ StopListener = Callable[[bool, str], None]
 _SEEN_FLAG_IDS = 100_000
 _HOLD_NOTE = re.compile(r"; (?:cap of \d|sweeping stopped: |queued: )")
 _SCHEDULER_RETRY_S = 10.0
+#: The first and the longest wait between two questions about a node's jobs (doubling).
 _JOBS_POLL_S = 1.0
+_JOBS_POLL_MAX_S = JOBS_POLL_MAX_S
 
 
 class SimulatedClock:
@@ -811,6 +813,7 @@ class Orchestrator:
         jobs_on = self.scheduler.jobs_on  # type: ignore[attr-defined]
         timeout = self.settings.drain_timeout_s
         deadline = time.monotonic() + timeout
+        backoff = JobsPollBackoff(min(_JOBS_POLL_S, timeout / 10), _JOBS_POLL_MAX_S, deadline)
         left: list[str] | str = []
         while self._jobs.get(job.node) is job:
             try:
@@ -827,7 +830,7 @@ class Orchestrator:
                     detail=f"untested: {job.node} still runs {shown} {timeout:g} s after it "
                     f"was taken out in {self.scheduler.name}"[:4000],
                 )
-            time.sleep(min(_JOBS_POLL_S, timeout / 10))
+            backoff.sleep()
         return SweepCheck(name="sweep_abandoned", passed=False, detail="abandoned while waiting")
 
     def _run_executor(self, job: _SweepJob, now: float) -> list[SweepCheck]:

@@ -42,7 +42,9 @@ from guard.config import Settings
 
 __all__ = [
     "ISOLATE_POLICIES",
+    "JOBS_POLL_MAX_S",
     "DryRunScheduler",
+    "JobsPollBackoff",
     "SchedulerAction",
     "SchedulerAdapter",
     "SchedulerError",
@@ -54,6 +56,42 @@ log = logging.getLogger(__name__)
 
 class SchedulerError(RuntimeError):
     """The scheduler refused or could not be reached; the orchestrator retries later."""
+
+
+#: The longest wait between two questions to the scheduler about a node's jobs.
+JOBS_POLL_MAX_S = 15.0
+
+
+class JobsPollBackoff:
+    """The waits between two questions to the scheduler about a node's jobs (``squeue``, the
+    node's pods) while Guard waits for them to end: ``first_s``, doubling up to ``max_s``
+    (training jobs take minutes to drain; asking every second per waiting node only loads the
+    scheduler), never past ``deadline`` (a ``time.monotonic()``), so that the last question is
+    asked when the wait times out.
+
+    Example
+    -------
+    >>> backoff = JobsPollBackoff(first_s=1.0, max_s=15.0)
+    >>> [backoff.next_delay() for _ in range(7)]
+    [1.0, 2.0, 4.0, 8.0, 15.0, 15.0, 15.0]
+    """
+
+    __slots__ = ("_next_s", "deadline", "max_s")
+
+    def __init__(
+        self, first_s: float = 1.0, max_s: float = JOBS_POLL_MAX_S, deadline: float | None = None
+    ) -> None:
+        self.max_s, self.deadline = max_s, deadline
+        self._next_s = min(first_s, max_s)
+
+    def next_delay(self) -> float:
+        delay, self._next_s = self._next_s, min(self.max_s, self._next_s * 2)
+        if self.deadline is not None:
+            delay = min(delay, max(0.0, self.deadline - time.monotonic()))
+        return delay
+
+    def sleep(self) -> None:
+        time.sleep(self.next_delay())
 
 
 #: What happens to the jobs on a node Guard takes out: nothing, a note (which jobs), or a

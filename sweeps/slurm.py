@@ -64,7 +64,7 @@ from guard.config import OrchestratorSettings
 from guard.schemas import SweepCheck
 
 from .executors import parse_sweep_output
-from .scheduler import SchedulerError
+from .scheduler import JOBS_POLL_MAX_S, JobsPollBackoff, SchedulerError
 
 __all__ = [
     "GUARD_REASON_PREFIX",
@@ -406,6 +406,7 @@ class SlurmScheduler:
         """
         slurm_node = self.names.slurm(node)
         deadline = time.monotonic() + drain_timeout_s
+        backoff = JobsPollBackoff(poll_s, JOBS_POLL_MAX_S, deadline)
         while True:
             current = self.cli.node(slurm_node)
             if not current.drained_by_guard or "sent to repair" in current.reason:
@@ -421,7 +422,7 @@ class SlurmScheduler:
                 raise TimeoutError(
                     f"{node} still runs jobs ({jobs}) {drain_timeout_s:g} s after the drain"
                 )
-            time.sleep(poll_s)
+            backoff.sleep()
         reservation = self.reservation_name(slurm_node)
         if not self.cli.reservation_exists(reservation):
             self.cli.scontrol_run(
@@ -444,11 +445,17 @@ class SweepJob:
     command: str = "guard sweep run --json --node {node}"
     drain_timeout_s: float = 3600.0
     sweep_timeout_s: float = 1800.0
+    #: The first wait between two questions about the jobs on a node (then doubling up to
+    #: :data:`JOBS_POLL_MAX_S`) and between two looks at the sweep job.
     poll_s: float = 1.0
 
     @classmethod
     def from_settings(cls, o: OrchestratorSettings, poll_s: float = 1.0) -> SweepJob:
         return cls(o.sweep_command, o.drain_timeout_s, o.sweep_timeout_s, poll_s)
+
+    def jobs_backoff(self, deadline: float) -> JobsPollBackoff:
+        """The waits while the jobs on a node (or a peer) drain, until ``deadline``."""
+        return JobsPollBackoff(self.poll_s, JOBS_POLL_MAX_S, deadline)
 
 
 class SlurmSweepExecutor:

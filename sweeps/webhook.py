@@ -26,8 +26,11 @@ HTTPS is verified against ``webhook_ca_file`` when given.
 
 After a restart the orchestrator hands the notifier the open episodes it finds on the
 node-state topic (:func:`open_episodes`, :meth:`WebhookNotifier.restore`), so a node that is
-still out keeps its alert (same labels, same start) and keeps being re-sent instead of
-resolving by timeout.
+still out keeps its alert (same labels) and keeps being re-sent instead of resolving by
+timeout. A node-state record carries no episode start: the rebuilt ``startsAt`` is the
+episode's first state still on the topic, after compaction the node's latest. Alertmanager
+keeps the earliest ``startsAt`` of an alert it still holds, so there the real start survives a
+restart that re-sends within its ``resolve_timeout``; a webhook receiver sees the later one.
 
 When too many recent sweeps failed and the orchestrator stops sweeping, one more alert fires,
 ``{alertname="GuardSweepsStopped", severity="critical"}`` (the failed share in its

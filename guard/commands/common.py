@@ -41,6 +41,22 @@ def own_the_process() -> None:
     _OWN_PROCESS[0] = True
 
 
+def need_services() -> None:
+    """Fail at once where the ``services`` extra is not installed (a GPU node's ``[agent]``):
+    ``main`` turns the missing module into one line that names the extra, before the command
+    waits on a broker it would never use."""
+    import importlib.util
+    import sys
+
+    from guard.cli import SERVICES_MODULES
+
+    for module in SERVICES_MODULES:
+        if module == "uvloop" and sys.platform == "win32":
+            continue
+        if importlib.util.find_spec(module) is None:
+            raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+
+
 def tune_gc_for_the_data_path() -> None:
     """Fewer passes of the cyclic garbage collector, for a process that holds much long-lived
     detector state (a native streams worker, a backtest). With CPython's thresholds its young

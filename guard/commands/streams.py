@@ -18,6 +18,7 @@ from .common import (
     add_metrics_port,
     apply_options,
     configure_logging,
+    need_services,
     tune_gc_for_the_data_path,
 )
 
@@ -39,6 +40,7 @@ def cmd_streams(args: argparse.Namespace, settings: Settings) -> int:
     from guard.kafka import create_topics
     from guard.metrics import Metrics
 
+    need_services()  # before the broker is awaited
     create_topics(settings)  # the input topics must exist before the workers subscribe
     apply_options(settings, args, {"streams.engine": "engine", "streams.web_port": "metrics_port"})
     metrics = Metrics("streams", stale_s=settings.metrics.stale_s)

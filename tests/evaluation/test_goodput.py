@@ -4,7 +4,7 @@ The simulator's fail-stop semantics (``SimConfig.fail_stop``: an Xid or DBE hang
 until the NCCL watchdog, it restarts from its last checkpoint, crash-loops until a person
 drains the node, and a cordon during the hang restarts it at once), the goodput and
 variation measures of :mod:`guard.evaluation.goodput`, the demo's with/without comparison,
-and the day model of ``benchmarks/goodput.py``.
+the day model of ``benchmarks/goodput.py`` and its sensitivity page in headless chromium.
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from guard.agents.simulator import ClusterSimulator, FaultSpec, JobSpec, SimConfig
@@ -252,19 +254,25 @@ def test_benchmark_compute_rule_fires_in_a_synchronous_job(bench: Any) -> None:
     assert fired == []
 
 
-def test_benchmark_interval_and_break_even(bench: Any) -> None:
-    outcome = bench.SliceOutcome(
+def _small_setting(bench: Any, rate: float) -> Any:
+    """A day model over two slices: a slow GPU only Guard takes out (cordoned 120 s after
+    onset) and an Xid everyone acts on."""
+    slow = bench.SliceOutcome(
         "slow_gpu", 0.3, {"guard": 60.0, "rules": None}, {"guard": 120.0, "rules": None}, {}
     )
     xid = bench.SliceOutcome(
         "xid", 0.0, {"guard": 5.0, "rules": 5.0}, {"guard": 30.0, "rules": 5.0}, {}
     )
-    setting = bench.Setting(
-        rate=5e-4,
+    return bench.Setting(
+        rate=rate,
         mix={"slow_gpu": 0.5, "xid": 0.5},
-        pool={"slow_gpu": [outcome], "xid": [xid]},
+        pool={"slow_gpu": [slow], "xid": [xid]},
         false_rate={"guard": 0.0, "rules": 0.0},
     )
+
+
+def test_benchmark_interval_and_break_even(bench: Any) -> None:
+    setting = _small_setting(bench, 5e-4)
     m, lo, hi = bench.gain(setting, 60, "none")
     assert lo < m < hi and lo > 0  # Guard takes the slow GPU out; no one else does
     be = bench.break_even(setting, 60, "none")
@@ -292,3 +300,89 @@ def test_a_crash_after_a_planned_restart_loses_only_steps_since_its_checkpoint()
     ran_s = 150 - config.restart_s + 2 * config.sample_interval_s
     assert 0 < crash["lost_steps"] <= ran_s * steps_per_s
     assert [r["node"] for r in sim.training.remediations][:1] == ["node-001"]
+
+
+def test_the_sensitivity_page_renders_every_figure_in_its_colours(
+    bench: Any, tmp_path: Path
+) -> None:
+    """benchmarks/goodput.py's page (the false-cordon figure over the fault rate x restart
+    cost heat maps) from the benchmark's own day model on a small pool of slices, opened
+    offline in headless chromium as tests/guard/test_report.py does the report: both figures
+    drawn and the console silent; in the screenshot each baseline's line and interval in its
+    colour, and the heat maps green where Guard gains and red where it loses, with every
+    cell's value written on it."""
+    from ..guard.test_report import pixels_of, render, screenshot
+
+    setting = _small_setting(bench, 1.2e-4)  # about the trace's rate
+    seeds = 40
+    headline = {
+        x: {
+            b: bench.gain(
+                bench.Setting(**{**setting.__dict__, "false_rate": {"guard": x / 1000}}), seeds, b
+            )
+            for b in bench.BASELINES
+        }
+        for x in (0.0, 0.5, 1.0, 5.0)
+    }
+    evens = {b: bench.break_even(setting, seeds, b) for b in bench.BASELINES}
+    # Guard with a false cordon per 1,000 node-hours: it loses at 1x, gains at 20x
+    costly = bench.Setting(**{**setting.__dict__, "false_rate": {"guard": 1.0 / 1000}})
+    grid = bench.sensitivity(costly, 20, [1, 5, 20], [120, 600, 1800])
+    values = [v for cell in grid.values() for v in cell.values()]
+    for b in bench.BASELINES:  # each heat map has cells of both signs
+        assert min(c[b] for c in grid.values()) < -1 < 1 < max(c[b] for c in grid.values()), b
+    page = tmp_path / "sensitivity.html"
+    figure = bench.false_cordon_figure(headline, evens, seeds, bound=34.0)
+    bench.plot_sensitivity(grid, page, 20, figure, false_per_1000=1.0)
+    assert "<script src=" not in page.read_text()  # plotly.js inlined
+
+    dom, log = render(page)
+    assert [line for line in log.splitlines() if ":CONSOLE" in line] == []
+    parts = re.split(r'<div id="plot-(\d+)"', dom)[1:]
+    drawn = {int(parts[i]) for i in range(0, len(parts), 2) if "main-svg" in parts[i + 1]}
+    assert drawn == {0, 1}, f"figures drawn: {sorted(drawn)} of 2"
+    for v in values:  # the heat maps' texttemplate: every cell says its gain
+        assert f"{v:+.2f}%" in dom, v
+    for b, be in evens.items():
+        assert be is None or f"break-even vs {b}: {be:.3g}" in dom
+    assert "Guard's false cordons 1 per 1,000 node-hours" in dom
+    # a colour bar per heat map: each has its own scale (vs none's gains are ten times the rest)
+    heat_dom = dom[dom.index('<div id="plot-1"') :]
+    assert len(re.findall(r'class="\w+ colorbar"', heat_dom)) == len(bench.BASELINES)
+
+    pixels, boxes = screenshot(page, tmp_path / "sensitivity.png")
+    assert sorted(boxes) == ["plot-0", "plot-1"], boxes
+
+    def box(name: str) -> np.ndarray:
+        left, top, width, height = (round(v) for v in boxes[name])
+        return pixels[top : top + height, left : left + width]
+
+    cordons, heat = box("plot-0"), box("plot-1")
+    for region in (cordons, heat):
+        assert region.size and (region != 255).any(axis=2).mean() > 0.2, "a blank figure"
+    for b, colour in bench.BASELINE_COLORS.items():  # a 2-px line with its interval bars
+        assert pixels_of(cordons, colour) > 300, f"false-cordon figure: no line vs {b}"
+        assert pixels_of(heat, colour) < 200, f"the heat maps drew {b}'s line colour"
+
+    # each heat map on its own scale (its colour bar beside it, symmetric about 0): green
+    # where Guard gains, red where it loses, wherever a cell is a fifth of the scale or more
+    # (RdYlGn's pale yellow at 0 is neither). Only wide areas count, as a cell (~100 x 90 px),
+    # not the 12-px colour bars that hold every colour of the scale.
+    def wide(mask: np.ndarray, run: int = 40) -> int:
+        """Pixels that begin a horizontal run of ``run`` or more pixels of ``mask``."""
+        sums = np.pad(mask.astype(int).cumsum(axis=1), ((0, 0), (1, 0)))
+        return int(((sums[:, run:] - sums[:, :-run]) == run).sum())
+
+    width = heat.shape[1]
+    for i, b in enumerate(bench.BASELINES):
+        third = heat[:, round(i * width / 3) : round((i + 1) * width / 3)].astype(int)
+        green = wide((third[..., 1] - third[..., 0] > 25) & (third[..., 2] < 170))
+        red = wide((third[..., 0] - third[..., 1] > 25) & (third[..., 2] < 170))
+        gains = [c[b] for c in grid.values()]
+        scale = max(map(abs, gains))
+        assert max(gains) / scale > 0.2 and green > 2000, f"vs {b}: no green cells ({green} px)"
+        if min(gains) / scale < -0.2:
+            assert red > 2000, f"vs {b}: no red cells where Guard loses ({red} px)"
+        else:
+            assert red == 0, f"vs {b}: red cells where Guard hardly loses ({red} px)"
+    assert sum(min(c[b] for c in grid.values()) < 0 for b in bench.BASELINES) >= 2

@@ -34,7 +34,7 @@ from guard.sweeps.service import KafkaOrchestrator
 from ..agents.fake_sysfs import make_fake_sysfs
 from ..streams.test_faust_app import gpu_round, streams_worker, wait_for
 from ..streams.test_sink import _publish, _run_until
-from ..sweeps.helpers import NODES, flag, wait_until
+from ..sweeps.helpers import NODES, GatedExecutor, flag, wait_until
 from ..sweeps.test_service import send, slow_gpu
 
 SWEEPS = "guard_sweep_duration_seconds"
@@ -297,6 +297,40 @@ def test_orchestrator_metrics_follow_states_sweeps_and_webhook_failures(
         assert value(f"{SWEEPS}_count", sweep=sweep, result=result) == was + total
     failures = value("guard_webhook_failures_total")
     assert value(f"{WEBHOOKS}_count", result="failed") == failed_webhooks + failures
+
+
+def test_the_queued_gauge_counts_suspects_waiting_for_a_sweep_worker(
+    kafka_settings: Settings,
+) -> None:
+    # One sweep worker, busy with node-005: node-010 waits qualified but not cordoned.
+    s = kafka_settings
+    s.orchestrator.sweep_workers = 1
+    s.orchestrator.multi_sweep_peers = 0
+    s.orchestrator.max_cordoned_fraction = 4 / 32  # room under the cap: only the worker holds
+    now = time.time()
+    send(s, flag("node-005", "q-5", now - 2), flag("node-010", "q-10", now - 1))
+    metrics = Metrics("orchestrator")
+    executor = GatedExecutor(SimulatedSweepExecutor([], seed=3))
+    orch = KafkaOrchestrator(
+        s, scheduler=DryRunScheduler(), executor=executor, nodes=NODES, poll_s=0.05
+    )
+    observe_orchestrator(metrics, orch)
+    assert metrics.value("guard_sweeps_queued") == 0
+    orch.start()
+    try:
+        assert orch.ready.wait(60) and orch.error is None
+        wait_until(lambda: metrics.value("guard_sweeps_queued") == 1)
+        assert executor.started == [("node-005", "single")]
+        assert metrics.value("guard_nodes", state="suspect") == 1
+        assert metrics.value("guard_nodes", state="sweeping") == 1
+        assert metrics.value("guard_cordons_held_back") == 0
+        executor.gate.set()  # node-005's sweep ends: node-010 takes the worker
+        wait_until(lambda: metrics.value("guard_nodes", state="healthy") == 2)
+        assert metrics.value("guard_sweeps_queued") == 0
+    finally:
+        executor.gate.set()
+        orch.stop()
+    assert executor.started == [("node-005", "single"), ("node-010", "single")]
 
 
 def test_agent_metrics_count_published_kinds_and_the_spool(

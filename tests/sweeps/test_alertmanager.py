@@ -29,8 +29,8 @@ from guard.schemas import NodeState
 from guard.sweeps.orchestrator import Orchestrator
 from guard.sweeps.scheduler import DryRunScheduler
 from guard.sweeps.service import KafkaOrchestrator
-from guard.sweeps.webhook import WebhookNotifier
-from tests.sweeps.helpers import NODES, flag, wait_until
+from guard.sweeps.webhook import WebhookNotifier, open_episodes
+from tests.sweeps.helpers import NODES, Clock, flag, wait_until
 from tests.sweeps.live import send
 from tests.tools import debian_tool
 
@@ -326,3 +326,57 @@ def test_a_restarted_orchestrator_keeps_a_cordoned_nodes_alert_firing(
     # the pager heard of it once, firing, and never of a resolution
     statuses = [a["status"] for body in pager.bodies for a in body["alerts"]]
     assert statuses and set(statuses) == {"firing"}
+
+
+def test_after_compaction_alertmanager_keeps_the_episodes_real_start(tmp_path: Path) -> None:
+    # A node-state record carries no episode start: rebuilt from a compacted topic (the node's
+    # latest state only), Guard's alert starts at that state. Alertmanager merges an alert it
+    # still holds and keeps the earliest startsAt, so the real start survives a restart that
+    # re-sends within resolve_timeout.
+    am = Alertmanager(tmp_path / "am", routing_config("http://127.0.0.1:9/none"))
+    hooks: list[WebhookNotifier] = []
+    try:
+        wait_until(am.ready, timeout_s=30)
+        start = time.time() - 600
+        clock = Clock(start)
+        states: list[NodeState] = []
+        orch = Orchestrator(
+            OrchestratorSettings(nodes=NODES),
+            scheduler=DryRunScheduler(),
+            executor=None,  # the node stays cordoned: the episode stays open
+            publish=lambda message: None,
+            listeners=[lambda m: states.append(m) if isinstance(m, NodeState) else None],
+            clock=clock,
+            inline_sweeps=True,
+        )
+        orch.handle_flag(flag("node-012", "c12", start - 1, category="thermal"))  # suspect
+        clock.now = start + 300
+        orch.tick()  # cordoned, five minutes into the episode
+        assert [(s.state, s.ts) for s in states] == [
+            ("suspect", start),
+            ("cordoned", start + 300),
+        ]
+        first = WebhookNotifier(am.url, mode="alertmanager", retries=0).start()
+        hooks.append(first)
+        for state in states:
+            first.notify(state)
+        wait_until(lambda: first.delivered == 2)
+        [before] = am.alerts()
+        assert before["labels"]["severity"] == "critical"
+        first.stop()
+
+        compacted = open_episodes(states[-1:])  # what a restart reads after compaction
+        [episode] = compacted
+        assert episode.starts_at == start + 300  # not the episode's start: no record says it
+        second = WebhookNotifier(am.url, mode="alertmanager", retries=0).start()
+        hooks.append(second)
+        second.restore(compacted)
+        wait_until(lambda: am.alerts()[0]["updatedAt"] != before["updatedAt"], timeout_s=30)
+        [after] = am.alerts()
+    finally:
+        for h in hooks:
+            h.stop()
+        am.close()
+    assert after["labels"] == before["labels"]
+    assert after["startsAt"] == before["startsAt"]  # Alertmanager kept the earlier start
+    assert after["startsAt"].startswith(time.strftime("%Y-%m-%dT%H:%M", time.gmtime(start)))

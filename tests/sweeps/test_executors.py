@@ -19,6 +19,7 @@ from guard.sweeps.executors import (
     SimulatedFault,
     SimulatedSweepExecutor,
     SshExecutor,
+    SweepExecutor,
     make_executor,
     parse_sweep_output,
 )
@@ -193,7 +194,8 @@ def test_command_checks_run_real_commands_and_judge_their_numbers() -> None:
                 "min": 2,
                 "command": [PY, "-c", "import sys; print(len(sys.argv[1].split(',')))", "{peers}"],
             },
-        ]
+        ],
+        multi_node=True,
     )
     assert ex.sweep_kinds == ("single", "multi")
     bw, temp, node = ex.run("node-001", "single", [], 0.0)
@@ -223,6 +225,86 @@ def test_command_checks_fail_on_errors_timeouts_and_missing_numbers() -> None:
     assert "timed out after 0.5 s" in results["slow"].detail
     assert "no number" in results["words"].detail
     assert "could not run" in results["missing"].detail
+
+
+def states_after_a_flag(executor: SweepExecutor, category: str) -> list[NodeState]:
+    """The states of n3 (of n0..n7) after a critical ``category`` flag, swept inline."""
+    out: list = []
+    orch = Orchestrator(
+        OrchestratorSettings(nodes=[f"n{i}" for i in range(8)]),
+        scheduler=DryRunScheduler(),
+        executor=executor,
+        publish=out.append,
+        clock=lambda: 100.0,
+        inline_sweeps=True,
+    )
+    flag = Flag(
+        id=category,
+        ts=99.0,
+        node="n3",
+        detector="d",
+        category=category,
+        severity="critical",
+        score=5.0,
+    )
+    orch.handle_flag(flag)
+    orch.tick()
+    return [m for m in out if isinstance(m, NodeState)]
+
+
+def test_the_commands_executor_runs_no_peer_check_on_peers_nobody_drained(tmp_path: Path) -> None:
+    # Like ssh, the commands executor cannot drain a peer nor wait for its jobs: its
+    # sweep = "multi" checks run only where the site says the nodes run nothing else.
+    ran = tmp_path / "ran"
+    record = "import sys; open(sys.argv[1], 'a').write(sys.argv[2] + chr(10)); print(0)"
+    checks = [
+        {"name": "local", "command": [PY, "-c", record, str(ran), "single {node}"], "max": 0},
+        {
+            "name": "allreduce",
+            "sweep": "multi",
+            "command": [PY, "-c", record, str(ran), "multi {node} {peers}"],
+            "max": 0,
+        },
+    ]
+    settings = Settings(orchestrator={"executor": "commands", "sweep_checks": checks})
+    ex = make_executor(settings)
+    assert isinstance(ex, CommandExecutor) and ex.sweep_kinds == ("single",)
+    [refused] = ex.run("n1", "multi", ["n2"], 0)
+    assert refused.name == "commands_multi_node" and not refused.passed
+    assert refused.detail == f"untested: {ex.single_only_why}"
+    assert ex.single_only_why.startswith("the commands executor cannot take peers out")
+    assert "orchestrator.commands_multi_node" in ex.single_only_why
+    assert not ran.exists()  # the peer check never started
+
+    states = states_after_a_flag(ex, "nic")  # a link is only tested between nodes: untested, repair
+    assert [s.state for s in states] == ["suspect", "cordoned", "sweeping", "failed", "repair"]
+    assert states[3].reason == (
+        "passed the single-node sweep; untested: a nic flag needs a multi-node sweep, "
+        f"{ex.single_only_why}; after a critical nic flag"
+    )
+    assert ran.read_text() == "single n3\n"
+    ran.unlink()
+
+    allowed = make_executor(
+        Settings(
+            orchestrator={
+                "executor": "commands",
+                "sweep_checks": checks,
+                "commands_multi_node": True,
+            }
+        )
+    )
+    assert isinstance(allowed, CommandExecutor) and allowed.sweep_kinds == ("single", "multi")
+    states = states_after_a_flag(allowed, "nic")
+    assert states[-1].state == "healthy"
+    assert states[-1].reason == "passed the single-node and multi-node sweeps"
+    single, multi = ran.read_text().splitlines()
+    assert single == "single n3" and multi.startswith("multi n3 n")
+
+    # no multi check configured: the reason says that, not the setting
+    only_single = CommandExecutor(checks[:1], multi_node=True)
+    assert only_single.sweep_kinds == ("single",)
+    assert "no check with sweep" in only_single.single_only_why
 
 
 def test_a_check_needs_a_bound_and_the_commands_executor_needs_checks() -> None:
@@ -420,36 +502,16 @@ def test_ssh_runs_no_multi_node_sweep_on_peers_it_cannot_drain(
     assert refused.detail.startswith("untested: the ssh executor cannot take peers out")
 
     def orchestrate(category: str) -> tuple[list[NodeState], str]:
-        out: list = []
-        orch = Orchestrator(
-            OrchestratorSettings(nodes=[f"n{i}" for i in range(8)]),
-            scheduler=DryRunScheduler(),
-            executor=ex,
-            publish=out.append,
-            clock=lambda: 100.0,
-            inline_sweeps=True,
-        )
-        orch.handle_flag(
-            Flag(
-                id=category,
-                ts=99.0,
-                node="n3",
-                detector="d",
-                category=category,
-                severity="critical",
-                score=5.0,
-            )
-        )
-        orch.tick()
+        states = states_after_a_flag(ex, category)
         calls = (fake_ssh.parent / "calls").read_text()
         (fake_ssh.parent / "calls").unlink()
-        return [m for m in out if isinstance(m, NodeState)], calls
+        return states, calls
 
     states, calls = orchestrate("nic")
     assert [s.state for s in states] == ["suspect", "cordoned", "sweeping", "failed", "repair"]
     assert states[3].reason == (
         "passed the single-node sweep; untested: a nic flag needs a multi-node sweep, "
-        f"{SshExecutor.single_only_why}; after a critical nic flag"
+        f"{ex.single_only_why}; after a critical nic flag"
     )
     assert "--sweep multi" not in calls and calls.count("\n") == 1  # no peer was touched
     states, calls = orchestrate("thermal")  # a GPU flag: the single-node sweep decides

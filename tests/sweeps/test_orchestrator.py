@@ -545,3 +545,59 @@ def test_the_queue_of_flagged_nodes_survives_a_restart() -> None:
         second.orch.close()
     assert all(second.states(n)[-3:] == ["cordoned", "sweeping", "healthy"] for n in six[2:])
     assert _most_out_at_once(second.out, ("cordoned", "sweeping")) <= 2
+
+
+class JobsEndAt(DryRunScheduler):
+    """A scheduler whose node runs one job until ``end`` (``time.monotonic()``); it records
+    when it was asked (``squeue -w`` / the node's pods)."""
+
+    def __init__(self, end: float) -> None:
+        super().__init__()
+        self.end = end
+        self.asked: list[float] = []
+
+    def jobs_on(self, node: str) -> list[str]:
+        self.asked.append(time.monotonic())
+        return ["4242"] if self.asked[-1] < self.end else []
+
+
+def test_the_wait_for_a_nodes_jobs_asks_the_scheduler_less_and_less_often(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 1 s doubling to 15 s, scaled down 50 x: a job ending 100 "s" after the cordon is asked
+    # about ~11 times, not 100 (once a second); a job that stays is asked about once more at
+    # the deadline, and the node is untested.
+    from guard.sweeps import orchestrator
+
+    monkeypatch.setattr(orchestrator, "_JOBS_POLL_S", 0.02)
+    monkeypatch.setattr(orchestrator, "_JOBS_POLL_MAX_S", 0.3)
+    check = {"name": "ran", "command": ["echo", "0"], "max": 0}
+
+    def orchestrate(jobs_for_s: float, drain_timeout_s: float) -> tuple[JobsEndAt, list[Any]]:
+        out: list[GuardMessage] = []
+        scheduler = JobsEndAt(time.monotonic() + jobs_for_s)
+        orch = Orchestrator(
+            OrchestratorSettings(nodes=NODES, drain_timeout_s=drain_timeout_s),
+            scheduler=scheduler,
+            executor=CommandExecutor([check]),
+            publish=out.append,
+            clock=Clock(T0),
+            inline_sweeps=True,
+        )
+        orch.handle_flag(flag("node-007", "f-7", T0 - 1))
+        orch.tick()
+        return scheduler, [m for m in out if isinstance(m, SweepResult)]
+
+    scheduler, sweeps = orchestrate(jobs_for_s=2.0, drain_timeout_s=60)
+    assert [(c.name, c.passed) for c in sweeps[0].checks] == [("ran", True)]
+    gaps = [b - a for a, b in zip(scheduler.asked, scheduler.asked[1:], strict=False)]
+    wanted = [min(0.02 * 2**i, 0.3) for i in range(len(gaps))]
+    assert all(gap >= want - 0.005 for gap, want in zip(gaps, wanted, strict=True)), gaps
+    assert 6 <= len(scheduler.asked) <= 12, len(scheduler.asked)  # once each 0.02 s: 100
+    assert scheduler.asked[-1] >= scheduler.end  # asked until the job was gone
+
+    start = time.monotonic()
+    scheduler, sweeps = orchestrate(jobs_for_s=1e9, drain_timeout_s=1.5)  # stays: untested
+    assert [c.name for c in sweeps[0].checks] == ["drain_timeout"]
+    assert scheduler.asked[-1] >= start + 1.5  # the last question at the deadline
+    assert len(scheduler.asked) <= 10  # 0.02, 0.04, ... 0.3 at most, the last one clipped

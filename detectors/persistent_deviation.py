@@ -104,7 +104,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 
 import numpy as np
@@ -265,6 +265,14 @@ class PersistenceRule:
     crowd_fraction: float = 0.25
     #: the CUSUM beside the window rule (None: the window rule alone)
     sequential: SequentialTest | None = None
+
+    def __setstate__(self, state: list[object]) -> None:
+        """Restore a pickled rule; fields a checkpoint of an older Guard lacks (appended
+        since: ``sequential``) take their defaults (a restored detector runs without the
+        sequential test until its key starts afresh)."""
+        values = iter(state)
+        for f in fields(self):
+            object.__setattr__(self, f.name, next(values, f.default))
 
 
 class DeviationTracker:

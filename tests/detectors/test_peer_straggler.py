@@ -265,3 +265,13 @@ def test_a_tracker_checkpointed_before_the_sequential_test_restores_and_runs() -
     assert (restored.cusum, restored.cusum_steps, restored.raised_by) == (0.0, 0, "")
     events = [restored.update(0.1, 0.004, 0.01, rule, 20.0 + i) for i in range(3)]
     assert events == [None, None, "raise"] and restored.raised_by == "cusum"
+
+
+def test_a_rule_checkpointed_before_the_sequential_test_restores_without_it() -> None:
+    # what unpickling does with the field list an older Guard wrote (no ``sequential``)
+    old_state = PersistenceRule().__getstate__()[:-1]  # type: ignore[attr-defined]
+    restored = PersistenceRule.__new__(PersistenceRule)
+    restored.__setstate__(old_state)
+    assert restored == PersistenceRule() and restored.sequential is None
+    now = PersistenceRule(sequential=SequentialTest())
+    assert pickle.loads(pickle.dumps(now)) == now  # a current checkpoint keeps its test

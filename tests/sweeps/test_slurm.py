@@ -541,7 +541,10 @@ def test_a_job_opens_only_the_gpus_slurm_gave_it(node: str) -> None:
 def test_an_idle_node_is_lent_first_and_a_busy_or_drained_one_is_not_idle(node: str) -> None:
     # The peer choice of a multi-node sweep reads the real node states (one scontrol call).
     scheduler = SlurmScheduler(user="root")
-    assert scheduler.idle_peers([node], 1) == [node]
+    # The fixture leaves the node IDLE, but the previous test's cancelled job or resume can
+    # leave it COMPLETING or NOT_RESPONDING for a moment (until slurmctld's next ping): not
+    # free to lend until that has passed (CI once asked within that moment).
+    wait_for("the node free to lend", lambda: scheduler.idle_peers([node], 1) == [node])
     job = sh("sbatch", "--parsable", "-w", node, "-o", "/dev/null", "--wrap", "sleep 300").strip()
     wait_for("the job running", lambda: job in sh("squeue", "-h", "-t", "R", "-o", "%i"))
     assert scheduler.idle_peers([node], 1) == []  # MIXED or ALLOCATED: a job runs there

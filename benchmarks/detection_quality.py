@@ -27,7 +27,8 @@ degrading fault, from when it reaches 5 %) to the first warning/critical claim o
 and the same in steps (seconds / the nominal step time of the node's job in the truth).
 Thermal faults are timed a second way, ``thermal (bits)``: from the first sample of the GPU
 that carries a thermal reason bit while the fault is active, in samples (a thermal fault heats
-up for up to two minutes before its bits show).
+up for up to two minutes before its bits show). Last, the target faults Guard missed, one
+line each (family, seed, kind, node, GPU, onset, slowdown reached), to look at.
 
 ``soak`` — no fault at all, every confounder, 128 nodes for hours (``--soak-hours``,
 2,000 node-hours by default in the full suite): the false-claim rate over a long healthy
@@ -175,6 +176,8 @@ class Tally:
     #: fault kind -> [(time to detect s or None: missed, nominal step s of its node's job,
     #: the slowdown it reached)]
     by_kind: dict[str, list[tuple[float | None, float, float]]] = field(default_factory=dict)
+    #: the target faults (>= 5 % or must-catch) no claim found, one line each, to look at
+    missed: list[str] = field(default_factory=list)
 
     def add(self, other: Tally) -> None:
         for name in (
@@ -197,6 +200,7 @@ class Tally:
             self.false_by[k] = self.false_by.get(k, 0) + v
         for k, rows in other.by_kind.items():
             self.by_kind.setdefault(k, []).extend(rows)
+        self.missed += other.missed
 
     @property
     def recall(self) -> float | None:
@@ -224,7 +228,7 @@ def run_scenario(spec: tuple[str, int, float, int, float]) -> dict[str, Tally]:
     """Simulate one scenario and score the three detectors (Guard only in a soak) on it."""
     from guard.agents.simulator import ClusterSimulator, SimConfig
     from guard.evaluation.backtest import make_detector
-    from guard.evaluation.scoring import FLAG_FIELDS, evaluate
+    from guard.evaluation.scoring import FLAG_FIELDS, MUST_CATCH_KINDS, evaluate
     from guard.schemas.nvml_codes import THERMAL_REASONS
 
     family, nodes, duration, seed, severity = spec
@@ -276,6 +280,14 @@ def run_scenario(spec: tuple[str, int, float, int, float]) -> dict[str, Tally]:
             tally.false_by[key] = tally.false_by.get(key, 0) + 1
         tally.by_kind = per_kind(truth, ev.first_hit)
         tally.by_kind[BITS_KIND] = from_bits(truth, ev.first_hit, bits_at, interval)
+        tally.missed = [
+            f"{family} seed {seed}: {f.kind} on {f.node} gpu {f.gpu} from t+"
+            f"{f.onset - truth.start_ts:.0f} s, reached {100 * f.reached(truth.end_ts):.1f} % "
+            f"({f.pattern})"
+            for f in truth.faults
+            if f.id not in ev.first_hit
+            and (f.reached(truth.end_ts) >= 0.05 or f.kind in MUST_CATCH_KINDS)
+        ]
         slowdowns = [s for f in truth.faults if (s := f.reached(truth.end_ts)) > 0]
         if slowdowns:
             tally.min_slowdown, tally.max_slowdown = min(slowdowns), max(slowdowns)
@@ -631,6 +643,11 @@ def main(argv: list[str] | None = None) -> int:
     print_per_kind("every simulated family", {d: tallies[("ALL", d)] for d in DETECTORS})
     fleet = {d: t for (family, d), t in tallies.items() if family == "fleet"}
     print_per_kind("the fleet family alone", fleet)
+    missed = tallies[("ALL", "guard")].missed if ("ALL", "guard") in tallies else []
+    if missed:
+        print("\nguard missed these target faults (>= 5 % or Xid/DBE/link/NIC):")
+        for line in missed:
+            print(f"  {line}")
     print()
     real = [] if args.soak_only or args.family else pai_rows() + nab_rows()
     if not (args.quick or args.no_smd or args.soak_only or args.family):

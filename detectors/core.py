@@ -455,26 +455,26 @@ class DetectionCore:
         """The step's step and collective records, each job's as columns (steps first: C4D
         groups a collective's ranks by the stages the steps report)."""
         found: list[Finding] = []
-        for detectors, records in self._by_job("step"):
+        for job, (detectors, records) in self._by_job("step").items():
             steps = StepColumns.of_records(records)
             found += detectors.add_steps(steps)
-            latest[detectors.job] = max(latest.get(detectors.job, 0.0), float(steps.ts.max()))
-        for detectors, records in self._by_job("collective"):
+            latest[job] = max(latest.get(job, 0.0), float(steps.ts.max()))
+        for job, (detectors, records) in self._by_job("collective").items():
             ops = CollectiveColumns.of_records(records)
             found += detectors.add_collectives(ops)
-            latest[detectors.job] = max(latest.get(detectors.job, 0.0), float(ops.ts.max()))
+            latest[job] = max(latest.get(job, 0.0), float(ops.ts.max()))
         return found
 
-    def _by_job(self, kind: str) -> list[tuple[JobDetectors, list[tuple[Any, list[Any]]]]]:
-        """The step's records of ``kind``, by job, in the order they came."""
+    def _by_job(self, kind: str) -> dict[str, tuple[JobDetectors, list[tuple[Any, list[Any]]]]]:
+        """The step's records of ``kind`` by job, in the order they came."""
         pending, self._rows[kind] = self._rows[kind], []
-        by_job: dict[int, tuple[JobDetectors, list[tuple[Any, list[Any]]]]] = {}
+        by_job: dict[str, tuple[JobDetectors, list[tuple[Any, list[Any]]]]] = {}
         for detectors, _, head, entries in pending:
-            got = by_job.get(id(detectors))
+            got = by_job.get(head.job)
             if got is None:
-                got = by_job[id(detectors)] = (detectors, [])
+                got = by_job[head.job] = (detectors, [])
             got[1].append((head, entries))
-        return list(by_job.values())
+        return by_job
 
     def _nics(self, latest: dict[str, float]) -> list[Finding]:
         """The step's NIC samples, every node's at once (:func:`~.nic.update_nics`), then

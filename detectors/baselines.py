@@ -112,22 +112,47 @@ class StaticRulesBaseline(_StepBaseline):
         self.downed: dict[tuple[str, str, int], int] = {}
 
     def update(self, msg: GuardMessage) -> list[Flag]:
+        if isinstance(msg, GpuSample):
+            return self._gpu(msg)
+        if isinstance(msg, NicSample):
+            return self._nic(msg)
+        if isinstance(msg, StepTiming):
+            return self._add_step(msg, msg.step_s)
+        return []
+
+    def _gpu(self, msg: GpuSample) -> list[Flag]:
+        """The exporter's GPU alert rules: hot, an Xid, a double-bit ECC error more."""
         out: list[Flag] = []
         g = self.group_s
-        if isinstance(msg, GpuSample):
-            if msg.temp_c is not None and msg.temp_c > self.temp_c:
-                out.append(
-                    _flag(
-                        self.name,
-                        "thermal",
-                        "warning",
-                        msg,
-                        g,
-                        gpu=msg.gpu,
-                        evidence={"rule": "temp_c > 85", "temp_c": msg.temp_c},
-                    )
+        if msg.temp_c is not None and msg.temp_c > self.temp_c:
+            out.append(
+                _flag(
+                    self.name,
+                    "thermal",
+                    "warning",
+                    msg,
+                    g,
+                    gpu=msg.gpu,
+                    evidence={"rule": "temp_c > 85", "temp_c": msg.temp_c},
                 )
-            if msg.xid is not None:
+            )
+        if msg.xid is not None:
+            out.append(
+                _flag(
+                    self.name,
+                    "gpu_error",
+                    "critical",
+                    msg,
+                    g,
+                    gpu=msg.gpu,
+                    evidence={"rule": "xid", "xid": msg.xid},
+                )
+            )
+        if msg.ecc_dbe_total is not None:
+            key = (msg.node, msg.gpu)
+            before = self.dbe.get(key)
+            self.dbe[key] = msg.ecc_dbe_total
+            if before is not None and msg.ecc_dbe_total > before:
                 out.append(
                     _flag(
                         self.name,
@@ -136,45 +161,32 @@ class StaticRulesBaseline(_StepBaseline):
                         msg,
                         g,
                         gpu=msg.gpu,
-                        evidence={"rule": "xid", "xid": msg.xid},
+                        evidence={"rule": "dbe increase"},
                     )
                 )
-            if msg.ecc_dbe_total is not None:
-                key = (msg.node, msg.gpu)
-                before = self.dbe.get(key)
-                self.dbe[key] = msg.ecc_dbe_total
-                if before is not None and msg.ecc_dbe_total > before:
-                    out.append(
-                        _flag(
-                            self.name,
-                            "gpu_error",
-                            "critical",
-                            msg,
-                            g,
-                            gpu=msg.gpu,
-                            evidence={"rule": "dbe increase"},
-                        )
+        return out
+
+    def _nic(self, msg: NicSample) -> list[Flag]:
+        """The exporter's link rule: the port's link went down once more."""
+        out: list[Flag] = []
+        g = self.group_s
+        value = msg.counters.get("link_downed")
+        if value is not None:
+            nkey = (msg.node, msg.device, msg.port)
+            before = self.downed.get(nkey)
+            self.downed[nkey] = value
+            if before is not None and value > before:
+                out.append(
+                    _flag(
+                        self.name,
+                        "link",
+                        "warning",
+                        msg,
+                        g,
+                        device=msg.device,
+                        evidence={"rule": "link_downed increase"},
                     )
-        elif isinstance(msg, NicSample):
-            value = msg.counters.get("link_downed")
-            if value is not None:
-                nkey = (msg.node, msg.device, msg.port)
-                before = self.downed.get(nkey)
-                self.downed[nkey] = value
-                if before is not None and value > before:
-                    out.append(
-                        _flag(
-                            self.name,
-                            "link",
-                            "warning",
-                            msg,
-                            g,
-                            device=msg.device,
-                            evidence={"rule": "link_downed increase"},
-                        )
-                    )
-        elif isinstance(msg, StepTiming):
-            out += self._add_step(msg, msg.step_s)
+                )
         return out
 
     def _judge(self, rows: list[tuple[StepTiming, float]]) -> list[Flag]:

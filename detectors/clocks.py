@@ -114,8 +114,8 @@ class ClockDetector(GpuRoundRule):
             "impact": "sm_clock_deficit",
         }
         if event[2] == self.slots - 1:
-            evidence |= self.sequential_evidence(seen, r, j)
-            since = float(seen["cusum"][r, j, 2])
+            more, since = self.sequential_evidence(seen, r, j, since)
+            evidence |= more
             b = evidence["excess_pct"] / 100.0
         return finding(
             self, rounds, nodes, r, j, "clock", "warning", round(b, 3), evidence, since, clear

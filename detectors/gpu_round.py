@@ -397,38 +397,52 @@ class GpuRoundRule:
         holds of the round: it defers to the rule's own claim. Returns the claim's hold:
         its slot, its condition (``S`` at or past the threshold), every GPU, and its
         hysteresis (raise at once: the CUSUM has done the waiting)."""
-        assert self.test is not None
+        test = self.test
+        assert test is not None
         cusum = view[:, self.slots - 2]
         z = seen["z"][pick]
-        r, j = np.nonzero(rounds.valid & ~np.isnan(z))
-        part = cusum[rows[r, j]]
+        crossed = np.zeros(rounds.at.shape, dtype=bool)
+        hold = (self.slots - 1, crossed, None, (1, 1, self.hold_args[2]))
+        # only cells with evidence or a round past k change (the common case: none)
+        busy = rounds.valid & (z > test.k)  # NaN: False
+        if cusum[:, 0].any():
+            gathering = np.zeros_like(busy)
+            gathering[rounds.valid] = cusum[rows[rounds.valid], 0] > 0.0
+            busy |= gathering
+        if not busy.any():
+            return hold
+        r, j = np.nonzero(busy)
+        at = rows[r, j]
+        part = cusum[at]
         ts = rounds.cols.ts[rounds.at[r, j]]
-        step_cusums(part, z[r, j], seen["deficit"][pick][r, j], ts, self.test)
-        cusum[rows[r, j]] = part
+        step_cusums(part, z[r, j], seen["deficit"][pick][r, j], ts, test)
+        cusum[at] = part
         if "cusum" not in seen:
             seen["cusum"] = np.zeros((*seen["z"].shape, 4))
-        r, j = np.nonzero(rounds.valid)
-        now = cusum[rows[r, j]]
-        seen["cusum"][np.asarray(pick)[r], j] = now
-        crossed = np.zeros(rounds.at.shape, dtype=bool)
+        seen["cusum"][np.asarray(pick)[r], j] = part
         # one claim per GPU and rule (fusion keys them alike): the CUSUM raises only while
         # the rule's own claim (slot 0) is not raised, and once raised holds as it would
-        free = (view[rows[r, j], 0, 1] == 0) | (view[rows[r, j], self.slots - 1, 1] != 0)
-        crossed[r, j] = (now[:, 0] >= self.test.threshold) & free
-        return self.slots - 1, crossed, None, (1, 1, self.hold_args[2])
+        free = (view[at, 0, 1] == 0) | (view[at, self.slots - 1, 1] != 0)
+        crossed[r, j] = (part[:, 0] >= test.threshold) & free
+        return hold
 
-    def sequential_evidence(self, seen: dict[str, Any], r: int, j: int) -> dict[str, Any]:
-        """The CUSUM's figures for a finding of GPU ``j`` of round ``r``: rounds of evidence,
-        ``S`` against the threshold, the mean deficit over those rounds."""
+    def sequential_evidence(
+        self, seen: dict[str, Any], r: int, j: int, since: float
+    ) -> tuple[dict[str, Any], float]:
+        """The CUSUM's figures for a finding of GPU ``j`` of round ``r`` (rounds of evidence,
+        ``S`` against the threshold, the mean deficit over those rounds) and when its
+        evidence began (``since``, the claim's, once it has drained)."""
         assert self.test is not None
-        s, steps, _, total = seen["cusum"][r, j].tolist()
-        return {
+        cells = seen.get("cusum")  # absent: no GPU had evidence this step
+        s, steps, start, total = [0.0] * 4 if cells is None else cells[r, j].tolist()
+        evidence = {
             "raised_by": "cusum",
             "steps": int(steps),
             "cusum": round(s, 2),
             "threshold": self.test.threshold,
             "excess_pct": round(100.0 * total / steps, 1) if steps else 0.0,
         }
+        return evidence, start if steps else since
 
     def held(
         self,

@@ -164,8 +164,8 @@ class PowerDetector(GpuRoundRule):
             severity = "warning"
         elif slot == self.slots - 1:  # the CUSUM's claim
             evidence["impact"] = _IMPACTS[int(seen["costs"][r, j])] or "sm_clock_deficit"
-            evidence |= self.sequential_evidence(seen, r, j)
-            since = float(seen["cusum"][r, j, 2])
+            more, since = self.sequential_evidence(seen, r, j, since)
+            evidence |= more
             score = round(evidence["excess_pct"] / 100.0, 3)
             severity = "warning"
         return finding(self, rounds, nodes, r, j, "power", severity, score, evidence, since, clear)

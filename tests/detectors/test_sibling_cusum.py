@@ -59,8 +59,9 @@ def test_a_steady_5_pct_power_deficit_is_claimed_within_its_rounds() -> None:
 
 def test_a_5_pct_clock_deficit_is_claimed_and_one_hiccup_is_not() -> None:
     steady = [_round(t, clock={2: 1880.0}) for t in range(8)]
-    claims = [f for f in _run(steady) if not f.clear]
-    assert [(f.gpu, f.category, f.evidence["raised_by"]) for f in claims] == [(2, "clock", "cusum")]
+    steady += [_round(t) for t in range(8, 30)]  # then it recovers: drained, cleared
+    found = [(f.gpu, f.category, f.evidence["raised_by"], f.clear) for f in _run(steady)]
+    assert found == [(2, "clock", "cusum", False), (2, "clock", "cusum", True)]
     # one round 30 % down on power and 9 % on clock (under the hold's 10 %), then healthy
     hiccup = [_round(t) for t in range(20)]
     hiccup[5] = _round(5, {6: 450.0}, {6: 1800.0})

@@ -51,6 +51,9 @@ from guard.schemas.nvml_codes import SW_POWER_CAP, TROUBLE_REASONS
 
 from .findings import Finding
 from .hold import step_holds
+from .persistent_deviation import SequentialTest
+from .robust import row_medians
+from .sibling_cusum import step_cusums
 
 __all__ = [
     "FIELDS",
@@ -308,12 +311,7 @@ class Rounds:
         key = (name, min_peers)
         found = self._medians.get(key)
         if found is None:
-            values = np.sort(self.matrix(name), axis=1)  # NaN last
-            n = (~np.isnan(values)).sum(1)
-            rows = np.arange(len(values))
-            hi = values[rows, np.maximum(n // 2, 0)] if values.shape[1] else np.full(len(n), np.nan)
-            lo = values[rows, np.maximum(n // 2 - 1, 0)] if values.shape[1] else hi
-            found = np.where(n % 2 == 1, hi, 0.5 * (lo + hi))
+            found, n = row_medians(self.matrix(name))
             found[n < min_peers] = np.nan
             self._medians[key] = found
         return found
@@ -369,8 +367,12 @@ class GpuRoundRule:
     round (:func:`~guard.detectors.gpu_step.judge_rounds`: one wave per round of a node)."""
 
     name = "gpu_round_rule"
-    #: holds a GPU has under this rule (claims, then observations without impact)
+    #: holds a GPU has under this rule (claims, then observations without impact; with a
+    #: sequential test, its CUSUM and its claim last)
     slots = 1
+    #: the rule's sequential test on ``seen["z"]`` (:mod:`~guard.detectors.sibling_cusum`),
+    #: None: holds only
+    test: SequentialTest | None = None
 
     def __init__(self, raise_after: int, within: int, clear_after: int) -> None:
         self.hold_args = (raise_after, within, clear_after)
@@ -385,6 +387,63 @@ class GpuRoundRule:
         """The finding of a hold's event: ``(round, GPU column, slot, since, clear)``."""
         raise NotImplementedError
 
+    def sequential(
+        self, view: np.ndarray, seen: dict[str, Any], rounds: Rounds, rows: np.ndarray, pick: Any
+    ) -> tuple[int, np.ndarray, np.ndarray | None, tuple[int, int, int]]:
+        """One round per GPU of the rule's CUSUM (``view``: the rule's slots of the GPUs'
+        rows, ``rounds``: the rounds ``pick`` of ``seen``'s matrices, one per node), on
+        ``seen["z"]`` (NaN: not judged, ``S`` stays) and ``seen["deficit"]``; the CUSUM's
+        state per cell goes to ``seen["cusum"]`` for the findings. Call it after the rule's
+        holds of the round: it defers to the rule's own claim. Returns the claim's hold:
+        its slot, its condition (``S`` at or past the threshold), every GPU, and its
+        hysteresis (raise at once: the CUSUM has done the waiting)."""
+        test = self.test
+        assert test is not None
+        cusum = view[:, self.slots - 2]
+        z = seen["z"][pick]
+        crossed = np.zeros(rounds.at.shape, dtype=bool)
+        hold = (self.slots - 1, crossed, None, (1, 1, self.hold_args[2]))
+        # only cells with evidence or a round past k change (the common case: none)
+        busy = rounds.valid & (z > test.k)  # NaN: False
+        if cusum[:, 0].any():
+            gathering = np.zeros_like(busy)
+            gathering[rounds.valid] = cusum[rows[rounds.valid], 0] > 0.0
+            busy |= gathering
+        if not busy.any():
+            return hold
+        r, j = np.nonzero(busy)
+        at = rows[r, j]
+        part = cusum[at]
+        ts = rounds.cols.ts[rounds.at[r, j]]
+        step_cusums(part, z[r, j], seen["deficit"][pick][r, j], ts, test)
+        cusum[at] = part
+        if "cusum" not in seen:
+            seen["cusum"] = np.zeros((*seen["z"].shape, 4))
+        seen["cusum"][np.asarray(pick)[r], j] = part
+        # one claim per GPU and rule (fusion keys them alike): the CUSUM raises only while
+        # the rule's own claim (slot 0) is not raised, and once raised holds as it would
+        free = (view[at, 0, 1] == 0) | (view[at, self.slots - 1, 1] != 0)
+        crossed[r, j] = (part[:, 0] >= test.threshold) & free
+        return hold
+
+    def sequential_evidence(
+        self, seen: dict[str, Any], r: int, j: int, since: float
+    ) -> tuple[dict[str, Any], float]:
+        """The CUSUM's figures for a finding of GPU ``j`` of round ``r`` (rounds of evidence,
+        ``S`` against the threshold, the mean deficit over those rounds) and when its
+        evidence began (``since``, the claim's, once it has drained)."""
+        assert self.test is not None
+        cells = seen.get("cusum")  # absent: no GPU had evidence this step
+        s, steps, start, total = [0.0] * 4 if cells is None else cells[r, j].tolist()
+        evidence = {
+            "raised_by": "cusum",
+            "steps": int(steps),
+            "cusum": round(s, 2),
+            "threshold": self.test.threshold,
+            "excess_pct": round(100.0 * total / steps, 1) if steps else 0.0,
+        }
+        return evidence, start if steps else since
+
     def held(
         self,
         state: np.ndarray,
@@ -392,12 +451,14 @@ class GpuRoundRule:
         rows: np.ndarray,
         cond: np.ndarray,
         look: np.ndarray | None = None,
+        hold_args: tuple[int, int, int] | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Update one hold of each GPU of ``rounds`` (``state``: that slot's rows, ``rows``:
         each cell's row) with ``cond``, on the cells ``look`` (default: every GPU; the rule
-        decides which GPUs it looks at). Returns the round and GPU column of each event, and
-        the event (:data:`~guard.detectors.hold.RAISE` or ``CLEAR``); a hold's run starts at
-        its GPU's sample time. Cells without a condition and nothing going keep their state
+        decides which GPUs it looks at), with the rule's hysteresis or ``hold_args``.
+        Returns the round and GPU column of each event, and the event
+        (:data:`~guard.detectors.hold.RAISE` or ``CLEAR``); a hold's run starts at its GPU's
+        sample time. Cells without a condition and nothing going keep their state
         (the common case: a healthy GPU)."""
         look = rounds.valid if look is None else look & rounds.valid
         held = state[rows[look]]
@@ -407,7 +468,8 @@ class GpuRoundRule:
             return _NONE, _NONE, _NONE
         r, j = np.nonzero(look)
         r, j, part = r[busy], j[busy], held[busy]
-        events = step_holds(part, c[busy], rounds.cols.ts[rounds.at[r, j]], *self.hold_args)
+        args = self.hold_args if hold_args is None else hold_args
+        events = step_holds(part, c[busy], rounds.cols.ts[rounds.at[r, j]], *args)
         state[rows[r, j]] = part
         hit = events != 0
         return r[hit], j[hit], events[hit]

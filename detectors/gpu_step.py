@@ -41,7 +41,8 @@ The round of t = 10 s closes when t = 20 s reports: its claim comes then, at the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -55,8 +56,11 @@ if TYPE_CHECKING:
 
 __all__ = ["HOLD_SLOTS", "judge_rounds", "update_gpus"]
 
-#: holds per GPU row of a node's state: thermal (claim, info), power (claim, info), clocks
-HOLD_SLOTS = 5
+#: holds per GPU row of a node's state: thermal (claim, info), power (claim, info, CUSUM,
+#: its claim), clocks (claim, CUSUM, its claim)
+HOLD_SLOTS = 9
+#: where the holds of a checkpoint from before the CUSUMs (five a GPU) go
+_SLOTS_BEFORE_CUSUMS = [0, 1, 2, 3, 6]
 #: the sort key of a round closed at the end of input (after every sample)
 _AT_END = 1 << 62
 #: an open round without samples (shared: never changed, a step skips it)
@@ -133,6 +137,8 @@ def judge_rounds(
     names = [det.node for det in nodes]
     base = np.zeros(len(nodes) + 1, dtype=np.intp)
     for k, det in enumerate(nodes):
+        if det.holds.shape[1] != HOLD_SLOTS:
+            det.holds = _with_cusum_slots(det.holds)
         det.grow_holds()
         base[k + 1] = base[k] + len(det.holds)
     state = np.concatenate([det.holds for det in nodes])
@@ -142,7 +148,7 @@ def judge_rounds(
     # each rule's conditions over every round at once; only the holds go round by round
     rules = [
         (order, rule, first, *rule.conditions(rounds))
-        for order, rule, first in ((0, cfg.thermal, 0), (1, cfg.power, 2), (2, cfg.clocks, 4))
+        for order, rule, first in ((0, cfg.thermal, 0), (1, cfg.power, 2), (2, cfg.clocks, 6))
     ]
     wave = arrival_rank(rounds.owner)  # a node's rounds in order, one per pass
     found: list[tuple[int, int, int, int, int, Finding]] = []
@@ -152,9 +158,15 @@ def judge_rounds(
         part_rows = rows[pick]
         for order, rule, first, holds, seen in rules:
             view = state[:, first : first + rule.slots]  # the rule's holds: its slots
-            for slot, cond, look in holds:
-                cells = None if look is None else look[pick]
-                rs, js, events = rule.held(view[:, slot], part, part_rows, cond[pick], cells)
+            picked: list[Any] = [
+                (slot, cond[pick], None if look is None else look[pick], None)
+                for slot, cond, look in holds
+            ]
+            if rule.test is not None:  # after the holds: it defers to an active claim
+                picked.append(partial(rule.sequential, view, seen, part, part_rows, pick))
+            for entry in picked:
+                slot, cond, cells, args = entry() if callable(entry) else entry
+                rs, js, events = rule.held(view[:, slot], part, part_rows, cond, cells, args)
                 for r, j, event in zip(rs.tolist(), js.tolist(), events.tolist(), strict=True):
                     since = float(view[part_rows[r, j], slot, 3])
                     at = int(pick[r])
@@ -167,6 +179,18 @@ def judge_rounds(
         if det.anomaly is not None:
             det.anomaly.update(rounds, r)  # its windows go to the job's model (the core sends)
     return found
+
+
+def _with_cusum_slots(holds: np.ndarray) -> np.ndarray:
+    """A checkpoint's holds from before the CUSUMs, in today's slots (the CUSUMs at 0)."""
+    if holds.shape[1] != len(_SLOTS_BEFORE_CUSUMS):
+        raise ValueError(
+            f"GPU holds with {holds.shape[1]} slots a GPU: this Guard knows {HOLD_SLOTS} and "
+            f"{len(_SLOTS_BEFORE_CUSUMS)}; start its node's state afresh"
+        )
+    out = np.zeros((len(holds), HOLD_SLOTS, holds.shape[2]))
+    out[:, _SLOTS_BEFORE_CUSUMS] = holds
+    return out
 
 
 def _subset(rounds: Rounds, pick: np.ndarray) -> Rounds:

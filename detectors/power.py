@@ -17,6 +17,12 @@ sw power-cap bit or an SM clock below its siblings'), is a ``warning`` whose evi
 the impact signal (``impact``). A limit set below the siblings' or a low draw at full clocks
 costs no speed: an ``info`` observation, never a sweep trigger.
 
+A smaller power deficit that lasts is claimed by a CUSUM on it (:mod:`~guard.detectors.
+sibling_cusum`; evidence ``raised_by: cusum``, its rounds and strength), counted only in the
+rounds where it costs speed (a brake, a capped limit it runs into, or an SM clock held
+``min_deficit`` below its siblings' other than by touching the limit); other loaded rounds
+drain it, as healthy GPUs differ by several per cent in draw at the same clocks.
+
 Parameters
 ----------
 low_ratio
@@ -25,6 +31,9 @@ limit_ratio
     Fraction of the median enforced limit below which a limit counts as capped.
 min_util, util_band
     Load conditions for the power comparison.
+min_deficit
+    The CUSUM's smallest deficit worth ``k`` standard deviations (its spread's floor), and
+    the clock deficit that counts as held back.
 raise_after, within, clear_after
     Hysteresis, in sampling rounds.
 
@@ -42,6 +51,16 @@ Example
 ...                                        clock_event_reasons=0x4 if g == 2 else 0))
 >>> [(f.gpu, f.severity, f.evidence["below_peers_pct"], f.evidence.get("impact")) for f in found]
 [(2, 'info', 36.2, None), (2, 'warning', 36.2, 'sw_power_cap')]
+>>> node, found = NodeDetectors("n1"), []
+>>> for t in range(5):  # GPU 5 draws 5 % less, its clock 5 % down: under the rule's bars
+...     for g in range(8):
+...         low = g == 5
+...         found += node.update(GpuSample(ts=float(t), node="n1", gpu=g, util_pct=98,
+...                                        sm_clock_mhz=1880 if low else 1980,
+...                                        power_w=617 if low else 650, power_limit_w=700))
+>>> [(f.gpu, f.ts, f.evidence["raised_by"], f.evidence["steps"], f.evidence["excess_pct"])
+...  for f in found if f.category == "power"]
+[(5, 3.0, 'cusum', 4, 5.1)]
 """
 
 from __future__ import annotations
@@ -55,6 +74,7 @@ from guard.schemas.nvml_codes import HW_POWER_BRAKE, SW_POWER_CAP
 
 from .findings import Finding
 from .gpu_round import Event, GpuRoundRule, Holds, Rounds, finding, opt
+from .sibling_cusum import ROUND_TEST, sibling_z
 
 __all__ = ["PowerDetector"]
 
@@ -66,7 +86,8 @@ class PowerDetector(GpuRoundRule):
     """Per-node power rule over sibling GPUs (slots: claim, info)."""
 
     name = "power"
-    slots = 2
+    slots = 4
+    test = ROUND_TEST
 
     def __init__(
         self,
@@ -74,6 +95,7 @@ class PowerDetector(GpuRoundRule):
         limit_ratio: float = 0.9,
         min_util: float = 50.0,
         util_band: float = 15.0,
+        min_deficit: float = 0.03,
         raise_after: int = 2,
         within: int = 3,
         clear_after: int = 10,
@@ -83,6 +105,7 @@ class PowerDetector(GpuRoundRule):
         self.limit_ratio = limit_ratio
         self.min_util = min_util
         self.util_band = util_band
+        self.min_deficit = min_deficit
 
     def conditions(self, rounds: Rounds) -> tuple[Holds, dict[str, Any]]:
         """The observation's hold (capped below the siblings' limit, or drawing well below
@@ -98,17 +121,17 @@ class PowerDetector(GpuRoundRule):
         capped = limit < self.limit_ratio * limit_med  # NaN: False
         rated = ~np.isnan(power) & ~np.isnan(power_med) & (power_med != 0)
         below = np.where(rated, 1.0 - power / np.where(rated, power_med, 1.0), 0.0)
-        low = (
-            (below >= self.low_ratio)
-            & (util >= self.min_util)
-            & (np.abs(util - util_med) <= self.util_band)
-        )
+        level = (util >= self.min_util) & (np.abs(util - util_med) <= self.util_band)
+        low = (below >= self.low_ratio) & level
         odd = capped | low
-        impact = np.select(
-            [brake, odd & ((bits & SW_POWER_CAP) != 0), odd & (clock < 0.97 * clock_med)],
-            [1, 2, 3],
-            0,
-        )
+        at_cap = (bits & SW_POWER_CAP) != 0
+        impact = np.select([brake, odd & at_cap, odd & (clock < 0.97 * clock_med)], [1, 2, 3], 0)
+        # the CUSUM: loaded like its siblings; a round counts where the deficit costs speed
+        judged = rated & level & (util_med >= self.min_util)
+        held_back = (clock < (1.0 - self.min_deficit) * clock_med) & (bits != SW_POWER_CAP)
+        costs = np.select([brake, capped & at_cap, held_back], [1, 2, 3], 0)
+        z = sibling_z(below, judged, self.min_deficit, self.test.k)
+        z = np.where(costs != 0, z, np.where(judged, 0.0, np.nan))
         seen = {
             "power": power,
             "limit": limit,
@@ -120,6 +143,9 @@ class PowerDetector(GpuRoundRule):
             "brake": brake,
             "capped": capped,
             "impact": impact,
+            "costs": costs,
+            "z": z,
+            "deficit": below,
         }
         return [(1, odd, None), (0, impact != 0, None)], seen
 
@@ -135,6 +161,12 @@ class PowerDetector(GpuRoundRule):
         severity = "info"
         if slot == 0:
             evidence["impact"] = _IMPACTS[int(seen["impact"][r, j])] or "hw_power_brake"
+            severity = "warning"
+        elif slot == self.slots - 1:  # the CUSUM's claim
+            evidence["impact"] = _IMPACTS[int(seen["costs"][r, j])] or "sm_clock_deficit"
+            more, since = self.sequential_evidence(seen, r, j, since)
+            evidence |= more
+            score = round(evidence["excess_pct"] / 100.0, 3)
             severity = "warning"
         return finding(self, rounds, nodes, r, j, "power", severity, score, evidence, since, clear)
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["MAD_TO_SIGMA", "mad_sigma", "median"]
+__all__ = ["MAD_TO_SIGMA", "mad_sigma", "median", "row_medians"]
 
 #: Scale that makes the MAD a consistent estimator of a normal's standard deviation.
 MAD_TO_SIGMA = 1.4826
@@ -41,3 +41,22 @@ def mad_sigma(values: Sequence[float], center: float | None = None) -> float:
     """``1.4826 * median(|x - median(x)|)``: a standard deviation that ignores outliers."""
     c = median(values) if center is None else center
     return MAD_TO_SIGMA * median([abs(v - c) for v in values])
+
+
+def row_medians(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Median of each row of a matrix over its non-NaN cells (NaN: none), and how many.
+
+    >>> m, n = row_medians(np.array([[1.0, 5.0, np.nan], [np.nan, np.nan, np.nan]]))
+    >>> m.tolist(), n.tolist()
+    ([3.0, nan], [2, 0])
+    """
+    ordered = np.sort(values, axis=1)  # NaN last
+    n = (~np.isnan(ordered)).sum(1)
+    if ordered.shape[1] == 0:
+        return np.full(len(ordered), np.nan), n
+    rows = np.arange(len(ordered))
+    hi = ordered[rows, np.maximum(n // 2, 0)]
+    lo = ordered[rows, np.maximum(n // 2 - 1, 0)]
+    out = np.where(n % 2 == 1, hi, 0.5 * (lo + hi))
+    out[n == 0] = np.nan
+    return out, n

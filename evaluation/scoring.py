@@ -14,7 +14,9 @@ Xid, DBE, link flap and degraded NIC (the faults that must be caught). A fault t
 degrades gradually (``pattern: "degrading"`` with ``detail.ramp_s``) counts with the
 slowdown it reached before the run ended, and is timed from the moment its slowdown
 reaches ``target_slowdown`` (before that it is not yet a fault that must be caught; a
-detection earlier counts as 0 s).
+detection earlier counts as 0 s). ``seen`` (optional, per fault id) chooses the target set by
+the slowdown the job sees instead, where that differs from the fault's own: a fault on a GPU
+born faster than its peers slows the job by less than it slows its GPU.
 """
 
 from __future__ import annotations
@@ -156,13 +158,14 @@ def evaluate(
     early_s: float = 5.0,
     grace_s: float = 120.0,
     target_slowdown: float = 0.05,
+    seen: Mapping[str, float] | None = None,
 ) -> Evaluation:
     """Score ``flags`` (dicts or models' dumps) against ``truth`` (the model or its dict)."""
     if not isinstance(truth, Truth):
         truth = Truth.model_validate(truth)
     rows: dict[str, Row] = {}
     claims = _score_claims(truth, flags, rows, early_s, grace_s)
-    missed = _score_faults(truth, claims.first_hit, rows, target_slowdown)
+    missed = _score_faults(truth, claims.first_hit, rows, target_slowdown, seen or {})
     everything = rows.setdefault("all", Row("all"))
     everything.true_claims, everything.false_claims = claims.true, len(claims.false)
     node_hours = len(truth.nodes) * (truth.end_ts - truth.start_ts) / 3600.0
@@ -251,7 +254,11 @@ def _score_claims(
 
 
 def _score_faults(
-    truth: Truth, first_hit: dict[str, float], rows: dict[str, Row], target_slowdown: float
+    truth: Truth,
+    first_hit: dict[str, float],
+    rows: dict[str, Row],
+    target_slowdown: float,
+    seen: Mapping[str, float],
 ) -> list[dict[str, Any]]:
     """Count every fault in its category, ``all`` and (if it must be caught) ``target``,
     with its time to detect; return the faults no claim detected."""
@@ -261,7 +268,8 @@ def _score_faults(
             step_of_node[node] = float(job.step_s_nominal or 0.0)
     missed: list[dict[str, Any]] = []
     for fault in truth.faults:
-        target = fault.reached(truth.end_ts) >= target_slowdown or fault.kind in MUST_CATCH_KINDS
+        reached = seen.get(fault.id, fault.reached(truth.end_ts))
+        target = reached >= target_slowdown or fault.kind in MUST_CATCH_KINDS
         groups = [fault.category, "all"] + (["target"] if target else [])
         hit = first_hit.get(fault.id)
         onset = fault.reaches_at(target_slowdown)

@@ -12,7 +12,7 @@ import numpy as np
 
 from guard.schemas.truth import Truth
 
-from .config import SimConfig, chassis_temp_offsets
+from .config import GPU_COMPUTE_KINDS, SimConfig, chassis_temp_offsets
 from .hardware import HardwareModel
 from .scenario import Scenario
 from .training import TrainingModel
@@ -69,6 +69,9 @@ class ClusterSimulator:
         self.hardware = HardwareModel(
             self.scenario, plan, noise, (temp_offset, power_offset), phase, uuids
         )
+        #: each GPU's own speed factor (nodes x GPUs; 1 + N(0, gpu_speed_sigma)): a fault's
+        #: slowdown multiplies its GPU's compute on top of it
+        self.gpu_speed = gpu_speed
         self.training = TrainingModel(
             self.scenario, step_noise, gpu_speed, np.random.default_rng([config.seed, 9])
         )
@@ -93,6 +96,30 @@ class ClusterSimulator:
     def truth(self) -> Truth:
         """Ground truth in the format of ``docs/simulator-truth.md`` (plus ``remediations``)."""
         return self.scenario.truth(self.training.remediations)
+
+    def slowdowns_seen(self, truth: Truth) -> dict[str, float]:
+        """Per fault id, the slowdown its job sees against its peers: for a fault on one
+        GPU's compute, that GPU's own speed x ``1 + reached`` - 1 (a fast GPU that turns 6 %
+        slower can end up only 3 % behind the fleet's median GPU); any other fault, what it
+        reached. The target set of ``guard eval`` is the faults a job sees at >= 5 %.
+
+        >>> from guard.agents.simulator import FaultSpec
+        >>> sim = ClusterSimulator(SimConfig(nodes=2, duration_s=60, random_faults=0,
+        ...     faults=[FaultSpec("slow_gpu", node="node-000", gpu=1, onset_s=10, slowdown=0.06,
+        ...     pattern="steady")]))
+        >>> [seen] = sim.slowdowns_seen(sim.truth()).values()
+        >>> bool(abs(seen - (sim.gpu_speed[0, 1] * 1.06 - 1)) < 1e-9)
+        True
+        """
+        node_index = {name: i for i, name in enumerate(self.node_names)}
+        seen: dict[str, float] = {}
+        for fault in truth.faults:
+            reached = fault.reached(truth.end_ts)
+            if fault.kind in GPU_COMPUTE_KINDS and fault.gpu is not None and reached > 0:
+                speed = float(self.gpu_speed[node_index[fault.node], fault.gpu])
+                reached = max(0.0, speed * (1.0 + reached) - 1.0)
+            seen[fault.id] = reached
+        return seen
 
     def messages(self) -> Iterator[Any]:
         """Every message of the run in event-time order (GuardMessage models).

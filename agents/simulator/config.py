@@ -14,6 +14,7 @@ __all__ = [
     "CONFOUNDER_KINDS",
     "COUNTER_INDEX",
     "FLEET_CONFOUNDER_KINDS",
+    "GPU_COMPUTE_KINDS",
     "NIC_COUNTERS",
     "FabricSpec",
     "FaultSpec",
@@ -37,6 +38,9 @@ CATEGORY_BY_KIND = {
     # (not in the calibrated mix), so random runs are what they were.
     "host_slow": "straggler",
 }
+#: Kinds that slow one GPU's compute by ``1 + slowdown`` on top of that GPU's own speed
+#: (``SimConfig.gpu_speed_sigma``): through its clock, or silently (``slow_gpu``).
+GPU_COMPUTE_KINDS = frozenset({"thermal_throttle", "power_cap", "power_brake", "slow_gpu"})
 CONFOUNDER_KINDS = (
     "checkpoint",
     "data_stall",

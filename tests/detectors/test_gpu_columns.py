@@ -2,7 +2,9 @@
 
 The same samples, handed to the columns in steps of any size and interleaved over two nodes,
 must give exactly the findings (every field, the evidence included, in the same order per
-node) that the per-sample engine gave, kept in :mod:`tests.detectors.reference_gpu`.
+node) that the per-sample engine gave, kept in :mod:`tests.detectors.reference_gpu`. The
+sibling CUSUM's claims (``raised_by: cusum``) came after it and are not in the reference;
+tests/detectors/test_sibling_cusum.py has theirs.
 """
 
 from __future__ import annotations
@@ -127,7 +129,8 @@ def test_columnar_gpu_rules_give_the_reference_findings(
         got[n] += nodes[n].flush()
 
     for n in NODES:
-        assert [_key(f) for f in got[n]] == [_key(f) for f in expected[n]]
+        held = [f for f in got[n] if f.evidence.get("raised_by") != "cusum"]  # not in the reference
+        assert [_key(f) for f in held] == [_key(f) for f in expected[n]]
 
 
 def test_a_lost_gpu_is_found_by_tick_on_the_columns_state() -> None:

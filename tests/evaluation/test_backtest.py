@@ -275,3 +275,22 @@ def test_backtest_of_clickhouse_gives_the_flags_of_the_file_it_stored(tmp_path: 
     # (ids differ: ClickHouse keeps event times to the millisecond, and an id has the time
     # its evidence began)
     assert flags[dsn] == flags[str(telemetry)] != set()
+
+
+def test_eval_chooses_the_target_set_by_the_slowdown_the_job_sees() -> None:
+    """A 6 % slow GPU that was born 2.6 % fast is 3.2 % behind its peers: not a target."""
+    sim = ClusterSimulator(
+        SimConfig(
+            nodes=2,
+            duration_s=60,
+            random_faults=0,
+            faults=[FaultSpec("slow_gpu", "node-000", 1, 10, slowdown=0.06, pattern="steady")],
+        )
+    )
+    truth = sim.truth()
+    [fault] = truth.faults
+    sim.gpu_speed[0, 1] = 0.974
+    seen = sim.slowdowns_seen(truth)
+    assert seen[fault.id] == pytest.approx(0.974 * 1.06 - 1.0)
+    assert evaluate(truth, []).rows["target"].faults == 1
+    assert "target" not in evaluate(truth, [], seen=seen).rows

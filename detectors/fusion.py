@@ -162,7 +162,9 @@ class NodeFusion:
 
     def __init__(self, node: str) -> None:
         self.node = node
-        self.active: dict[tuple[str, str, str, bool], Finding] = {}
+        #: (detector, category, component, claim?, raised by a sequential test?) -> finding:
+        #: a rule's hold and its CUSUM may both claim one GPU; each clears its own
+        self.active: dict[tuple[str, str, str, bool, bool], Finding] = {}
         self.level = -1  # severity rank of the suspicion flagged so far; -1: none
         self.top = -1  # priority of the most specific category flagged so far
         self.flagged: dict[str, tuple[int, str, float]] = {}  # component -> priority, cat, score
@@ -199,7 +201,13 @@ class NodeFusion:
     def update(self, f: Finding) -> Flag | None:
         """Fold one finding into the node's suspicion; return a flag when it is news."""
         severity = SEVERITY_RANK[f.severity]
-        key = (f.detector, f.category, f.component, severity > 0)
+        key = (
+            f.detector,
+            f.category,
+            f.component,
+            severity > 0,
+            f.evidence.get("raised_by") == "cusum",
+        )
         if f.clear:
             self.active.pop(key, None)
             if not any(k[3] for k in self.active):

@@ -116,3 +116,22 @@ def test_a_job_finding_does_not_wait_for_a_node_without_telemetry_here() -> None
     assert core.step((), (), wall=1.0 + WAIT_S / 2).flags == []
     late = core.step((), (), wall=1.0 + WAIT_S).flags
     assert [(f.node, f.category) for f in late] == [("n1", "straggler")]
+
+
+def test_a_rule_s_hold_claim_clearing_leaves_its_cusum_claim_on_the_same_gpu_standing() -> None:
+    """A GPU rule's CUSUM and its hold may both claim one GPU (the CUSUM first, the hold
+    later); each clears its own: the node stays under suspicion until both have."""
+    fusion = NodeFusion("n1")
+
+    def power(ts: float, by: str | None, clear: bool = False) -> Finding:
+        evidence = {"raised_by": by} if by else {}
+        return Finding(
+            "power", "power", "warning", "n1", ts, 10.0, 0.05, gpu=3, evidence=evidence, clear=clear
+        )
+
+    assert fusion.update(power(100.0, "cusum")) is not None
+    assert fusion.update(power(130.0, None)) is None  # the same cause, explained
+    fusion.update(power(200.0, None, clear=True))
+    assert fusion.level > 0 and len(fusion.active) == 1  # the CUSUM's claim still stands
+    fusion.update(power(260.0, "cusum", clear=True))
+    assert fusion.level == -1 and not fusion.active

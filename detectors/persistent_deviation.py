@@ -280,8 +280,11 @@ class PersistenceRule:
 
 
 _RAISED_BY = ("", "window", "cusum")  # TrackerTable.raised_by: the test that made the claim
-#: the rings of the last ``window`` rounds, and what an empty cell holds (it counts for nothing)
-_RINGS = {"scores": 0.0, "slow": -1.0, "picked": _NAN, "kept": 0.0}
+#: the windows of the last rounds (TrackerTable.history[:, i]), and what an empty cell holds
+#: (it counts for nothing): capped scores, timestamps of slow rounds (-1: a normal round),
+#: residuals of slow rounds (NaN: a normal round), winsorised residuals
+_SCORES, _SLOW_TS, _PICKED, _KEPT = range(4)
+_EMPTY = np.array([0.0, -1.0, _NAN, 0.0])
 #: the per-member numbers, with their dtype
 _SCALARS = {
     "rounds": np.int64,
@@ -302,11 +305,13 @@ _SCALARS = {
 class TrackerTable:
     """All members' recent scores, baselines and flagged states, as arrays indexed by a slot.
 
-    A member is a dense *slot* (:meth:`new_slot`); its last ``rule.window`` rounds are rows
-    of four ring buffers of shape ``(slots, window)`` (capped scores, the timestamps of slow
-    rounds or ``-1``, the residuals of slow rounds or NaN, winsorised residuals), written at
-    ``rounds % window``; everything else is one number per slot. :meth:`judge` runs one round
-    of one group as a few array operations over its members. About 470 bytes a member pickled.
+    A member is a dense *slot* (:meth:`new_slot`). Its last ``rule.window`` rounds are rows
+    of ``history``, shape ``(slots, 4, window)``: four windows (capped scores, timestamps of
+    slow rounds, residuals of slow rounds, winsorised residuals), oldest first, shifted by
+    one each round, empty cells first while a member holds fewer rounds (``min(rounds,
+    window)``); everything else is one number per slot. :meth:`judge` runs one round of one
+    group as array operations over its members, with the per-member rule's results to the
+    last bit (sums in window order). About 470 bytes a member pickled.
     """
 
     __slots__ = (
@@ -318,23 +323,17 @@ class TrackerTable:
         "cusum_since",
         "cusum_steps",
         "flagged",
-        "kept",
-        "picked",
+        "history",
         "raised_by",
         "rounds",
         "rule",
-        "scores",
         "since",
-        "slow",
         "used",
         "windows",
     )
     rule: PersistenceRule
     used: int
-    scores: np.ndarray
-    slow: np.ndarray
-    picked: np.ndarray
-    kept: np.ndarray
+    history: np.ndarray
     rounds: np.ndarray
     baselines: np.ndarray
     flagged: np.ndarray
@@ -351,8 +350,7 @@ class TrackerTable:
     def __init__(self, rule: PersistenceRule, capacity: int = 8) -> None:
         self.rule = rule
         self.used = 0
-        for name, empty in _RINGS.items():
-            setattr(self, name, np.full((capacity, rule.window), empty))
+        self.history = np.repeat(_EMPTY[None, :, None], capacity, axis=0).repeat(rule.window, 2)
         for name, dtype in _SCALARS.items():
             setattr(self, name, np.zeros(capacity, dtype))
 
@@ -360,7 +358,7 @@ class TrackerTable:
         """Only the slots in use (the arrays grow by doubling)."""
         used = self.used
         state: dict[str, object] = {"rule": self.rule, "used": used}
-        for name in (*_RINGS, *_SCALARS):
+        for name in ("history", *_SCALARS):
             state[name] = getattr(self, name)[:used].copy()
         return state
 
@@ -375,31 +373,24 @@ class TrackerTable:
         slot = self.used
         capacity = len(self.rounds)
         if slot == capacity:
-            grown = max(8, 2 * capacity)
-            for name, empty in _RINGS.items():
-                ring = getattr(self, name)
-                more = np.full((grown - capacity, self.rule.window), empty)
-                setattr(self, name, np.concatenate([ring, more]))
-            for name in _SCALARS:
+            for name in ("history", *_SCALARS):
                 column = getattr(self, name)
-                setattr(self, name, np.concatenate([column, np.zeros_like(column)]))
+                more = np.zeros((max(8, capacity), *column.shape[1:]), column.dtype)
+                setattr(self, name, np.concatenate([column, more]))
         self.used = slot + 1
         self.reset(slot)
         return slot
 
     def reset(self, slot: int) -> None:
         """Start ``slot``'s history afresh (a member that moved)."""
-        for name, empty in _RINGS.items():
-            getattr(self, name)[slot] = empty
+        self.history[slot] = _EMPTY[:, None]
         for name in _SCALARS:
             getattr(self, name)[slot] = 0
 
-    def _window(self, ring: np.ndarray, slot: int) -> list[float]:
-        """``slot``'s row of ``ring``, oldest first, as long as the rounds it holds."""
-        window = self.rule.window
-        rounds = int(self.rounds[slot])
-        held = min(rounds, window)
-        return [float(ring[slot, (rounds - held + i) % window]) for i in range(held)]
+    def _window(self, which: int, slot: int) -> list[float]:
+        """``slot``'s window ``which`` (``_SCORES`` ...), oldest first, as many as it holds."""
+        held = min(int(self.rounds[slot]), self.rule.window)
+        return [float(v) for v in self.history[slot, which, self.rule.window - held :]]
 
     # --- one member, for a finding's evidence ----------------------------------------------
 
@@ -420,19 +411,19 @@ class TrackerTable:
         return min(int(self.rounds[slot]), self.rule.window)
 
     def slow_rounds(self, slot: int) -> int:
-        return sum(1 for s in self._window(self.slow, slot) if s >= 0.0)
+        return sum(1 for s in self._window(_SLOW_TS, slot) if s >= 0.0)
 
     def slow_mean(self, slot: int) -> float:
         """Mean residual (against peers) over the window's slow rounds, else over the
         sequential test's current run of evidence, else over the window."""
-        window = self._window(self.picked, slot)
+        window = self._window(_PICKED, slot)
         picked = [r for r in window if not math.isnan(r)]
         if picked and len(picked) * 2 >= len(window):
             return sum(picked) / len(picked)
         steps = int(self.cusum_steps[slot])
         if steps:
             return float(self.cusum_residual[slot]) / steps
-        kept = self._window(self.kept, slot)
+        kept = self._window(_KEPT, slot)
         return sum(kept) / len(kept) if kept else 0.0
 
     def sequential_evidence(self, slot: int, test: SequentialTest) -> dict[str, float | int | str]:
@@ -464,84 +455,75 @@ class TrackerTable:
         ``slots[i]`` (distinct) is member ``i``'s slot, ``residuals[i]`` its residual. Nothing
         when the round is disturbed (:class:`GroupNoise`); a raise in a round the group moved
         together (:meth:`crowded`, held by :meth:`GroupNoise.shared`) is vetoed instead of
-        returned.
+        returned. The branches only skip work whose result is known (nothing learning, no
+        member past a bar).
         """
         rule = self.rule
-        window, learned = rule.window, rule.baseline_rounds
+        window = rule.window
         slots = np.asarray(slots, dtype=np.intp)
         r = np.asarray(residuals, dtype=np.float64)
-        rounds = self.rounds[slots]
+        rounds = self.rounds[slots] + 1
         baseline = self.baselines[slots]
-        sigma_rel, sigma_abs = noise.measure(r, (r - baseline)[rounds >= learned])
+        excess = r - baseline
+        ready = rounds > rule.baseline_rounds
+        learning = not ready.all()
+        sigma_rel, sigma_abs = noise.measure(r, excess[ready] if learning else excess)
         if noise.disturbed:
             return []  # everyone jittered at once: no evidence about anyone this round
-        rounds = rounds + 1
-        ready = rounds > learned
-        baseline = np.where(ready, baseline, baseline + (r - baseline) / rounds)
         score = r / max(rule.abs_residual, rule.z * sigma_abs)
-        relative = (r - baseline) / max(rule.min_residual, rule.z * sigma_rel)
-        score = np.where(ready, np.maximum(score, relative), score)
+        relative = np.maximum(score, excess / max(rule.min_residual, rule.z * sigma_rel))
+        if learning:
+            baseline = np.where(ready, baseline, baseline + (r - baseline) / rounds)
+            score = np.where(ready, relative, score)
+        else:
+            score = relative
         slow_round = score >= 1.0
         active = self.flagged[slots]
-        follows = ready & ~slow_round & ~active & (score < 0.5)
-        baseline = np.where(follows, baseline + rule.baseline_alpha * (r - baseline), baseline)
+        follows = (score < 0.5) & ~active  # never slow
+        if learning:
+            follows &= ready
+        baseline = np.where(follows, baseline + rule.baseline_alpha * excess, baseline)
 
-        # this round into the rings, then each member's window oldest first (empty cells first)
-        at = (rounds - 1) % window
-        self.scores[slots, at] = np.where(score > 0.0, np.minimum(score, rule.cap), 0.0)
-        self.slow[slots, at] = np.where(slow_round, round_ts, -1.0)
-        self.picked[slots, at] = np.where(slow_round, r, _NAN)
-        self.kept[slots, at] = np.clip(r, -rule.residual_cap, rule.residual_cap)
-        rows = slots[:, None]
-        cells = (rounds[:, None] + np.arange(window)) % window
-        slow = self.slow[rows, cells]
-        kept = self.kept[rows, cells]
-        held = np.minimum(rounds, window)
-        mean_score = np.cumsum(self.scores[rows, cells], axis=1)[:, -1] / held  # in order
-        verdict = (
-            (held >= window // 2)
-            & ((slow != -1.0).sum(axis=1) >= rule.min_fraction * window)
-            & (mean_score >= rule.min_score)
-        )
-        offset = ~verdict & (rounds >= window) & (kept.max(axis=1) >= rule.offset_residual)
-        if offset.any():
-            offset = self._offset(offset, kept, sigma_abs)
-            verdict |= offset
-            # the offset itself is the evidence where no round was slow: date it here
-            undated = np.flatnonzero(offset & ~slow_round & ~(slow >= 0.0).any(axis=1))
-            slow[undated, -1] = round_ts
-            self.slow[slots[undated], at[undated]] = round_ts
-            self.picked[slots[undated], at[undated]] = r[undated]
-        windows = ((self.windows[slots] << 1) | verdict) & ((1 << rule.n) - 1)
-        windows_slow = ((windows[:, None] >> np.arange(rule.n)) & 1).sum(axis=1)
-
-        crossed = np.zeros(len(slots), dtype=bool)
-        if rule.sequential is not None:
-            crossed = self._sequential(slots, r, ready, baseline, sigma_rel, sigma_abs, round_ts)
-
-        by_window = ~active & verdict & (windows_slow >= rule.m)
-        by_cusum = ~active & ~by_window & crossed
-        raised = by_window | by_cusum
-        idle = active & ~verdict & ~crossed
-        calm = np.where(active | raised, np.where(idle, self.calm[slots] + 1, 0), self.calm[slots])
-        cleared = idle & (calm >= rule.clear_after)
-        if raised.any():
-            first = np.argmax(slow >= 0.0, axis=1)  # the window's first slow round
-            dated = slow[np.arange(len(slots)), first]
-            since = np.where(by_cusum, self.cusum_since[slots], dated)
-            self.since[slots[raised]] = since[raised]
-            self.raised_by[slots[by_window]] = 1
-            self.raised_by[slots[by_cusum]] = 2
+        history = self.history[slots]
+        history[:, :, :-1] = history[:, :, 1:]
+        history[:, _SCORES, -1] = np.minimum(np.maximum(score, 0.0), rule.cap)
+        history[:, _SLOW_TS, -1] = np.where(slow_round, round_ts, -1.0)
+        history[:, _PICKED, -1] = np.where(slow_round, r, _NAN)
+        history[:, _KEPT, -1] = np.minimum(np.maximum(r, -rule.residual_cap), rule.residual_cap)
+        slow, kept = history[:, _SLOW_TS], history[:, _KEPT]
+        total = np.add.accumulate(history[:, _SCORES], axis=1)[:, -1]  # in window order
+        verdict = (slow != -1.0).sum(axis=1) >= rule.min_fraction * window
+        if learning or rule.baseline_rounds < window:  # some windows are not full yet
+            held = np.minimum(rounds, window)
+            verdict &= (held >= window // 2) & (total / held >= rule.min_score)
+        else:
+            verdict &= total / window >= rule.min_score
+        if kept.max() >= rule.offset_residual:
+            offset = ~verdict & (rounds >= window) & (kept.max(axis=1) >= rule.offset_residual)
+            if offset.any():
+                offset = self._offset(offset, kept, sigma_abs)
+                verdict |= offset
+                # the offset itself is the evidence where no round was slow: date it here
+                undated = offset & ~slow_round & ~(slow >= 0.0).any(axis=1)
+                slow[undated, -1] = round_ts
+                history[undated, _PICKED, -1] = r[undated]
+        self.history[slots] = history
         self.rounds[slots] = rounds
         self.baselines[slots] = baseline
-        self.flagged[slots] = (active & ~cleared) | raised
-        self.calm[slots] = calm
-        self.windows[slots] = windows
-        if cleared.any():
-            self.veto(slots[cleared])
 
-        shared = noise.shared(self.crowded(slots, kept, sigma_rel), rule)
-        if not (raised.any() or cleared.any()):
+        crossed = None
+        if rule.sequential is not None:
+            crossed = self._sequential(
+                slots, r, ready, learning, baseline, sigma_rel, sigma_abs, round_ts
+            )
+        raised = cleared = None
+        windows = self.windows[slots]
+        if verdict.any() or windows.any() or active.any() or crossed is not None:
+            raised, cleared = self._claims(slots, verdict, crossed, windows, active, slow)
+
+        moved = self.crowded(rounds, learning, kept, baseline, sigma_rel)
+        shared = noise.shared(moved, rule)
+        if raised is None or cleared is None or not (raised.any() or cleared.any()):
             return []  # the common case: no member raised or cleared
         if shared and raised.any():
             self.veto(slots[raised])  # many members slowed at once: a shared cause
@@ -549,6 +531,43 @@ class TrackerTable:
         return [
             (int(i), "raise" if raised[i] else "clear") for i in np.flatnonzero(raised | cleared)
         ]
+
+    def _claims(
+        self,
+        slots: np.ndarray,
+        verdict: np.ndarray,
+        crossed: np.ndarray | None,
+        windows: np.ndarray,
+        active: np.ndarray,
+        slow: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The members' window bits, raises and clears (``crossed``: the CUSUM's, if any)."""
+        rule = self.rule
+        windows = ((windows << 1) | verdict) & ((1 << rule.n) - 1)
+        self.windows[slots] = windows
+        windows_slow = ((windows[:, None] >> np.arange(rule.n)) & 1).sum(axis=1)
+        by_window = ~active & verdict & (windows_slow >= rule.m)
+        raised = by_window
+        evidence = verdict
+        if crossed is not None:
+            raised = by_window | (~active & crossed)
+            evidence = verdict | crossed
+        idle = active & ~evidence
+        calm = self.calm[slots]
+        calm = np.where(active | raised, np.where(idle, calm + 1, 0), calm)
+        self.calm[slots] = calm
+        cleared = idle & (calm >= rule.clear_after)
+        if raised.any():
+            by_cusum = raised & ~by_window
+            first = np.argmax(slow >= 0.0, axis=1)  # the window's first slow round
+            dated = slow[np.arange(len(slots)), first]
+            since = np.where(by_cusum, self.cusum_since[slots], dated)
+            self.since[slots[raised]] = since[raised]
+            self.raised_by[slots[raised]] = np.where(by_cusum, 2, 1)[raised]
+        self.flagged[slots] = (active & ~cleared) | raised
+        if cleared.any():
+            self.veto(slots[cleared])
+        return raised, cleared
 
     def _offset(self, maybe: np.ndarray, kept: np.ndarray, sigma_abs: float) -> np.ndarray:
         """The persistent-offset test of full windows ``maybe`` (module docstring)."""
@@ -572,24 +591,39 @@ class TrackerTable:
         slots: np.ndarray,
         r: np.ndarray,
         ready: np.ndarray,
+        learning: bool,
         baseline: np.ndarray,
         sigma_rel: float,
         sigma_abs: float,
         round_ts: float,
-    ) -> np.ndarray:
-        """One round of the CUSUM (module docstring); which members' ``S`` reached the threshold?"""
+    ) -> np.ndarray | None:
+        """One round of the CUSUM (module docstring); which members' ``S`` reached the
+        threshold (None: none has evidence)?"""
         rule = self.rule
         test = rule.sequential
         assert test is not None
         k = test.k
         scale = max(sigma_rel, rule.min_residual / k)
+        bar = max(rule.abs_residual, rule.z * sigma_abs)
+        excess = r - baseline
+        if learning:
+            excess = np.where(ready, excess, 0.0)
+        relative = excess / scale
+        before = self.cusum[slots]
+        if r.max() <= bar and relative.max() <= k and not before.any():
+            return None  # no evidence, and no member's z above k: nobody gathers any
         # past the absolute bar (that of the window rule), in units of round-to-round noise
-        z = k + (r - max(rule.abs_residual, rule.z * sigma_abs)) / scale
-        excess = np.where(ready, r - baseline, 0.0)
-        z = np.where(ready, np.maximum(z, excess / scale), z)
-        cusum = self.cusum[slots] + np.minimum(z, test.clip) - k
+        z = k + (r - bar) / scale
+        z = np.where(ready, np.maximum(z, relative), z) if learning else np.maximum(z, relative)
+        cusum = before + np.minimum(z, test.clip) - k
         live = cusum > 0.0
+        if not live.any():
+            if before.any():
+                self.cusum[slots] = 0.0
+                self.cusum_steps[slots] = 0
+            return None
         steps = self.cusum_steps[slots]
+        went_on = slots[live]
         fresh = slots[live & (steps == 0)]
         self.cusum_since[fresh] = round_ts
         self.cusum_excess[fresh] = 0.0
@@ -597,17 +631,24 @@ class TrackerTable:
         # capped, so that a claimed member drains within a few healthy rounds once it recovers
         self.cusum[slots] = np.where(live, np.minimum(cusum, 2.0 * test.threshold), 0.0)
         self.cusum_steps[slots] = np.where(live, steps + 1, 0)
-        went_on = slots[live]
         self.cusum_excess[went_on] += excess[live]
         self.cusum_residual[went_on] += r[live]
         crossed: np.ndarray = live & (cusum >= test.threshold)
         return crossed
 
-    def crowded(self, slots: np.ndarray, kept: np.ndarray, sigma_rel: float) -> bool:
+    def crowded(
+        self,
+        rounds: np.ndarray,
+        learning: bool,
+        kept: np.ndarray,
+        baseline: np.ndarray,
+        sigma_rel: float,
+    ) -> bool:
         """Did too many members of one group move away from their own baselines together?
 
-        ``kept``: the members' winsorised residuals, oldest first, this round's last. A member
-        counts when the mean of its last four residuals is ``max(2 * min_residual, 1.5 *
+        ``kept``: the members' winsorised residuals, oldest first, this round's last;
+        ``rounds`` and ``baseline``: their rounds and baselines after it. A member counts
+        when the mean of its last four residuals is ``max(2 * min_residual, 1.5 *
         sigma_rel)`` away from its baseline, in either direction (the standard error of a
         four-round mean is half a round's spread: a bar lower than the claim's, on purpose).
         Either direction, because when a subgroup slows down the median moves and the rest
@@ -617,15 +658,14 @@ class TrackerTable:
         if rule.window < 4:
             return False  # no member holds four rounds
         bar = max(2.0 * rule.min_residual, 1.5 * sigma_rel)
-        rounds = self.rounds[slots]
         last4 = (kept[:, -1] + kept[:, -2] + kept[:, -3] + kept[:, -4]) / 4.0
-        moved = (
-            (rounds > rule.baseline_rounds)
-            & (np.minimum(rounds, rule.window) >= 4)
-            & (np.abs(last4 - self.baselines[slots]) >= bar)
-        )
+        moved = np.abs(last4 - baseline) >= bar
+        if learning:
+            moved &= rounds > rule.baseline_rounds
+        if rule.baseline_rounds < 3:  # else a member past learning holds four rounds
+            moved &= rounds >= 4
         n = int(moved.sum())
-        return n > 2 and n > rule.crowd_fraction * len(slots)
+        return n > 2 and n > rule.crowd_fraction * len(kept)
 
 
 def _median(values: np.ndarray) -> float:
@@ -634,11 +674,14 @@ def _median(values: np.ndarray) -> float:
     mid = len(ordered) // 2
     if len(ordered) % 2:
         return float(ordered[mid])
-    return 0.5 * (float(ordered[mid - 1]) + float(ordered[mid]))
+    low, high = ordered[mid - 1 : mid + 1].tolist()
+    return 0.5 * float(low + high)
 
 
 def _mad_sigma(values: np.ndarray, center: float | None = None) -> float:
     """:func:`~guard.detectors.robust.mad_sigma` of an array, to the last bit."""
+    if center == 0.0:
+        return MAD_TO_SIGMA * _median(np.abs(values))  # |v - 0.0| is |v|
     c = _median(values) if center is None else center
     return MAD_TO_SIGMA * _median(np.abs(values - c))
 

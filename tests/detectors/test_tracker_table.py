@@ -33,6 +33,10 @@ RULES = {
     "short": PersistenceRule(
         window=9, baseline_rounds=6, clear_after=8, m=2, n=4, sequential=SequentialTest(k=2.0)
     ),
+    # a baseline learned in two rounds, before a member holds the four that crowded() needs
+    "eager": PersistenceRule(
+        window=5, baseline_rounds=2, clear_after=5, sequential=SequentialTest()
+    ),
     # the collective detector's connection rule
     "links": PersistenceRule(min_residual=0.15, abs_residual=0.3),
 }

@@ -114,7 +114,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .robust import MAD_TO_SIGMA
+from .robust import MAD_TO_SIGMA, mad_sigma
 
 __all__ = [
     "GroupNoise",
@@ -128,6 +128,8 @@ __all__ = [
 _SMOOTHING = 0.1
 _SLOW = 0.02
 _NAN = math.nan  # a normal round's slow residual
+#: groups up to this size take their robust spreads over lists (sorted() beats np.sort there)
+_LISTS_UP_TO = 48
 
 
 @dataclass(frozen=True, slots=True)
@@ -518,7 +520,8 @@ class TrackerTable:
             )
         raised = cleared = None
         windows = self.windows[slots]
-        if verdict.any() or windows.any() or active.any() or crossed is not None:
+        count = np.count_nonzero
+        if count(verdict) or count(windows) or count(active) or crossed is not None:
             raised, cleared = self._claims(slots, verdict, crossed, windows, active, slow)
 
         moved = self.crowded(rounds, learning, kept, baseline, sigma_rel)
@@ -722,8 +725,12 @@ class GroupNoise:
     ) -> tuple[float, float]:
         """This round's ``(sigma_rel, sigma_abs)``, each the larger of the round's and the
         smoothed one; sets :attr:`disturbed`."""
-        step_abs = _mad_sigma(residuals, 0.0)
-        step_rel = _mad_sigma(excesses) if len(excesses) >= 3 else step_abs
+        if len(residuals) <= _LISTS_UP_TO:
+            step_abs = mad_sigma(residuals.tolist(), 0.0)
+            step_rel = mad_sigma(excesses.tolist()) if len(excesses) >= 3 else step_abs
+        else:
+            step_abs = _mad_sigma(residuals, 0.0)
+            step_rel = _mad_sigma(excesses) if len(excesses) >= 3 else step_abs
         self.disturbed = self.warm >= 8 and step_abs > disturbed_factor * self.usual
         if not self.disturbed:
             self.warm += 1

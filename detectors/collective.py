@@ -90,6 +90,7 @@ import numpy as np
 from guard.schemas import CollectiveTiming, StepTiming
 
 from .findings import Finding, imbalance_info
+from .job_columns import CollectiveColumns, StepColumns
 from .peer_groups import LevelTracker
 from .persistent_deviation import GroupNoise, PersistenceRule, TrackerTable
 from .robust import median
@@ -114,7 +115,7 @@ def common_end(op: str) -> bool:
 class _PendingOp:
     """One op (communicator, sequence number) while its ranks report."""
 
-    __slots__ = ("arrive", "common", "conns", "end", "ended", "first_arrive", "hung", "ts")
+    __slots__ = ("arrive", "common", "conns", "end", "first_arrive", "hung", "left", "ts")
 
     def __init__(self, common: bool = False) -> None:
         self.common = common  # every rank leaves it at about the same true time
@@ -122,7 +123,7 @@ class _PendingOp:
         self.end: dict[int, float | None] = {}
         self.conns: dict[tuple[int, int], float] = {}  # (rank, peer) -> seconds per byte
         self.first_arrive = float("inf")
-        self.ended = 0
+        self.left: set[int] = set()  # ranks that reported leaving it
         self.hung = False
         self.ts = 0.0
 
@@ -181,50 +182,67 @@ class CollectiveHomogeneityDetector:
     # --- input -----------------------------------------------------------------------------
 
     def observe(self, message: StepTiming) -> None:
-        """Learn a rank's pipeline stage and GPU from the job's step telemetry."""
-        self.stage_of[message.rank] = message.pp_stage
-        if message.gpu is not None:
-            self.gpu_of[message.rank] = message.gpu
+        """Learn a rank's pipeline stage and GPU (:meth:`observe_steps` of one row)."""
+        self.observe_steps(StepColumns.of_records([(message, [message])]))
+
+    def observe_steps(self, cols: StepColumns) -> None:
+        """Learn ranks' pipeline stages and GPUs from the job's step reports."""
+        ranks = cols.rank.tolist()
+        stages = [None if s < 0 else s for s in cols.stage.tolist()]
+        self.stage_of.update(zip(ranks, stages, strict=True))
+        known = cols.gpu >= 0
+        self.gpu_of.update(zip(cols.rank[known].tolist(), cols.gpu[known].tolist(), strict=True))
 
     def update(self, message: CollectiveTiming) -> list[Finding]:
-        """Add one rank's timing of one op; return findings of the ops it closed."""
-        comm, seq, rank = message.comm, message.seq, message.rank
-        self.node_of[rank] = message.node
-        members = self.members.get(comm)
-        if members is None:
-            members = self.members[comm] = set()
-        members.add(rank)
-        if seq <= self.closed_through.get(comm, -1):
-            return []
-        key = (comm, seq)
-        op = self.ops.get(key)
-        if op is None:
-            op = self.ops[key] = _PendingOp(common_end(message.op))
-            oldest = self.oldest.get(comm)
-            if oldest is None or seq < oldest:
-                self.oldest[comm] = seq
-        arrive, end = message.arrive_ts, message.end_ts
-        op.arrive[rank] = arrive
-        op.first_arrive = min(op.first_arrive, arrive)
-        if end is not None and op.end.get(rank) is None:
-            op.ended += 1
-        op.end[rank] = end
-        op.ts = max(op.ts, message.ts)
-        if message.peers and end is not None:
-            self._add_connections(op, rank, message)
+        """Add one rank's timing of one op (:meth:`add_collectives` of one row)."""
+        return self.add_collectives(CollectiveColumns.of_records([(message, [message])]))
+
+    def add_collectives(self, cols: CollectiveColumns) -> list[Finding]:
+        """Add a poll's collective reports of the job, a run of one op's reports (a node's
+        batch) at a time; return findings of the ops they closed. An op closes once as many
+        ranks left it as the communicator's largest op so far, or when an op ``close_lag``
+        later is seen."""
+        ranks = cols.rank.tolist()
+        self.node_of.update(zip(ranks, [cols.nodes[k] for k in cols.node.tolist()], strict=True))
+        ended = ~np.isnan(cols.end_ts)
+        # an end of nan: the rank is still inside (None, as a record says it)
+        ends = np.where(ended, cols.end_ts, np.array(None)).tolist()
         found: list[Finding] = []
-        expected = self.expected.get(comm, 0)
-        if expected and op.ended >= expected:
-            found += self._close(comm, seq)
-        if len(self.ops) > 1 and seq - self.oldest.get(comm, seq) >= self.close_lag:
-            found += self._close(comm, seq - self.close_lag)
+        for (a, b), comm, name in zip(cols.runs, cols.comms, cols.ops, strict=True):
+            seq = int(cols.seq[a])
+            members = self.members.get(comm)
+            if members is None:
+                members = self.members[comm] = set()
+            members.update(ranks[a:b])
+            if seq <= self.closed_through.get(comm, -1):
+                continue
+            key = (comm, seq)
+            op = self.ops.get(key)
+            if op is None:
+                op = self.ops[key] = _PendingOp(common_end(name))
+                oldest = self.oldest.get(comm)
+                if oldest is None or seq < oldest:
+                    self.oldest[comm] = seq
+            op.arrive.update(zip(ranks[a:b], cols.arrive_ts[a:b].tolist(), strict=True))
+            op.first_arrive = min(op.first_arrive, float(cols.arrive_ts[a:b].min()))
+            op.end.update(zip(ranks[a:b], ends[a:b], strict=True))
+            op.left.update(cols.rank[a:b][ended[a:b]].tolist())
+            op.ts = max(op.ts, float(cols.ts[a:b].max()))
+            for i in np.flatnonzero(ended[a:b]).tolist():
+                if cols.peers[a + i]:
+                    self._add_connections(op, ranks[a + i], cols.peers[a + i])
+            expected = self.expected.get(comm, 0)
+            if expected and len(op.left) >= expected:
+                found += self._close(comm, seq)
+            if len(self.ops) > 1 and seq - self.oldest.get(comm, seq) >= self.close_lag:
+                found += self._close(comm, seq - self.close_lag)
         return found
 
     @staticmethod
-    def _add_connections(op: _PendingOp, rank: int, message: CollectiveTiming) -> None:
+    def _add_connections(op: _PendingOp, rank: int, peers: list[Any]) -> None:
         """The rank's connections in ``op``: the slowest seconds per byte seen per pair."""
         conns = op.conns
-        for peer in message.peers or ():
+        for peer in peers:
             if peer.bytes > 0 and peer.duration_s > 0.0:
                 pair = (rank, peer.rank) if rank < peer.rank else (peer.rank, rank)
                 spb = peer.duration_s / peer.bytes

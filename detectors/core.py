@@ -78,9 +78,9 @@ from guard.schemas.sample_decoder import (
     decode_rows,
     decode_samples,
     decode_structs,
-    gpu_structs,
     parse_samples,
     record_ts,
+    structs_of,
 )
 
 from .engine import FABRIC_KEY, EngineConfig, JobDetectors, NodeDetectors, fabric_detector
@@ -88,6 +88,7 @@ from .findings import Finding
 from .fusion import JobFusion, NodeFusion
 from .gpu_round import GpuColumns
 from .gpu_step import update_gpus
+from .job_columns import CollectiveColumns, StepColumns
 from .nic import NicColumns, NicIncreases, update_nics
 from .peer_anomaly import GpuJobAnomaly
 
@@ -119,7 +120,6 @@ FindingRecordIn = tuple[int, bytes, bytes]
 #: features for their job's river model (key ``anomaly:<job>``)
 Outgoing: TypeAlias = Finding | WindowFeatures
 
-_NODE_KINDS = frozenset({"gpu", "nic"})
 _JOB_KINDS = frozenset({"step", "collective"})
 
 
@@ -252,13 +252,10 @@ class DetectionCore:
         self.clocks = {"node": _KeyClock(), "job": _KeyClock()}
         #: fusion keys with job findings waiting for their node's stream (NodeFusion.wait)
         self._waiting: set[str] = set()
-        #: the step's GPU and NIC records, by kind: (their node's detectors, partition,
+        #: the step's records of each columnar kind: (their key's detectors, partition,
         #: common fields, entries)
-        self._rows: dict[
-            str, list[tuple[NodeDetectors, int, dict[str, Any], list[dict[str, Any]]]]
-        ] = {
-            "gpu": [],
-            "nic": [],
+        self._rows: dict[str, list[tuple[Any, int, Any, list[Any]]]] = {
+            kind: [] for kind in _COLUMN_KINDS
         }
 
     def _make_node(self, key: str) -> Any:
@@ -367,7 +364,7 @@ class DetectionCore:
                     self._add_rows(record_kind, head, entries, partition)
                 else:
                     record_kind, singles = _decode(value, kind)
-                    found += self._route(singles, partition, latest)
+                    self._route(singles, partition)
             except SchemaError as exc:
                 bad.append((n, exc))
                 continue
@@ -376,6 +373,8 @@ class DetectionCore:
             found += self._gpus(latest["node"])
         if self._rows["nic"]:
             found += self._nics(latest["node"])
+        if self._rows["step"] or self._rows["collective"]:
+            found += self._jobs(latest["job"])
         counters = self.counters
         counters.telemetry += n + 1
         counters.dead_letters += len(bad)
@@ -392,43 +391,24 @@ class DetectionCore:
         counters.findings += len(found)
         return found, bad
 
-    def _route(
-        self, singles: Sequence[GuardMessage], partition: int, latest: dict[str, dict[str, float]]
-    ) -> list[Finding]:
-        """One record's samples (a batch's share its node and job) to their key's detectors."""
-        first = singles[0]
-        kind = first.kind
-        if kind in _COLUMN_KINDS:  # samples decoded already (a backtest's): to the columns
-            entries = gpu_structs(singles) if kind == "gpu" else [s.__dict__ for s in singles]
+    def _route(self, singles: Sequence[GuardMessage], partition: int) -> None:
+        """One record's samples decoded already (a backtest's; a batch's share its node and
+        job), to the step's columns; other kinds are not telemetry and are dropped."""
+        kind = singles[0].kind
+        if kind in _COLUMN_KINDS:
+            entries = [s.__dict__ for s in singles] if kind == "nic" else structs_of(singles)
             self._add_rows(kind, entries[0], entries, partition)
-            return []
-        self.counters.samples += len(singles)
-        if kind in _NODE_KINDS:
-            level, key = "node", first.node
-            if not self.config.node_telemetry:
-                return []
-            store = self.nodes
-        elif kind in _JOB_KINDS and first.job is not None:
-            level, key = "job", first.job
-            store = self.jobs
-        else:
-            return []
-        detectors = store.get(key, partition)
-        newest = latest[level].get(key, 0.0)
-        found: list[Finding] = []
-        for single in singles:
-            found += detectors.update(single)
-            newest = max(newest, single.ts)
-        latest[level][key] = newest
-        return found
 
     def _add_rows(self, record_kind: str, head: Any, entries: list[Any], partition: int) -> None:
-        """A GPU record (Structs: :func:`decode_structs`) or a NIC record (dicts:
-        :func:`decode_rows`), kept for the step's columns (:meth:`_gpus`, :meth:`_nics`)."""
+        """A record kept for the step's columns: a GPU, step or collective record (Structs:
+        :func:`decode_structs`) or a NIC record (dicts: :func:`decode_rows`)."""
         self.counters.samples += len(entries)
+        kind = record_kind.removesuffix("_batch")
+        if kind in _JOB_KINDS:
+            self._rows[kind].append((self.jobs.get(head.job, partition), partition, head, entries))
+            return
         if not self.config.node_telemetry:
             return
-        kind = record_kind.removesuffix("_batch")
         node = head.node if kind == "gpu" else head["node"]
         self._rows[kind].append((self.nodes.get(node, partition), partition, head, entries))
 
@@ -470,6 +450,31 @@ class DetectionCore:
         found: list[Outgoing] = []
         found += update_gpus(got.nodes, owner, cols)
         return found + _windows(got.nodes)
+
+    def _jobs(self, latest: dict[str, float]) -> list[Finding]:
+        """The step's step and collective records, each job's as columns (steps first: C4D
+        groups a collective's ranks by the stages the steps report)."""
+        found: list[Finding] = []
+        for job, (detectors, records) in self._by_job("step").items():
+            steps = StepColumns.of_records(records)
+            found += detectors.add_steps(steps)
+            latest[job] = max(latest.get(job, 0.0), float(steps.ts.max()))
+        for job, (detectors, records) in self._by_job("collective").items():
+            ops = CollectiveColumns.of_records(records)
+            found += detectors.add_collectives(ops)
+            latest[job] = max(latest.get(job, 0.0), float(ops.ts.max()))
+        return found
+
+    def _by_job(self, kind: str) -> dict[str, tuple[JobDetectors, list[tuple[Any, list[Any]]]]]:
+        """The step's records of ``kind`` by job, in the order they came."""
+        pending, self._rows[kind] = self._rows[kind], []
+        by_job: dict[str, tuple[JobDetectors, list[tuple[Any, list[Any]]]]] = {}
+        for detectors, _, head, entries in pending:
+            got = by_job.get(head.job)
+            if got is None:
+                got = by_job[head.job] = (detectors, [])
+            got[1].append((head, entries))
+        return by_job
 
     def _nics(self, latest: dict[str, float]) -> list[Finding]:
         """The step's NIC samples, every node's at once (:func:`~.nic.update_nics`), then
@@ -597,12 +602,15 @@ class DetectionCore:
 
 #: kinds whose records the core decodes straight into columns (:func:`decode_structs`,
 #: :func:`decode_rows`)
-_COLUMN_KINDS = frozenset({"gpu", "nic"})
+_COLUMN_KINDS = frozenset({"gpu", "nic", "step", "collective"})
 _COLUMN_DECODERS: dict[str | bytes, Callable[[bytes, str | None], Rows]] = {
-    "gpu": decode_structs,
+    **{k: decode_structs for k in ("gpu", "step", "collective")},
+    **{
+        f"{k}{b}".encode(): decode_structs
+        for k in ("gpu", "step", "collective")
+        for b in ("", "_batch")
+    },
     "nic": decode_rows,
-    b"gpu": decode_structs,
-    b"gpu_batch": decode_structs,
     b"nic": decode_rows,
     b"nic_batch": decode_rows,
 }

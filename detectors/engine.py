@@ -55,6 +55,7 @@ from .findings import Detector, Finding
 from .gpu_errors import GpuErrorDetector
 from .gpu_round import GpuColumns, Rounds
 from .gpu_step import HOLD_SLOTS, judge_rounds, update_gpus
+from .job_columns import CollectiveColumns, StepColumns
 from .nic import NicDetector
 from .peer_anomaly import GpuJobAnomaly, GpuWindows, PeerAnomalyDetector, RankPeerAnomaly
 from .peer_straggler import PeerStragglerDetector
@@ -303,21 +304,30 @@ class JobDetectors(_DetectorSet):
         )
 
     def update(self, message: GuardMessage) -> list[Finding]:
-        """A step or collective timing of this job, to the detectors that read it."""
+        """A step or collective timing of this job (what tests and single-job tools use;
+        the core hands in a poll's records as columns)."""
         if isinstance(message, StepTiming):
-            found: list[Finding] = []
-            if self.collectives is not None:
-                self.collectives.observe(message)  # ranks' stages: C4D compares within them
-            if self.stragglers is not None:
-                found += self.stragglers.update(message)
-            if self.regression is not None:
-                found += self.regression.update(message)
-            if self.anomaly is not None:
-                found += self.anomaly.update(message)
-            return found
-        if isinstance(message, CollectiveTiming) and self.collectives is not None:
-            return self.collectives.update(message)
+            return self.add_steps(StepColumns.of_records([(message, [message])]))
+        if isinstance(message, CollectiveTiming):
+            return self.add_collectives(CollectiveColumns.of_records([(message, [message])]))
         return []
+
+    def add_steps(self, cols: StepColumns) -> list[Finding]:
+        """A poll's step reports of this job, to the detectors that read them."""
+        found: list[Finding] = []
+        if self.collectives is not None:
+            self.collectives.observe_steps(cols)  # ranks' stages: C4D compares within them
+        if self.stragglers is not None:
+            found += self.stragglers.add_steps(cols)
+        if self.regression is not None:
+            found += self.regression.add_steps(cols)
+        if self.anomaly is not None:
+            found += self.anomaly.add_steps(cols)
+        return found
+
+    def add_collectives(self, cols: CollectiveColumns) -> list[Finding]:
+        """A poll's collective reports of this job, to C4D."""
+        return [] if self.collectives is None else self.collectives.add_collectives(cols)
 
     def _detectors(self) -> list[Detector[Any]]:
         dets = (self.stragglers, self.collectives, self.regression, self.anomaly)

@@ -158,21 +158,28 @@ class FabricHotSpotDetector:
         start: int,
         stop: int,
     ) -> None:
-        """Add rows ``start:stop`` with an interval to their NIC's window sums."""
-        sums, seen = self._sums, self._jobs
-        for i in (np.flatnonzero(valid[start:stop]) + start).tolist():
-            key = (nodes[i], devices[i])
+        """Add rows ``start:stop`` with an interval to their NIC's window sums (summed per
+        NIC over the rows first, as arrays)."""
+        at = (np.flatnonzero(valid[start:stop]) + start).tolist()
+        if not at:
+            return
+        index: dict[tuple[str, str], int] = {}
+        keys = [(nodes[i], devices[i]) for i in at]
+        codes = np.array([index.setdefault(k, len(index)) for k in keys], dtype=np.intp)
+        waits = np.bincount(codes, weights=wait[at].astype(float), minlength=len(index))
+        marked = np.bincount(codes, weights=marks[at].astype(float), minlength=len(index))
+        sums = self._sums
+        for key, w, m in zip(index, waits.tolist(), marked.tolist(), strict=True):
             total = sums.get(key)
             if total is None:
-                total = sums[key] = [0.0, 0.0]
-            total[0] += float(wait[i])
-            total[1] += float(marks[i])
-            job = jobs[i]
+                sums[key] = [w, m]
+            else:
+                total[0] += w
+                total[1] += m
+        seen = self._jobs
+        for key, job in set(zip(keys, [jobs[i] for i in at], strict=True)):
             if job is not None:
-                known = seen.get(key)
-                if known is None:
-                    known = seen[key] = set()
-                known.add(job)
+                seen.setdefault(key, set()).add(job)
 
     def tick(self, now: float) -> list[Finding]:
         if self._window is None or int(now // self.window_s) <= self._window:

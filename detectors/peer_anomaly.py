@@ -108,6 +108,7 @@ from guard.schemas import StepTiming
 from .findings import Finding
 from .gpu_round import Rounds
 from .hold import Hold
+from .job_columns import StepColumns
 from .nic import ERROR_COLUMNS, NicDetector
 from .nic import TS as NIC_TS
 from .robust import median
@@ -614,19 +615,28 @@ class RankPeerAnomaly:
         self.detector = PeerAnomalyDetector(RANK_FEATURES, **args)
 
     def update(self, message: StepTiming) -> list[Finding]:
-        """Observe the rank's step (every ``step_every``-th step of the job: the same steps
-        for every rank, so that peers stay comparable)."""
-        if message.step % self.step_every or message.compute_s is None:
-            return []
-        return self.detector.observe(
-            message.ts,
-            message.rank,
-            message.pp_stage or 0,
-            {"compute": message.compute_s},
-            message.node,
-            rank=message.rank,  # the rank is the component: its node's GPU feed keys by gpu
-            job=self.job,
-        )
+        """Observe the rank's step (:meth:`add_steps` of one row)."""
+        return self.add_steps(StepColumns.of_records([(message, [message])]))
+
+    def add_steps(self, cols: StepColumns) -> list[Finding]:
+        """Observe the ranks' steps (every ``step_every``-th step of the job: the same steps
+        for every rank, so that peers stay comparable). One by one: the trees of river's
+        HalfSpaceTrees learn one sample at a time."""
+        picked = (cols.step % self.step_every == 0) & ~np.isnan(cols.compute_s)
+        found: list[Finding] = []
+        observe, nodes = self.detector.observe, cols.nodes
+        for i in np.flatnonzero(picked).tolist():
+            rank = int(cols.rank[i])
+            found += observe(
+                float(cols.ts[i]),
+                rank,
+                max(int(cols.stage[i]), 0),  # no stage: stage 0
+                {"compute": float(cols.compute_s[i])},
+                nodes[cols.node[i]],
+                rank=rank,  # the rank is the component: its node's GPU feed keys by gpu
+                job=self.job,
+            )
+        return found
 
     def tick(self, now: float) -> list[Finding]:
         return []

@@ -64,6 +64,7 @@ import numpy as np
 from guard.schemas import StepTiming
 
 from .findings import Finding, imbalance_info
+from .job_columns import StepColumns
 from .peer_groups import LevelTracker
 from .persistent_deviation import GroupNoise, PersistenceRule, SequentialTest, TrackerTable
 from .robust import median
@@ -103,35 +104,77 @@ class PeerStragglerDetector:
         self.pending: dict[int, dict[int, float]] = {}
         self.pending_ts: dict[int, float] = {}
         self.ranks: dict[int, tuple[str, int | None, int | None]] = {}  # node, gpu, stage
+        #: each rank's dense id, and by it the code of its node and its stage (-1: none)
+        self.slot_of: dict[int, int] = {}
+        self.placed = np.full((0, 2), -2, dtype=np.int64)
+        self.node_codes: dict[str, int] = {}
         self.trackers = TrackerTable(self.rule)
-        self.slot_of: dict[int, int] = {}  # rank -> its slot in ``trackers``
+        self.tracker_slot: dict[int, int] = {}  # rank -> its slot in ``trackers``
         self.noise: dict[tuple[str, int | None], GroupNoise] = {}
         self.expected = 0
         self.closed_through = -1
         self.imbalanced = False
 
     def update(self, message: StepTiming) -> list[Finding]:
-        """Add one rank's step timing; return findings made by the steps it closed."""
-        step, stage, rank, compute = message.step, message.pp_stage, message.rank, message.compute_s
-        info = self.ranks.get(rank)
-        if info is None or info[0] != message.node or info[2] != stage:
-            self.ranks[rank] = (message.node, message.gpu, stage)
-            self._restart(rank)  # a rank that moved starts a fresh history
-        if compute is None or step <= self.closed_through:
-            return []
-        pending = self.pending
-        row = pending.get(step)
-        if row is None:
-            row = pending[step] = {}
-        row[rank] = compute
-        if message.ts > self.pending_ts.get(step, -1.0):
-            self.pending_ts[step] = message.ts
+        """Add one rank's step timing (:meth:`add_steps` of one row)."""
+        return self.add_steps(StepColumns.of_records([(message, [message])]))
+
+    def add_steps(self, cols: StepColumns) -> list[Finding]:
+        """Add a poll's step reports of the job; return findings made by the steps they closed.
+
+        A run of reports of one step (a node's batch) is added at once; a step closes once
+        as many ranks reported it as the job's largest step so far, or when a step
+        ``close_lag`` later is seen."""
+        self._place(cols)
         found: list[Finding] = []
-        if self.expected and len(row) >= self.expected:
-            found += self._close_through(step)
-        if len(pending) > 1 and step - min(pending) >= self.close_lag:
-            found += self._close_through(step - self.close_lag)
+        has = ~np.isnan(cols.compute_s)
+        pending = self.pending
+        for a, b in cols.runs:
+            step = int(cols.step[a])
+            keep = has[a:b]
+            if step <= self.closed_through or not keep.any():
+                continue
+            row = pending.get(step)
+            if row is None:
+                row = pending[step] = {}
+            ranks, values = cols.rank[a:b][keep].tolist(), cols.compute_s[a:b][keep].tolist()
+            row.update(zip(ranks, values, strict=True))
+            newest = float(cols.ts[a:b][keep].max())
+            if newest > self.pending_ts.get(step, -1.0):
+                self.pending_ts[step] = newest
+            if self.expected and len(row) >= self.expected:
+                found += self._close_through(step)
+            if len(pending) > 1 and step - min(pending) >= self.close_lag:
+                found += self._close_through(step - self.close_lag)
         return found
+
+    def _place(self, cols: StepColumns) -> None:
+        """Each reporting rank's node, GPU and stage; a rank that moved (another node or
+        stage) starts a fresh history. Compared as arrays over dense rank ids; only the
+        rare rank that moved is looked at one by one."""
+        slot_of = self.slot_of
+        ranks = cols.rank.tolist()
+        for r in set(ranks) - slot_of.keys():
+            slot_of[r] = len(slot_of)
+        slots = np.array([slot_of[r] for r in ranks], dtype=np.intp)
+        if len(slot_of) > len(self.placed):
+            grown = np.full((max(len(slot_of), 2 * len(self.placed)), 2), -2, dtype=np.int64)
+            grown[: len(self.placed)] = self.placed
+            self.placed = grown
+        codes = np.array(
+            [self.node_codes.setdefault(n, len(self.node_codes)) for n in cols.nodes],
+            dtype=np.int64,
+        )[cols.node]
+        moved = (self.placed[slots, 0] != codes) | (self.placed[slots, 1] != cols.stage)
+        if not moved.any():
+            return
+        for i in np.flatnonzero(np.isin(cols.rank, cols.rank[moved])).tolist():
+            rank, stage, gpu = ranks[i], int(cols.stage[i]), int(cols.gpu[i])
+            if self.placed[slots[i], 0] != codes[i] or self.placed[slots[i], 1] != stage:
+                self.placed[slots[i]] = (codes[i], stage)
+                node = cols.nodes[cols.node[i]]
+                self.ranks[rank] = (node, None if gpu < 0 else gpu, None if stage < 0 else stage)
+                self._restart(rank)  # a rank that moved starts a fresh history
 
     def tick(self, now: float) -> list[Finding]:
         return []  # steps close on later steps' messages, not on time
@@ -177,13 +220,13 @@ class PeerStragglerDetector:
         return groups
 
     def _restart(self, rank: int) -> None:
-        slot = self.slot_of.get(rank)
+        slot = self.tracker_slot.get(rank)
         if slot is not None:
             self.trackers.reset(slot)
 
     def _slots(self, key: tuple[str, int | None], members: list[int]) -> np.ndarray:
         """The members' slots in ``trackers``, new ones for ranks never seen."""
-        table, slot_of, group_of = self.trackers, self.slot_of, self.group_of
+        table, slot_of, group_of = self.trackers, self.tracker_slot, self.group_of
         where = (key, self.level.version)
         slots = np.empty(len(members), dtype=np.intp)
         for i, rank in enumerate(members):

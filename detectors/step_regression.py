@@ -50,6 +50,7 @@ from river import drift
 from guard.schemas import StepTiming
 
 from .findings import Finding
+from .job_columns import StepColumns
 from .robust import median
 
 __all__ = ["StepRegressionDetector"]
@@ -74,21 +75,28 @@ class StepRegressionDetector:
         self.steps = 0
 
     def update(self, message: StepTiming) -> list[Finding]:
-        """Add one rank's step time; return the drift found by the steps it closed."""
-        step = message.step
-        if step <= self.closed_through:
-            return []
+        """Add one rank's step time (:meth:`add_steps` of one row)."""
+        return self.add_steps(StepColumns.of_records([(message, [message])]))
+
+    def add_steps(self, cols: StepColumns) -> list[Finding]:
+        """Add a poll's step reports of the job; return the drift found by the steps they
+        closed (a step closes when one two later is seen)."""
         pending = self.pending
-        values = pending.get(step)
-        if values is None:
-            values = pending[step] = []
-        values.append(message.step_s)
-        if message.ts > self.pending_ts.get(step, -1.0):
-            self.pending_ts[step] = message.ts
         found: list[Finding] = []
-        if min(pending) <= step - 2:  # a step to close: most messages close none
-            for done in [s for s in pending if s <= step - 2]:
-                found += self._close(done)
+        for a, b in cols.runs:
+            step = int(cols.step[a])
+            if step <= self.closed_through:
+                continue
+            values = pending.get(step)
+            if values is None:
+                values = pending[step] = []
+            values += cols.step_s[a:b].tolist()
+            newest = float(cols.ts[a:b].max())
+            if newest > self.pending_ts.get(step, -1.0):
+                self.pending_ts[step] = newest
+            if min(pending) <= step - 2:  # a step to close: most runs close none
+                for done in [s for s in pending if s <= step - 2]:
+                    found += self._close(done)
         return found
 
     def tick(self, now: float) -> list[Finding]:

@@ -80,19 +80,21 @@ class BacktestStats:
         }
 
 
-#: what the readers give: a message, or (``rows``) a GPU or NIC record decoded to its fields
+#: what the readers give: a message, or (``rows``) a telemetry record decoded to its fields
 Item = GuardMessage | Rows
-#: the record kinds the detection core takes as fields (its columns)
-_ROW_KINDS = frozenset({b"gpu", b"gpu_batch", b"nic", b"nic_batch"})
-#: those of them decoded as Structs (read by attribute into the GPU columns)
-_GPU_KINDS = frozenset({b"gpu", b"gpu_batch"})
+#: the record kinds the detection core takes as fields (its columns): every telemetry kind
+_ROW_KINDS = frozenset(
+    f"{k}{b}".encode() for k in ("gpu", "nic", "step", "collective") for b in ("", "_batch")
+)
+#: those of them decoded as dicts (the NIC columns); the others as Structs, read by attribute
+_DICT_KINDS = frozenset({b"nic", b"nic_batch"})
 
 
 def _read_file(
     path: Path, stats: BacktestStats, line: list[int] | None = None, rows: bool = False
 ) -> Iterator[Item]:
     """Each message of the file (a batch record: its samples, in entry order), or with
-    ``rows`` each GPU and NIC record as its fields (what the core's columns take: no model
+    ``rows`` each telemetry record as its fields (what the core's columns take: no model
     per sample); ``line[0]`` is kept at the line number of the item last yielded. The common
     line costs one parse: a blank or bad one is told apart only when the parse refuses it."""
     parse = parse_samples
@@ -102,7 +104,7 @@ def _read_file(
             try:
                 lead = leading_kind(text) if rows else None
                 if lead in _ROW_KINDS:
-                    found: Item = (decode_structs if lead in _GPU_KINDS else decode_rows)(
+                    found: Item = (decode_rows if lead in _DICT_KINDS else decode_structs)(
                         text, None
                     )
                     if line is not None:

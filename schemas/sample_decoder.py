@@ -72,9 +72,9 @@ __all__ = [
     "decode_rows",
     "decode_samples",
     "decode_structs",
-    "gpu_structs",
     "parse_samples",
     "record_ts",
+    "structs_of",
 ]
 
 #: msgspec's integer bounds must fit an int64: a larger bound becomes this (stricter: safe)
@@ -453,32 +453,39 @@ def _decided(data: bytes, kind: str | None) -> tuple[str, Samples]:
 
 
 #: the kinds whose records :func:`decode_structs` gives as Structs
-STRUCT_KINDS = frozenset({"gpu", "gpu_batch"})
+STRUCT_KINDS = frozenset(k for k, fast in _KINDS.items() if fast.struct_decode is not None)
 
 
 def decode_structs(data: bytes, kind: str | None) -> Rows:
-    """A ``gpu`` or ``gpu_batch`` record as msgspec Structs, for the detectors' columns: its
-    kind, the record (a batch, or the single record) and its entries, each read by
-    attribute (an entry's ``ts`` None: the record's). ``kind`` None: a line of a file that
-    must name a GPU kind. Acceptance is :func:`decode_samples`'s: a record the fast path
-    refuses is decided by pydantic, whose samples become the same Structs, or whose
+    """A record of a Struct kind (``gpu``, ``step``, ``collective`` and their batches) as
+    msgspec Structs, for the detectors' columns: its kind, the record (a batch, or the
+    single record) and its entries, each read by attribute (an entry's ``ts`` None: the
+    record's). ``kind``: the topic's kind, or None for a line of a file, which must name
+    such a kind. Acceptance is :func:`decode_samples`'s: a record the fast path refuses is
+    decided by pydantic, whose samples become the same Structs, or whose
     :class:`SchemaError` is raised."""
-    fast = _KINDS["gpu"]
+    if kind is None:
+        named = leading_kind(data) if type(data) is bytes else None
+        fast = _BY_RECORD_KIND_ROWS.get(named) if named is not None else None
+    else:
+        fast = _KINDS.get(kind)
+    if fast is None or fast.struct_decode is None:
+        raise SchemaError(f"not a record of {sorted(STRUCT_KINDS)}", kind=kind)
     if type(data) is bytes and _plain(data):
         try:
             return fast.structs(data)
         except _REFUSED:
             pass  # pydantic decides, and says why
     record_kind, samples = _decided(data, kind)
-    if not samples or samples[0].kind != "gpu":
-        raise SchemaError("not a gpu record", kind=kind)
+    if not samples or samples[0].kind != fast.kind:
+        raise SchemaError(f"not a {fast.kind} record", kind=kind)
     entries = [fast.struct_of(m) for m in samples]
     return record_kind, entries[0], entries
 
 
-def gpu_structs(samples: Samples) -> list[Any]:
-    """Validated ``gpu`` samples as the Structs :func:`decode_structs` gives."""
-    struct_of = _KINDS["gpu"].struct_of
+def structs_of(samples: Samples) -> list[Any]:
+    """Validated samples of one Struct kind as the Structs :func:`decode_structs` gives."""
+    struct_of = _KINDS[samples[0].kind].struct_of
     return [struct_of(m) for m in samples]
 
 

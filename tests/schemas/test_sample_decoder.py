@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
@@ -29,6 +30,8 @@ from guard.schemas import (
     sample_decoder,
 )
 from guard.schemas.batches import expand
+from guard.schemas.codec import MODELS
+from guard.schemas.messages import ConnectionStat
 from guard.schemas.sample_decoder import FAST_SAMPLE_KINDS, decode_samples, parse_samples
 
 from .strategies import TELEMETRY, records
@@ -83,10 +86,15 @@ def _struct_samples(value: bytes, kind: str) -> tuple[str, str] | str:
     shown = []
     for e in entries:
         fields = {f: getattr(e, f) for f in e.__struct_fields__}
-        if record_kind == "gpu_batch":  # a batch's samples are v 1 (TelemetryBatch.samples)
-            fields.update(kind="gpu", v=1, node=head.node, job=head.job)
+        if record_kind == f"{kind}_batch":  # a batch's samples are v 1 (TelemetryBatch.samples)
+            fields.update(kind=kind, v=1, node=head.node, job=head.job)
         fields["ts"] = head.ts if fields.get("ts") is None else fields["ts"]
-        shown.append(("GpuSample", sorted((k, repr(v)) for k, v in fields.items())))
+        if fields.get("peers") is not None:  # a collective's connections: models there
+            fields["peers"] = [
+                p if isinstance(p, ConnectionStat) else ConnectionStat(**msgspec.structs.asdict(p))
+                for p in fields["peers"]
+            ]
+        shown.append((MODELS[kind].__name__, sorted((k, repr(v)) for k, v in fields.items())))
     return record_kind, repr(shown)
 
 
@@ -103,12 +111,18 @@ def _reference_fields(value: bytes, kind: str) -> tuple[str, str] | str:
 
 
 @hsettings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
-@given(records("gpu"))
-def test_gpu_records_as_structs_hold_what_pydantic_accepts(values: list[bytes]) -> None:
-    """The core's GPU columns read Structs (no dict per entry): the same acceptance, reasons
-    and values as pydantic's samples, valid and broken records alike."""
+@given(
+    st.sampled_from(["gpu", "step", "collective"]).flatmap(
+        lambda k: st.tuples(st.just(k), records(k))
+    )
+)
+def test_records_as_structs_hold_what_pydantic_accepts(case: tuple[str, list[bytes]]) -> None:
+    """The core's GPU, step and collective columns read Structs (no dict per entry): the
+    same acceptance, reasons and values as pydantic's samples, valid and broken records
+    alike."""
+    kind, values = case
     for value in values:
-        assert _struct_samples(value, "gpu") == _reference_fields(value, "gpu")
+        assert _struct_samples(value, kind) == _reference_fields(value, kind)
 
 
 def test_every_telemetry_kind_and_its_batch_have_the_fast_path() -> None:

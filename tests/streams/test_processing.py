@@ -109,7 +109,7 @@ class _Recorder:
     def __init__(self) -> None:
         self.ticks: list[float] = []
 
-    def update(self, message: object) -> list[Finding]:
+    def add_steps(self, cols: object) -> list[Finding]:
         return []
 
     def tick(self, now: float) -> list[Finding]:

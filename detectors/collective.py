@@ -92,7 +92,7 @@ from guard.schemas import CollectiveTiming, StepTiming
 from .findings import Finding, imbalance_info
 from .job_columns import CollectiveColumns, StepColumns
 from .peer_groups import LevelTracker
-from .persistent_deviation import DeviationTracker, GroupNoise, PersistenceRule
+from .persistent_deviation import GroupNoise, PersistenceRule, TrackerTable
 from .robust import median
 
 __all__ = ["CollectiveHomogeneityDetector"]
@@ -172,8 +172,10 @@ class CollectiveHomogeneityDetector:
         self.noise: dict[str, GroupNoise] = {}
         self.link_noise = GroupNoise()
         self.node_of: dict[int, str] = {}
-        self.late: dict[tuple[str, int], DeviationTracker] = {}
-        self.slow_nodes: dict[str, DeviationTracker] = {}
+        self.late = TrackerTable(self.rule)  # each (comm, rank)'s arrivals
+        self.late_slot: dict[tuple[str, int], int] = {}
+        self.slow_nodes = TrackerTable(self.link_rule)  # each node's connections
+        self.node_slot: dict[str, int] = {}
         #: comm -> host -> its clock offset against the comm's median rank, smoothed over ops
         self.host_offset: dict[str, dict[str, float]] = {}
 
@@ -384,38 +386,41 @@ class CollectiveHomogeneityDetector:
         arrive = op.arrive
         if len(members) < self.min_peers:
             return []
-        center = median([arrive[r] for r in members])
-        residuals = [(arrive[r] - center) / interval for r in members]
-        trackers = []
-        group_of = self.group_of
+        times = np.array([arrive[r] for r in members])
+        residuals = (times - np.median(times)) / interval
+        table, slot_of, group_of = self.late, self.late_slot, self.group_of
         level = self.level.get(comm)
         where = f"{noise_key}@{level.version if level is not None else 0}"
-        for rank in members:
+        slots = np.empty(len(members), dtype=np.intp)
+        for i, rank in enumerate(members):
             key = (comm, rank)
-            tracker = self.late.get(key)
-            if tracker is None or (group_of.get(key) != where and not tracker.active):
+            slot = slot_of.get(key)
+            if slot is None:
+                slot = slot_of[key] = table.new_slot()
+            elif group_of.get(key) != where and not table.active(slot):
                 # a rank that changed groups starts a fresh history among its new peers
                 # (a claimed one keeps its claim: its own lateness may have moved it)
-                tracker = self.late[key] = DeviationTracker()
+                table.reset(slot)
             group_of[key] = where
-            trackers.append(tracker)
+            slots[i] = slot
         noise = self.noise.get(noise_key)
         if noise is None:
             noise = self.noise[noise_key] = GroupNoise()
         found: list[Finding] = []
-        for i, event in noise.judge(trackers, residuals, self.rule, op.ts):
-            rank, tracker = members[i], trackers[i]
-            mean = tracker.slow_mean()
+        for i, event in table.judge(noise, slots, residuals, op.ts):
+            rank, slot = members[i], int(slots[i])
+            mean = table.slow_mean(slot)
+            since = table.since_ts(slot)
             evidence: dict[str, Any] = {
                 "metric": "arrival_lateness",
                 "comm": comm,
                 "seq": seq,
                 "late_pct_of_interval": round(100.0 * mean, 1),
                 "interval_s": round(interval, 6),
-                "late_ops": f"{tracker.slow_rounds()}/{len(tracker.scores)}",
+                "late_ops": f"{table.slow_rounds(slot)}/{table.filled(slot)}",
                 "group_ranks": len(members),
                 "pp_stage": self.stage_of.get(rank),
-                "since_ts": tracker.since_ts,
+                "since_ts": since,
             }
             offset = offsets.get(self.node_of[rank])
             if offset is not None:  # its arrivals were put on the op's common clock
@@ -427,7 +432,7 @@ class CollectiveHomogeneityDetector:
                     severity="warning",
                     node=self.node_of.get(rank),
                     ts=op.ts,
-                    since=tracker.since_ts,
+                    since=since,
                     score=round(mean, 4),
                     job=self.job,
                     gpu=self.gpu_of.get(rank),
@@ -493,25 +498,25 @@ class CollectiveHomogeneityDetector:
             return []
         nodes = list(per_node)
         # min: a node at fault slows all its connections; its neighbours have fast ones too
-        residuals = [min(per_node[n]) for n in nodes]
-        trackers = []
-        for node in nodes:
-            tracker = self.slow_nodes.get(node)
-            if tracker is None:
-                tracker = self.slow_nodes[node] = DeviationTracker()
-            trackers.append(tracker)
+        residuals = np.array([min(per_node[n]) for n in nodes])
+        table, slot_of = self.slow_nodes, self.node_slot
+        slots = np.empty(len(nodes), dtype=np.intp)
+        for i, node in enumerate(nodes):
+            slot = slot_of.get(node)
+            slots[i] = slot_of[node] = table.new_slot() if slot is None else slot
         found: list[Finding] = []
-        for i, event in self.link_noise.judge(trackers, residuals, self.link_rule, op.ts):
-            node, tracker = nodes[i], trackers[i]
-            mean = tracker.slow_mean()
+        for i, event in table.judge(self.link_noise, slots, residuals, op.ts):
+            node, slot = nodes[i], int(slots[i])
+            mean = table.slow_mean(slot)
+            since = table.since_ts(slot)
             evidence: dict[str, Any] = {
                 "metric": "connection_s_per_byte",
                 "comm": comm,
                 "seq": seq,
                 "slower_than_peers_pct": round(100.0 * mean, 1),
                 "connections": len(per_node[node]),
-                "slow_ops": f"{tracker.slow_rounds()}/{len(tracker.scores)}",
-                "since_ts": tracker.since_ts,
+                "slow_ops": f"{table.slow_rounds(slot)}/{table.filled(slot)}",
+                "since_ts": since,
             }
             found.append(
                 Finding(
@@ -520,7 +525,7 @@ class CollectiveHomogeneityDetector:
                     severity="warning",
                     node=node,
                     ts=op.ts,
-                    since=tracker.since_ts,
+                    since=since,
                     score=round(mean, 4),
                     job=self.job,
                     evidence=evidence,

@@ -4,7 +4,7 @@ In synchronous training every rank's wall step time is the same (everyone waits 
 slowest), so a slow rank shows in ``compute_s``, the time it was busy before entering the
 step's synchronising collective. Per job, per pipeline stage and per step, each rank's
 residual is ``compute_s / median(peers) - 1``;
-:class:`~guard.detectors.persistent_deviation.DeviationTracker`
+:class:`~guard.detectors.persistent_deviation.TrackerTable`
 turns the residuals into a claim only when the slowness persists. A whole-job slowdown
 (checkpoint, data stall) moves the median with it and cancels out; ranks of different
 pipeline stages are never compared, and where ranks report no stage, ranks persistently
@@ -66,7 +66,7 @@ from guard.schemas import StepTiming
 from .findings import Finding, imbalance_info
 from .job_columns import StepColumns
 from .peer_groups import LevelTracker
-from .persistent_deviation import DeviationTracker, GroupNoise, PersistenceRule, SequentialTest
+from .persistent_deviation import GroupNoise, PersistenceRule, SequentialTest, TrackerTable
 from .robust import median
 
 __all__ = ["PeerStragglerDetector"]
@@ -108,7 +108,8 @@ class PeerStragglerDetector:
         self.slot_of: dict[int, int] = {}
         self.placed = np.full((0, 2), -2, dtype=np.int64)
         self.node_codes: dict[str, int] = {}
-        self.trackers: dict[int, DeviationTracker] = {}
+        self.trackers = TrackerTable(self.rule)
+        self.tracker_slot: dict[int, int] = {}  # rank -> its slot in ``trackers``
         self.noise: dict[tuple[str, int | None], GroupNoise] = {}
         self.expected = 0
         self.closed_through = -1
@@ -173,7 +174,7 @@ class PeerStragglerDetector:
                 self.placed[slots[i]] = (codes[i], stage)
                 node = cols.nodes[cols.node[i]]
                 self.ranks[rank] = (node, None if gpu < 0 else gpu, None if stage < 0 else stage)
-                self.trackers.pop(rank, None)  # a rank that moved starts a fresh history
+                self._restart(rank)  # a rank that moved starts a fresh history
 
     def tick(self, now: float) -> list[Finding]:
         return []  # steps close on later steps' messages, not on time
@@ -218,47 +219,57 @@ class PeerStragglerDetector:
             groups.setdefault(("late", found[rank]), []).append(rank)
         return groups
 
-    def _evaluate(self, step: int, ts: float, row: dict[int, float]) -> list[Finding]:
-        found: list[Finding] = []
-        stage_medians: dict[object, float] = {}
-        rule = self.rule
-        for key, members in self._groups(row).items():
-            if len(members) < self.min_peers:
-                continue
-            values = [row[r] for r in members]
-            center = median(values)
-            if center <= 0.0:
-                continue
-            stage_medians[key[1] if key[0] == "stage" else f"late{key[1]}"] = center
-            residuals = [v / center - 1.0 for v in values]
-            trackers = []
-            group_of = self.group_of
-            where = (key, self.level.version)
-            for rank in members:
-                tracker = self.trackers.get(rank)
-                if tracker is None or (group_of.get(rank) != where and not tracker.active):
-                    # a rank that changed groups starts a fresh history among its new peers
-                    tracker = self.trackers[rank] = DeviationTracker()
-                elif group_of.get(rank) != where and rank in self.reported:
+    def _restart(self, rank: int) -> None:
+        slot = self.tracker_slot.get(rank)
+        if slot is not None:
+            self.trackers.reset(slot)
+
+    def _slots(self, key: tuple[str, int | None], members: list[int]) -> np.ndarray:
+        """The members' slots in ``trackers``, new ones for ranks never seen."""
+        table, slot_of, group_of = self.trackers, self.tracker_slot, self.group_of
+        where = (key, self.level.version)
+        slots = np.empty(len(members), dtype=np.intp)
+        for i, rank in enumerate(members):
+            slot = slot_of.get(rank)
+            if slot is None:
+                slot = slot_of[rank] = table.new_slot()
+            elif group_of.get(rank) != where:
+                if not table.active(slot):
+                    table.reset(slot)  # a rank that changed groups starts afresh among its peers
+                elif rank in self.reported:
                     # a claimed one keeps its claim (its own lateness may have moved it), but
                     # its residuals against new peers are no measure of a worse slowdown
                     self.reported[rank] = float("inf")
-                group_of[rank] = where
-                trackers.append(tracker)
+            group_of[rank] = where
+            slots[i] = slot
+        return slots
+
+    def _evaluate(self, step: int, ts: float, row: dict[int, float]) -> list[Finding]:
+        found: list[Finding] = []
+        stage_medians: dict[object, float] = {}
+        for key, members in self._groups(row).items():
+            if len(members) < self.min_peers:
+                continue
+            values = np.array([row[r] for r in members])
+            center = float(np.median(values))
+            if center <= 0.0:
+                continue
+            stage_medians[key[1] if key[0] == "stage" else f"late{key[1]}"] = center
+            slots = self._slots(key, members)
             noise = self.noise.get(key)
             if noise is None:
                 noise = self.noise[key] = GroupNoise()
-            for i, event in noise.judge(trackers, residuals, rule, ts):
+            for i, event in self.trackers.judge(noise, slots, values / center - 1.0, ts):
                 rank = members[i]
-                found.append(self._finding(event, rank, step, ts, trackers[i], center, row[rank]))
-            found += self._worse(members, trackers, step, ts, center, row)
+                found.append(self._finding(event, rank, step, ts, int(slots[i]), center, row[rank]))
+            found += self._worse(members, slots, step, ts, center, row)
         found += self._imbalance(step, ts, stage_medians)
         return found
 
     def _worse(
         self,
         members: list[int],
-        trackers: list[DeviationTracker],
+        slots: np.ndarray,
         step: int,
         ts: float,
         center: float,
@@ -268,13 +279,14 @@ class PeerStragglerDetector:
         if not self.reported:
             return []
         found = []
-        for rank, tracker in zip(members, trackers, strict=True):
+        table = self.trackers
+        for rank, slot in zip(members, slots.tolist(), strict=True):
             old = self.reported.get(rank)
-            if old is None or not tracker.active:
+            if old is None or not table.active(slot):
                 continue
-            mean = tracker.slow_mean()
+            mean = table.slow_mean(slot)
             if mean >= self.worse_factor * old and mean - old >= 0.05:
-                f = self._finding("raise", rank, step, ts, tracker, center, row[rank])
+                f = self._finding("raise", rank, step, ts, slot, center, row[rank])
                 f.since = ts  # new evidence: a flag of its own
                 f.evidence["previous_slowdown_pct"] = round(100.0 * old, 1)
                 found.append(f)
@@ -286,12 +298,14 @@ class PeerStragglerDetector:
         rank: int,
         step: int,
         ts: float,
-        tracker: DeviationTracker,
+        slot: int,
         center: float,
         value: float,
     ) -> Finding:
         node, gpu, stage = self.ranks[rank]
-        mean = tracker.slow_mean()
+        table = self.trackers
+        mean = table.slow_mean(slot)
+        since = table.since_ts(slot)
         if event == "raise":
             self.reported[rank] = mean
         else:
@@ -301,23 +315,23 @@ class PeerStragglerDetector:
             "metric": "compute_s",
             "slowdown_pct": round(100.0 * mean, 1),
             "relative_score": round(1.0 / (1.0 + mean), 3),
-            "own_baseline_pct": round(100.0 * tracker.baseline, 1),
+            "own_baseline_pct": round(100.0 * table.baseline(slot), 1),
             "peer_median_s": round(center, 6),
             "rank_s": round(value, 6),
-            "slow_steps": f"{tracker.slow_rounds()}/{len(tracker.scores)}",
+            "slow_steps": f"{table.slow_rounds(slot)}/{table.filled(slot)}",
             "pp_stage": stage,
             "step": step,
-            "since_ts": tracker.since_ts,
+            "since_ts": since,
         }
         if self.rule.sequential is not None:
-            evidence.update(tracker.sequential_evidence(self.rule.sequential))
+            evidence.update(table.sequential_evidence(slot, self.rule.sequential))
         return Finding(
             detector=self.name,
             category="straggler",
             severity=severity,
             node=node,
             ts=ts,
-            since=tracker.since_ts,
+            since=since,
             score=round(mean, 4),
             job=self.job,
             gpu=gpu,

@@ -45,9 +45,10 @@ straggler do. The threshold and ``rounds`` come from the wanted false-alarm rate
 (:func:`cusum_limits`). The window rule still runs beside it, and a claim made by either is
 cleared by the same rule (``clear_after`` rounds in a row with neither slow).
 
-A detector keeps one :class:`DeviationTracker` per member and one :class:`GroupNoise` per
-group, and hands each round to :meth:`GroupNoise.judge`, which returns the members' raises
-and clears.
+A detector keeps all its members' state in one :class:`TrackerTable` (a slot each, arrays
+indexed by slot) and one :class:`GroupNoise` per group, and hands each round of a group to
+:meth:`TrackerTable.judge`, which updates the members at once and returns their raises and
+clears.
 
 Parameters
 ----------
@@ -87,36 +88,39 @@ performance scores. https://github.com/NVIDIA/nvidia-resiliency-ext
 
 Example
 -------
->>> from guard.detectors.persistent_deviation import DeviationTracker, PersistenceRule
+>>> import numpy as np
+>>> from guard.detectors.persistent_deviation import GroupNoise, PersistenceRule, TrackerTable
 >>> rule = PersistenceRule(baseline_rounds=4)
->>> t = DeviationTracker()
->>> residuals = [0.01] * 6 + [0.07] * 8  # 1 % slower than the median is this GPU's normal
->>> events = [t.update(r, 0.004, 0.01, rule, float(i)) for i, r in enumerate(residuals)]
->>> events.index("raise"), round(t.baseline, 3), t.since_ts
-(12, 0.01, 6.0)
->>> hiccup = DeviationTracker()
->>> [hiccup.update(r, 0.004, 0.01, rule, 0.0) for r in [0.0] * 5 + [0.9] + [0.0] * 3]
-[None, None, None, None, None, None, None, None, None]
+>>> table, noise = TrackerTable(rule), GroupNoise()
+>>> slots = np.array([table.new_slot() for _ in range(8)])
+>>> usual = np.array([0.0, 0.01, -0.01, 0.0, 0.005, 0.01, -0.005, 0.0])  # GPUs differ by ~1 %
+>>> jitter = np.resize([0.002, -0.002, 0.001, -0.001, 0.0], 8)
+>>> events = []
+>>> for i in range(16):
+...     residuals = usual + np.roll(jitter, i)
+...     residuals[5] += 0.06 if i >= 6 else 0.0  # 6 % slower from round 6 on
+...     residuals[2] += 0.9 if i == 9 else 0.0  # one hiccup: no claim
+...     events += table.judge(noise, slots, residuals, float(i))
+>>> events, round(table.baseline(5), 3), table.since_ts(5), table.slow_rounds(5)
+([(5, 'raise')], 0.01, 6.0, 10)
 
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 
 import numpy as np
 
-from .robust import mad_sigma
+from .robust import MAD_TO_SIGMA, mad_sigma
 
 __all__ = [
-    "DeviationTracker",
     "GroupNoise",
     "PersistenceRule",
     "SequentialTest",
-    "crowded",
+    "TrackerTable",
     "cusum_arl",
     "cusum_limits",
 ]
@@ -124,6 +128,8 @@ __all__ = [
 _SMOOTHING = 0.1
 _SLOW = 0.02
 _NAN = math.nan  # a normal round's slow residual
+#: groups up to this size take their robust spreads over lists (sorted() beats np.sort there)
+_LISTS_UP_TO = 48
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,231 +281,412 @@ class PersistenceRule:
             object.__setattr__(self, f.name, next(values, f.default))
 
 
-class DeviationTracker:
-    """One member's recent scores, baseline and flagged state (a few hundred bytes pickled)."""
+_RAISED_BY = ("", "window", "cusum")  # TrackerTable.raised_by: the test that made the claim
+#: the windows of the last rounds (TrackerTable.history[:, i]), and what an empty cell holds
+#: (it counts for nothing): capped scores, timestamps of slow rounds (-1: a normal round),
+#: residuals of slow rounds (NaN: a normal round), winsorised residuals
+_SCORES, _SLOW_TS, _PICKED, _KEPT = range(4)
+_EMPTY = np.array([0.0, -1.0, _NAN, 0.0])
+#: the per-member numbers, with their dtype
+_SCALARS = {
+    "rounds": np.int64,
+    "baselines": np.float64,
+    "flagged": np.bool_,
+    "calm": np.int64,
+    "windows": np.int64,  # bit history of window verdicts, newest in bit 0
+    "since": np.float64,  # when the current claim's evidence began
+    "raised_by": np.int8,  # index into _RAISED_BY
+    "cusum": np.float64,  # the sequential test's statistic S (0: no evidence)
+    "cusum_steps": np.int64,  # rounds since S last left 0
+    "cusum_since": np.float64,  # the first of them
+    "cusum_excess": np.float64,  # sums over them: excess over baseline, residual
+    "cusum_residual": np.float64,
+}
+
+
+class TrackerTable:
+    """All members' recent scores, baselines and flagged states, as arrays indexed by a slot.
+
+    A member is a dense *slot* (:meth:`new_slot`). Its last ``rule.window`` rounds are rows
+    of ``history``, shape ``(slots, 4, window)``: four windows (capped scores, timestamps of
+    slow rounds, residuals of slow rounds, winsorised residuals), oldest first, shifted by
+    one each round, empty cells first while a member holds fewer rounds (``min(rounds,
+    window)``); everything else is one number per slot. :meth:`judge` runs one round of one
+    group as array operations over its members, with the per-member rule's results to the
+    last bit (sums in window order). About 470 bytes a member pickled.
+    """
 
     __slots__ = (
-        "active",
-        "baseline",
+        "baselines",
         "calm",
         "cusum",
         "cusum_excess",
         "cusum_residual",
         "cusum_since",
         "cusum_steps",
+        "flagged",
+        "history",
         "raised_by",
-        "residuals",
         "rounds",
-        "scores",
-        "since_ts",
-        "slow",
-        "slow_residuals",
+        "rule",
+        "since",
+        "used",
         "windows",
     )
+    rule: PersistenceRule
+    used: int
+    history: np.ndarray
+    rounds: np.ndarray
+    baselines: np.ndarray
+    flagged: np.ndarray
+    calm: np.ndarray
+    windows: np.ndarray
+    since: np.ndarray
+    raised_by: np.ndarray
+    cusum: np.ndarray
+    cusum_steps: np.ndarray
+    cusum_since: np.ndarray
+    cusum_excess: np.ndarray
+    cusum_residual: np.ndarray
 
-    def __init__(self) -> None:
-        self.scores: deque[float] = deque()
-        self.slow: deque[float] = deque()  # round timestamps of slow rounds, -1.0 for normal
-        self.slow_residuals: deque[float] = deque()
-        self.residuals: deque[float] = deque()
-        self.windows = 0  # bit history of window verdicts, newest in bit 0
-        self.active = False
-        self.calm = 0
-        self.since_ts = 0.0
-        self.baseline = 0.0
-        self.rounds = 0
-        self.cusum = 0.0  # the sequential test's statistic S (0: no evidence)
-        self.cusum_steps = 0  # rounds since S last left 0
-        self.cusum_since = 0.0  # the first of them
-        self.cusum_excess = 0.0  # sums over them: excess over baseline, residual
-        self.cusum_residual = 0.0
-        self.raised_by = ""  # "cusum" or "window": the test that made the current claim
+    def __init__(self, rule: PersistenceRule, capacity: int = 8) -> None:
+        self.rule = rule
+        self.used = 0
+        self.history = np.repeat(_EMPTY[None, :, None], capacity, axis=0).repeat(rule.window, 2)
+        for name, dtype in _SCALARS.items():
+            setattr(self, name, np.zeros(capacity, dtype))
 
-    def __setstate__(self, state: tuple[None, dict[str, object]]) -> None:
-        """Restore a pickled tracker; slots a checkpoint of an older Guard lacks (the
-        sequential test's) start from their defaults instead of being left unset."""
-        self.__init__()  # type: ignore[misc]
-        for name, value in state[1].items():
+    def __getstate__(self) -> dict[str, object]:
+        """Only the slots in use (the arrays grow by doubling)."""
+        used = self.used
+        state: dict[str, object] = {"rule": self.rule, "used": used}
+        for name in ("history", *_SCALARS):
+            state[name] = getattr(self, name)[:used].copy()
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        for name, value in state.items():
             setattr(self, name, value)
 
-    def excess(self, residual: float, rule: PersistenceRule) -> float | None:
-        """Residual above the member's own baseline; ``None`` while the baseline is learned."""
-        return residual - self.baseline if self.rounds >= rule.baseline_rounds else None
+    # --- slots -----------------------------------------------------------------------------
 
-    def slow_mean(self) -> float:
+    def new_slot(self) -> int:
+        """A slot with a fresh history."""
+        slot = self.used
+        capacity = len(self.rounds)
+        if slot == capacity:
+            for name in ("history", *_SCALARS):
+                column = getattr(self, name)
+                more = np.zeros((max(8, capacity), *column.shape[1:]), column.dtype)
+                setattr(self, name, np.concatenate([column, more]))
+        self.used = slot + 1
+        self.reset(slot)
+        return slot
+
+    def reset(self, slot: int) -> None:
+        """Start ``slot``'s history afresh (a member that moved)."""
+        self.history[slot] = _EMPTY[:, None]
+        for name in _SCALARS:
+            getattr(self, name)[slot] = 0
+
+    def _window(self, which: int, slot: int) -> list[float]:
+        """``slot``'s window ``which`` (``_SCORES`` ...), oldest first, as many as it holds."""
+        held = min(int(self.rounds[slot]), self.rule.window)
+        return [float(v) for v in self.history[slot, which, self.rule.window - held :]]
+
+    # --- one member, for a finding's evidence ----------------------------------------------
+
+    def active(self, slot: int) -> bool:
+        """Is a claim on the member open?"""
+        return bool(self.flagged[slot])
+
+    def baseline(self, slot: int) -> float:
+        """The member's own usual residual."""
+        return float(self.baselines[slot])
+
+    def since_ts(self, slot: int) -> float:
+        """When the evidence of the member's claim began."""
+        return float(self.since[slot])
+
+    def filled(self, slot: int) -> int:
+        """Rounds in the window (``window`` once it is full)."""
+        return min(int(self.rounds[slot]), self.rule.window)
+
+    def slow_rounds(self, slot: int) -> int:
+        return sum(1 for s in self._window(_SLOW_TS, slot) if s >= 0.0)
+
+    def slow_mean(self, slot: int) -> float:
         """Mean residual (against peers) over the window's slow rounds, else over the
         sequential test's current run of evidence, else over the window."""
-        picked = [r for r in self.slow_residuals if not math.isnan(r)]
-        if picked and len(picked) * 2 >= len(self.slow_residuals):
+        window = self._window(_PICKED, slot)
+        picked = [r for r in window if not math.isnan(r)]
+        if picked and len(picked) * 2 >= len(window):
             return sum(picked) / len(picked)
-        if self.cusum_steps:
-            return self.cusum_residual / self.cusum_steps
-        return sum(self.residuals) / len(self.residuals) if self.residuals else 0.0
+        steps = int(self.cusum_steps[slot])
+        if steps:
+            return float(self.cusum_residual[slot]) / steps
+        kept = self._window(_KEPT, slot)
+        return sum(kept) / len(kept) if kept else 0.0
 
-    def sequential_evidence(self, test: SequentialTest) -> dict[str, float | int | str]:
+    def sequential_evidence(self, slot: int, test: SequentialTest) -> dict[str, float | int | str]:
         """The sequential test's figures for a finding's evidence."""
-        steps = self.cusum_steps
+        steps = int(self.cusum_steps[slot])
+        excess = float(self.cusum_excess[slot])
         return {
-            "raised_by": self.raised_by,
+            "raised_by": _RAISED_BY[self.raised_by[slot]],
             "steps": steps,
-            "cusum": round(self.cusum, 2),
+            "cusum": round(float(self.cusum[slot]), 2),
             "threshold": test.threshold,
-            "excess_pct": round(100.0 * self.cusum_excess / steps, 1) if steps else 0.0,
+            "excess_pct": round(100.0 * excess / steps, 1) if steps else 0.0,
         }
 
-    def veto(self) -> None:
+    def veto(self, slot: int | np.ndarray) -> None:
         """Withdraw a raise the detector decided against (the member may raise again later)."""
-        self.active = False
-        self.windows = 0
-        self.cusum = 0.0
-        self.cusum_steps = 0
+        self.flagged[slot] = False
+        self.windows[slot] = 0
+        self.cusum[slot] = 0.0
+        self.cusum_steps[slot] = 0
 
-    def slow_rounds(self) -> int:
-        return sum(1 for s in self.slow if s >= 0.0)
+    # --- one round of one group ------------------------------------------------------------
 
-    def update(
-        self,
-        residual: float,
-        sigma_rel: float,
-        sigma_abs: float,
-        rule: PersistenceRule,
-        round_ts: float,
-    ) -> str | None:
-        """Add one round; return ``"raise"``, ``"clear"`` or ``None``."""
-        self.rounds = rounds = self.rounds + 1
+    def judge(
+        self, noise: GroupNoise, slots: np.ndarray, residuals: np.ndarray, round_ts: float
+    ) -> list[tuple[int, str]]:
+        """One round of a group: ``(member index, "raise" or "clear")`` for each event.
+
+        ``slots[i]`` (distinct) is member ``i``'s slot, ``residuals[i]`` its residual. Nothing
+        when the round is disturbed (:class:`GroupNoise`); a raise in a round the group moved
+        together (:meth:`crowded`, held by :meth:`GroupNoise.shared`) is vetoed instead of
+        returned. The branches only skip work whose result is known (nothing learning, no
+        member past a bar).
+        """
+        rule = self.rule
+        window = rule.window
+        slots = np.asarray(slots, dtype=np.intp)
+        r = np.asarray(residuals, dtype=np.float64)
+        rounds = self.rounds[slots] + 1
+        baseline = self.baselines[slots]
+        excess = r - baseline
         ready = rounds > rule.baseline_rounds
-        baseline = self.baseline
-        if not ready:
-            self.baseline = baseline = baseline + (residual - baseline) / rounds
-        a, b = rule.abs_residual, rule.z * sigma_abs
-        score = residual / max(a, b)
-        if ready:
-            a, b = rule.min_residual, rule.z * sigma_rel
-            score = max(score, (residual - baseline) / max(a, b))
-        slow_round = score >= 1.0
-        if ready and not slow_round and not self.active and score < 0.5:
-            self.baseline = baseline + rule.baseline_alpha * (residual - baseline)
-        scores, slow, picked, kept = self.scores, self.slow, self.slow_residuals, self.residuals
-        cap = rule.cap
-        scores.append((cap if cap < score else score) if score > 0.0 else 0.0)
-        if slow_round:
-            slow.append(round_ts)
-            picked.append(residual)
+        learning = not ready.all()
+        sigma_rel, sigma_abs = noise.measure(r, excess[ready] if learning else excess)
+        if noise.disturbed:
+            return []  # everyone jittered at once: no evidence about anyone this round
+        score = r / max(rule.abs_residual, rule.z * sigma_abs)
+        relative = np.maximum(score, excess / max(rule.min_residual, rule.z * sigma_rel))
+        if learning:
+            baseline = np.where(ready, baseline, baseline + (r - baseline) / rounds)
+            score = np.where(ready, relative, score)
         else:
-            slow.append(-1.0)
-            picked.append(_NAN)
-        cap = rule.residual_cap
-        kept.append(cap if residual > cap else (-cap if residual < -cap else residual))
-        if len(scores) > rule.window:
-            scores.popleft()
-            slow.popleft()
-            picked.popleft()
-            kept.popleft()
-        n_slow = len(slow) - slow.count(-1.0)
-        verdict = (
-            len(scores) >= rule.window // 2
-            and n_slow >= rule.min_fraction * rule.window
-            and sum(scores) / len(scores) >= rule.min_score
+            score = relative
+        slow_round = score >= 1.0
+        active = self.flagged[slots]
+        follows = (score < 0.5) & ~active  # never slow
+        if learning:
+            follows &= ready
+        baseline = np.where(follows, baseline + rule.baseline_alpha * excess, baseline)
+
+        history = self.history[slots]
+        history[:, :, :-1] = history[:, :, 1:]
+        history[:, _SCORES, -1] = np.minimum(np.maximum(score, 0.0), rule.cap)
+        history[:, _SLOW_TS, -1] = np.where(slow_round, round_ts, -1.0)
+        history[:, _PICKED, -1] = np.where(slow_round, r, _NAN)
+        history[:, _KEPT, -1] = np.minimum(np.maximum(r, -rule.residual_cap), rule.residual_cap)
+        slow, kept = history[:, _SLOW_TS], history[:, _KEPT]
+        total = np.add.accumulate(history[:, _SCORES], axis=1)[:, -1]  # in window order
+        verdict = (slow != -1.0).sum(axis=1) >= rule.min_fraction * window
+        if learning or rule.baseline_rounds < window:  # some windows are not full yet
+            held = np.minimum(rounds, window)
+            verdict &= (held >= window // 2) & (total / held >= rule.min_score)
+        else:
+            verdict &= total / window >= rule.min_score
+        if kept.max() >= rule.offset_residual:
+            offset = ~verdict & (rounds >= window) & (kept.max(axis=1) >= rule.offset_residual)
+            if offset.any():
+                offset = self._offset(offset, kept, sigma_abs)
+                verdict |= offset
+                # the offset itself is the evidence where no round was slow: date it here
+                undated = offset & ~slow_round & ~(slow >= 0.0).any(axis=1)
+                slow[undated, -1] = round_ts
+                history[undated, _PICKED, -1] = r[undated]
+        self.history[slots] = history
+        self.rounds[slots] = rounds
+        self.baselines[slots] = baseline
+
+        crossed = None
+        if rule.sequential is not None:
+            crossed = self._sequential(
+                slots, r, ready, learning, baseline, sigma_rel, sigma_abs, round_ts
+            )
+        raised = cleared = None
+        windows = self.windows[slots]
+        count = np.count_nonzero
+        if count(verdict) or count(windows) or count(active) or crossed is not None:
+            raised, cleared = self._claims(slots, verdict, crossed, windows, active, slow)
+
+        moved = self.crowded(rounds, learning, kept, baseline, sigma_rel)
+        shared = noise.shared(moved, rule)
+        if raised is None or cleared is None or not (raised.any() or cleared.any()):
+            return []  # the common case: no member raised or cleared
+        if shared and raised.any():
+            self.veto(slots[raised])  # many members slowed at once: a shared cause
+            raised[:] = False
+        return [
+            (int(i), "raise" if raised[i] else "clear") for i in np.flatnonzero(raised | cleared)
+        ]
+
+    def _claims(
+        self,
+        slots: np.ndarray,
+        verdict: np.ndarray,
+        crossed: np.ndarray | None,
+        windows: np.ndarray,
+        active: np.ndarray,
+        slow: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The members' window bits, raises and clears (``crossed``: the CUSUM's, if any)."""
+        rule = self.rule
+        windows = ((windows << 1) | verdict) & ((1 << rule.n) - 1)
+        self.windows[slots] = windows
+        windows_slow = ((windows[:, None] >> np.arange(rule.n)) & 1).sum(axis=1)
+        by_window = ~active & verdict & (windows_slow >= rule.m)
+        raised = by_window
+        evidence = verdict
+        if crossed is not None:
+            raised = by_window | (~active & crossed)
+            evidence = verdict | crossed
+        idle = active & ~evidence
+        calm = self.calm[slots]
+        calm = np.where(active | raised, np.where(idle, calm + 1, 0), calm)
+        self.calm[slots] = calm
+        cleared = idle & (calm >= rule.clear_after)
+        if raised.any():
+            by_cusum = raised & ~by_window
+            first = np.argmax(slow >= 0.0, axis=1)  # the window's first slow round
+            dated = slow[np.arange(len(slots)), first]
+            since = np.where(by_cusum, self.cusum_since[slots], dated)
+            self.since[slots[raised]] = since[raised]
+            self.raised_by[slots[raised]] = np.where(by_cusum, 2, 1)[raised]
+        self.flagged[slots] = (active & ~cleared) | raised
+        if cleared.any():
+            self.veto(slots[cleared])
+        return raised, cleared
+
+    def _offset(self, maybe: np.ndarray, kept: np.ndarray, sigma_abs: float) -> np.ndarray:
+        """The persistent-offset test of full windows ``maybe`` (module docstring)."""
+        rule = self.rule
+        window = rule.window
+        ordered = np.sort(kept[maybe], axis=1)
+        mid = window // 2
+        typical = ordered[:, mid] if window % 2 else 0.5 * (ordered[:, mid - 1] + ordered[:, mid])
+        positive = (ordered > 0.0).sum(axis=1)
+        # the median's standard error is ~1.25 that of the mean; hiccups do not move it
+        found = np.zeros(len(maybe), dtype=bool)
+        found[maybe] = (
+            (typical >= rule.offset_residual)
+            & (typical >= 1.25 * rule.z * sigma_abs / math.sqrt(window))
+            & (positive >= rule.offset_fraction * window)
         )
-        if not verdict and len(kept) >= rule.window and max(kept) >= rule.offset_residual:
-            ordered = sorted(kept)
-            mid = len(ordered) // 2
-            typical = ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
-            # the median's standard error is ~1.25 that of the mean; hiccups do not move it
-            if (
-                typical >= rule.offset_residual
-                and typical >= 1.25 * rule.z * sigma_abs / math.sqrt(len(kept))
-                and sum(1 for r in kept if r > 0.0) >= rule.offset_fraction * len(kept)
-            ):
-                verdict = True
-                if not slow_round and not any(t >= 0.0 for t in slow):
-                    slow[-1] = round_ts  # the offset itself is the evidence: date it here
-                    picked[-1] = residual
-        self.windows = ((self.windows << 1) | verdict) & ((1 << rule.n) - 1)
-        crossed = False
-        test = rule.sequential
-        if test is not None:
-            crossed = self._sequential(residual, sigma_rel, sigma_abs, rule, test, round_ts)
-        if not self.active:
-            if verdict and self.windows.bit_count() >= rule.m:
-                self.active = True
-                self.calm = 0
-                self.since_ts = next(s for s in slow if s >= 0.0)
-                self.raised_by = "window"
-                return "raise"
-            if crossed:
-                self.active = True
-                self.calm = 0
-                self.since_ts = self.cusum_since
-                self.raised_by = "cusum"
-                return "raise"
-            return None
-        if verdict or crossed:
-            self.calm = 0
-            return None
-        self.calm += 1
-        if self.calm >= rule.clear_after:
-            self.active = False
-            self.windows = 0
-            self.cusum = 0.0
-            self.cusum_steps = 0
-            return "clear"
-        return None
+        return found
 
     def _sequential(
         self,
-        residual: float,
+        slots: np.ndarray,
+        r: np.ndarray,
+        ready: np.ndarray,
+        learning: bool,
+        baseline: np.ndarray,
         sigma_rel: float,
         sigma_abs: float,
-        rule: PersistenceRule,
-        test: SequentialTest,
         round_ts: float,
-    ) -> bool:
-        """One round of the CUSUM (module docstring); has ``S`` reached the threshold?"""
+    ) -> np.ndarray | None:
+        """One round of the CUSUM (module docstring); which members' ``S`` reached the
+        threshold (None: none has evidence)?"""
+        rule = self.rule
+        test = rule.sequential
+        assert test is not None
         k = test.k
         scale = max(sigma_rel, rule.min_residual / k)
+        bar = max(rule.abs_residual, rule.z * sigma_abs)
+        excess = r - baseline
+        if learning:
+            excess = np.where(ready, excess, 0.0)
+        relative = excess / scale
+        before = self.cusum[slots]
+        if r.max() <= bar and relative.max() <= k and not before.any():
+            return None  # no evidence, and no member's z above k: nobody gathers any
         # past the absolute bar (that of the window rule), in units of round-to-round noise
-        z = k + (residual - max(rule.abs_residual, rule.z * sigma_abs)) / scale
-        excess = 0.0
-        if self.rounds > rule.baseline_rounds:
-            excess = residual - self.baseline
-            z = max(z, excess / scale)
-        clip, threshold = test.clip, test.threshold
-        cusum = self.cusum + (clip if z > clip else z) - k
-        if cusum <= 0.0:
-            self.cusum = 0.0
-            self.cusum_steps = 0
-            return False
-        if self.cusum_steps == 0:
-            self.cusum_since = round_ts
-            self.cusum_excess = self.cusum_residual = 0.0
+        z = k + (r - bar) / scale
+        z = np.where(ready, np.maximum(z, relative), z) if learning else np.maximum(z, relative)
+        cusum = before + np.minimum(z, test.clip) - k
+        live = cusum > 0.0
+        if not live.any():
+            if before.any():
+                self.cusum[slots] = 0.0
+                self.cusum_steps[slots] = 0
+            return None
+        steps = self.cusum_steps[slots]
+        went_on = slots[live]
+        fresh = slots[live & (steps == 0)]
+        self.cusum_since[fresh] = round_ts
+        self.cusum_excess[fresh] = 0.0
+        self.cusum_residual[fresh] = 0.0
         # capped, so that a claimed member drains within a few healthy rounds once it recovers
-        self.cusum = cusum if cusum < 2.0 * threshold else 2.0 * threshold
-        self.cusum_steps += 1
-        self.cusum_excess += excess
-        self.cusum_residual += residual
-        return cusum >= threshold
+        self.cusum[slots] = np.where(live, np.minimum(cusum, 2.0 * test.threshold), 0.0)
+        self.cusum_steps[slots] = np.where(live, steps + 1, 0)
+        self.cusum_excess[went_on] += excess[live]
+        self.cusum_residual[went_on] += r[live]
+        crossed: np.ndarray = live & (cusum >= test.threshold)
+        return crossed
+
+    def crowded(
+        self,
+        rounds: np.ndarray,
+        learning: bool,
+        kept: np.ndarray,
+        baseline: np.ndarray,
+        sigma_rel: float,
+    ) -> bool:
+        """Did too many members of one group move away from their own baselines together?
+
+        ``kept``: the members' winsorised residuals, oldest first, this round's last;
+        ``rounds`` and ``baseline``: their rounds and baselines after it. A member counts
+        when the mean of its last four residuals is ``max(2 * min_residual, 1.5 *
+        sigma_rel)`` away from its baseline, in either direction (the standard error of a
+        four-round mean is half a round's spread: a bar lower than the claim's, on purpose).
+        Either direction, because when a subgroup slows down the median moves and the rest
+        look faster: one straggler moves nobody else.
+        """
+        rule = self.rule
+        if rule.window < 4:
+            return False  # no member holds four rounds
+        bar = max(2.0 * rule.min_residual, 1.5 * sigma_rel)
+        last4 = (kept[:, -1] + kept[:, -2] + kept[:, -3] + kept[:, -4]) / 4.0
+        moved = np.abs(last4 - baseline) >= bar
+        if learning:
+            moved &= rounds > rule.baseline_rounds
+        if rule.baseline_rounds < 3:  # else a member past learning holds four rounds
+            moved &= rounds >= 4
+        n = int(moved.sum())
+        return n > 2 and n > rule.crowd_fraction * len(kept)
 
 
-def crowded(trackers: list[DeviationTracker], rule: PersistenceRule, sigma_rel: float) -> bool:
-    """Did too many members of one group move away from their own baselines together?
+def _median(values: np.ndarray) -> float:
+    """:func:`~guard.detectors.robust.median` of an array, to the last bit."""
+    ordered = np.sort(values)
+    mid = len(ordered) // 2
+    if len(ordered) % 2:
+        return float(ordered[mid])
+    low, high = ordered[mid - 1 : mid + 1].tolist()
+    return 0.5 * float(low + high)
 
-    A member counts when the mean of its last four residuals is ``max(2 * min_residual,
-    sigma_rel)`` away from its baseline, in either direction (the standard error of a
-    four-round mean is half a round's spread: a two-sigma bar, lower than the claim's, on
-    purpose). Either direction, because when a subgroup slows down the median moves and the
-    rest look faster: one straggler moves nobody else.
-    """
-    bar = max(2.0 * rule.min_residual, 1.5 * sigma_rel)
-    n = 0
-    learned = rule.baseline_rounds
-    for t in trackers:
-        if t.rounds > learned and len(t.residuals) >= 4:
-            recent = t.residuals
-            last4 = (recent[-1] + recent[-2] + recent[-3] + recent[-4]) / 4.0
-            if abs(last4 - t.baseline) >= bar:
-                n += 1
-    return n > 2 and n > rule.crowd_fraction * len(trackers)
+
+def _mad_sigma(values: np.ndarray, center: float | None = None) -> float:
+    """:func:`~guard.detectors.robust.mad_sigma` of an array, to the last bit."""
+    if center == 0.0:
+        return MAD_TO_SIGMA * _median(np.abs(values))  # |v - 0.0| is |v|
+    c = _median(values) if center is None else center
+    return MAD_TO_SIGMA * _median(np.abs(values - c))
 
 
 class GroupNoise:
@@ -524,55 +711,26 @@ class GroupNoise:
         self.disturbed = False
         self.crowd = 0  # rounds left in which the group counts as moved together
 
-    def shared(
-        self, trackers: list[DeviationTracker], rule: PersistenceRule, sigma_rel: float
-    ) -> bool:
-        """:func:`crowded`, held for a window of rounds once seen (a shared cause lingers)."""
-        if crowded(trackers, rule, sigma_rel):
+    def shared(self, crowded: bool, rule: PersistenceRule) -> bool:
+        """Has the group moved together (:meth:`TrackerTable.crowded`) within the last window
+        of rounds? Held once seen: a shared cause lingers."""
+        if crowded:
             self.crowd = 3 * rule.window
         elif self.crowd > 0:
             self.crowd -= 1
         return self.crowd > 0
 
-    def judge(
-        self,
-        trackers: list[DeviationTracker],
-        residuals: list[float],
-        rule: PersistenceRule,
-        round_ts: float,
-    ) -> list[tuple[int, str]]:
-        """One round of the group: ``(member index, "raise" or "clear")`` for each event.
-
-        Nothing when the round is disturbed; a raise in a round the group moved together
-        (:meth:`shared`) is vetoed instead of returned.
-        """
-        learned = rule.baseline_rounds  # :meth:`DeviationTracker.excess`, inline
-        excesses = [
-            r - t.baseline for t, r in zip(trackers, residuals, strict=True) if t.rounds >= learned
-        ]
-        sigma_rel, sigma_abs = self.measure(residuals, excesses)
-        if self.disturbed:
-            return []  # everyone jittered at once: no evidence about anyone this round
-        events = [
-            tracker.update(residual, sigma_rel, sigma_abs, rule, round_ts)
-            for residual, tracker in zip(residuals, trackers, strict=True)
-        ]
-        shared = self.shared(trackers, rule, sigma_rel)
-        if not any(events):
-            return []  # the common case: no member raised or cleared
-        judged: list[tuple[int, str]] = []
-        for i, (tracker, event) in enumerate(zip(trackers, events, strict=True)):
-            if event == "raise" and shared:
-                tracker.veto()  # many members slowed at once: a shared cause, not this one
-            elif event is not None:
-                judged.append((i, event))
-        return judged
-
     def measure(
-        self, residuals: list[float], excesses: list[float], disturbed_factor: float = 2.0
+        self, residuals: np.ndarray, excesses: np.ndarray, disturbed_factor: float = 2.0
     ) -> tuple[float, float]:
-        step_abs = mad_sigma(residuals, 0.0)
-        step_rel = mad_sigma(excesses) if len(excesses) >= 3 else step_abs
+        """This round's ``(sigma_rel, sigma_abs)``, each the larger of the round's and the
+        smoothed one; sets :attr:`disturbed`."""
+        if len(residuals) <= _LISTS_UP_TO:
+            step_abs = mad_sigma(residuals.tolist(), 0.0)
+            step_rel = mad_sigma(excesses.tolist()) if len(excesses) >= 3 else step_abs
+        else:
+            step_abs = _mad_sigma(residuals, 0.0)
+            step_rel = _mad_sigma(excesses) if len(excesses) >= 3 else step_abs
         self.disturbed = self.warm >= 8 and step_abs > disturbed_factor * self.usual
         if not self.disturbed:
             self.warm += 1

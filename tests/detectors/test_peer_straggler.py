@@ -7,16 +7,17 @@ import random
 from collections.abc import Callable
 
 import numpy as np
+import pytest
 
+from guard.detectors import persistent_deviation
 from guard.detectors.findings import Finding
 from guard.detectors.peer_straggler import PeerStragglerDetector
-from guard.detectors.persistent_deviation import (
-    DeviationTracker,
-    PersistenceRule,
-    SequentialTest,
-    cusum_arl,
-)
+from guard.detectors.persistent_deviation import PersistenceRule, SequentialTest, cusum_arl
 from guard.schemas import StepTiming
+from guard.streams import checkpoints
+from guard.streams.checkpoints import CHECKPOINT_FORMAT
+
+from . import reference_deviation
 
 RANKS = 16
 T0 = 1_767_225_600.0
@@ -252,19 +253,62 @@ def test_the_in_control_arl_matches_a_simulation_of_the_cusum() -> None:
     assert abs(cusum_arl(h, k, clip, hiccups) / simulated - 1.0) < 0.1
 
 
-def test_a_tracker_checkpointed_before_the_sequential_test_restores_and_runs() -> None:
+def test_a_checkpoint_of_the_per_member_trackers_starts_cold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Detectors hold their members in a TrackerTable since checkpoint format 7; one of an
+    older Guard (a DeviationTracker per rank) is refused, and its key starts cold."""
+
+    class DeviationTracker(reference_deviation.DeviationTracker):  # as it was pickled
+        __slots__ = ()
+        __module__ = persistent_deviation.__name__
+        __qualname__ = "DeviationTracker"
+
+    monkeypatch.setattr(persistent_deviation, "DeviationTracker", DeviationTracker, raising=False)
     rule = PersistenceRule(sequential=SequentialTest())
     tracker = DeviationTracker()
     for i in range(20):
         tracker.update(0.0, 0.004, 0.01, rule, float(i))
-    for name in DeviationTracker.__slots__:  # as a Guard without the sequential test had it
-        if name.startswith(("cusum", "raised")):
-            delattr(tracker, name)
-    restored = pickle.loads(pickle.dumps(tracker, pickle.HIGHEST_PROTOCOL))
-    assert isinstance(restored, DeviationTracker) and restored.rounds == 20
-    assert (restored.cusum, restored.cusum_steps, restored.raised_by) == (0.0, 0, "")
-    events = [restored.update(0.1, 0.004, 0.01, rule, 20.0 + i) for i in range(3)]
-    assert events == [None, None, "raise"] and restored.raised_by == "cusum"
+    old = {"peer_straggler": {"trackers": {3: tracker}}}
+    secret = b"k" * 32
+    sealed = checkpoints.seal(secret, "job-a", old)
+    monkeypatch.undo()  # this Guard, which has no DeviationTracker
+    assert CHECKPOINT_FORMAT != b"guard-state-6:"
+    with pytest.raises(checkpoints.CheckpointRefused, match="checkpoint format"):
+        checkpoints.unseal(secret, "job-a", b"guard-state-6:" + sealed[len(CHECKPOINT_FORMAT) :])
+    with pytest.raises(checkpoints.CheckpointRefused, match="cannot be read"):
+        checkpoints.unseal(secret, "job-a", sealed)  # the old shape under the new format
+
+
+def test_a_checkpointed_detector_goes_on_as_if_never_stopped() -> None:
+    def timings(step: int) -> list[StepTiming]:
+        return [
+            StepTiming(
+                ts=T0 + 2.0 * step,
+                node=f"n{rank}",
+                job="job",
+                rank=rank,
+                step=step,
+                step_s=2.2,
+                compute_s=1.5
+                * (1.1 if rank == 5 and step >= 30 else 1.0)
+                * (1.0 + 0.003 * (rank % 3) + 0.002 * ((step * 7 + rank) % 5)),
+            )
+            for rank in range(RANKS)
+        ]
+
+    kept = PeerStragglerDetector("job")
+    found = [f for step in range(25) for m in timings(step) for f in kept.update(m)]
+    secret = b"k" * 32
+    blob = checkpoints.seal(secret, "job", kept)
+    restored = checkpoints.unseal(secret, "job", blob)
+    assert isinstance(restored, PeerStragglerDetector)
+    after = [
+        [f for m in timings(step) for f in det.update(m)]
+        for det in (kept, restored)
+        for step in range(25, 60)
+    ]
+    assert after[:35] == after[35:] and any(after[:35]) and not found
 
 
 def test_a_rule_checkpointed_before_the_sequential_test_restores_without_it() -> None:

@@ -59,8 +59,6 @@ __all__ = ["HOLD_SLOTS", "judge_rounds", "update_gpus"]
 #: holds per GPU row of a node's state: thermal (claim, info), power (claim, info, CUSUM,
 #: its claim), clocks (claim, CUSUM, its claim)
 HOLD_SLOTS = 9
-#: where the holds of a checkpoint from before the CUSUMs (five a GPU) go
-_SLOTS_BEFORE_CUSUMS = [0, 1, 2, 3, 6]
 #: the sort key of a round closed at the end of input (after every sample)
 _AT_END = 1 << 62
 #: an open round without samples (shared: never changed, a step skips it)
@@ -137,8 +135,6 @@ def judge_rounds(
     names = [det.node for det in nodes]
     base = np.zeros(len(nodes) + 1, dtype=np.intp)
     for k, det in enumerate(nodes):
-        if det.holds.shape[1] != HOLD_SLOTS:
-            det.holds = _with_cusum_slots(det.holds)
         det.grow_holds()
         base[k + 1] = base[k] + len(det.holds)
     state = np.concatenate([det.holds for det in nodes])
@@ -179,18 +175,6 @@ def judge_rounds(
         if det.anomaly is not None:
             det.anomaly.update(rounds, r)  # its windows go to the job's model (the core sends)
     return found
-
-
-def _with_cusum_slots(holds: np.ndarray) -> np.ndarray:
-    """A checkpoint's holds from before the CUSUMs, in today's slots (the CUSUMs at 0)."""
-    if holds.shape[1] != len(_SLOTS_BEFORE_CUSUMS):
-        raise ValueError(
-            f"GPU holds with {holds.shape[1]} slots a GPU: this Guard knows {HOLD_SLOTS} and "
-            f"{len(_SLOTS_BEFORE_CUSUMS)}; start its node's state afresh"
-        )
-    out = np.zeros((len(holds), HOLD_SLOTS, holds.shape[2]))
-    out[:, _SLOTS_BEFORE_CUSUMS] = holds
-    return out
 
 
 def _subset(rounds: Rounds, pick: np.ndarray) -> Rounds:

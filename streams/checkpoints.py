@@ -43,10 +43,10 @@ __all__ = ["CHECKPOINT_FORMAT", "CheckpointRefused", "StateUnpickler", "seal", "
 #: Leads every checkpoint. Bumped when detector classes move or change shape, or the
 #: envelope changes (2: the restructure renamed modules; 3: the HMAC tag; 4: node and job
 #: detectors carry the river peer-anomaly models; 5: a node's NIC ports are arrays; 6: the
-#: job's detectors take a poll's steps and collectives as columns, their ranks by dense id; 7:
-#: a job's persistence trackers are arrays, a TrackerTable): a checkpoint of another format
-#: starts cold instead of being read into objects the code no longer fits.
-CHECKPOINT_FORMAT = b"guard-state-7:"
+#: job's detectors take a poll's steps and collectives as columns, their ranks by dense id,
+#: and keep their persistence trackers as arrays, a TrackerTable): a checkpoint of another
+#: format starts cold instead of being read into objects the code no longer fits.
+CHECKPOINT_FORMAT = b"guard-state-6:"
 TAG_BYTES = hashlib.sha256().digest_size
 
 #: Modules whose classes a checkpoint may name: Guard's own pure code and the river

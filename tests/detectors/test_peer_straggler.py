@@ -256,7 +256,7 @@ def test_the_in_control_arl_matches_a_simulation_of_the_cusum() -> None:
 def test_a_checkpoint_of_the_per_member_trackers_starts_cold(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Detectors hold their members in a TrackerTable since checkpoint format 7; one of an
+    """Detectors hold their members in a TrackerTable since checkpoint format 6; one of an
     older Guard (a DeviationTracker per rank) is refused, and its key starts cold."""
 
     class DeviationTracker(reference_deviation.DeviationTracker):  # as it was pickled
@@ -273,9 +273,9 @@ def test_a_checkpoint_of_the_per_member_trackers_starts_cold(
     secret = b"k" * 32
     sealed = checkpoints.seal(secret, "job-a", old)
     monkeypatch.undo()  # this Guard, which has no DeviationTracker
-    assert CHECKPOINT_FORMAT != b"guard-state-6:"
+    assert CHECKPOINT_FORMAT != b"guard-state-5:"
     with pytest.raises(checkpoints.CheckpointRefused, match="checkpoint format"):
-        checkpoints.unseal(secret, "job-a", b"guard-state-6:" + sealed[len(CHECKPOINT_FORMAT) :])
+        checkpoints.unseal(secret, "job-a", b"guard-state-5:" + sealed[len(CHECKPOINT_FORMAT) :])
     with pytest.raises(checkpoints.CheckpointRefused, match="cannot be read"):
         checkpoints.unseal(secret, "job-a", sealed)  # the old shape under the new format
 

@@ -116,19 +116,3 @@ def test_step_cusums_keeps_s_where_a_round_is_not_judged_and_drains_when_healthy
     assert state[0, 0] == s and state[0, 1] == 1
     step_cusums(state, np.array([0.0]), np.array([0.0]), np.array([2.0]), ROUND_TEST)
     assert state[0].tolist() == [0.0, 0.0, 0.0, 0.0]
-
-
-def test_a_checkpoint_from_before_the_cusums_restores_its_holds() -> None:
-    """Five hold slots a GPU then (thermal 2, power 2, clocks 1): the clock claim stays."""
-    node = NodeDetectors("n1")
-    for t in range(3):  # the second round closes when the third reports
-        for s in _round(float(t), clock={3: 1000.0}):
-            node.update(s)
-    assert node.holds[3, 6, 1] == 1.0  # GPU 3's clock claim is raised
-    node.holds = node.holds[:, [0, 1, 2, 3, 6]]  # as a checkpoint from before kept it
-    found = []
-    for t in range(3, 15):
-        for s in _round(float(t)):
-            found += node.update(s)
-    assert node.holds.shape[1:] == (9, 4)
-    assert [(f.gpu, f.category, f.clear) for f in found] == [(3, "clock", True)]

@@ -513,6 +513,7 @@ class DetectionCore:
                 inc.valid[at],
                 inc.wait[at],
                 inc.marks[at],
+                inc.ports[at],
             )
             latest[key] = max(latest.get(key, 0.0), float(part.ts.max()))
         return found

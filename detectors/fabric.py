@@ -117,6 +117,7 @@ class FabricHotSpotDetector:
             np.array([increase is not None]),
             np.array([wait]),
             np.array([marks]),
+            np.zeros(1, dtype=np.intp),
         )
 
     def add_columns(
@@ -128,9 +129,11 @@ class FabricHotSpotDetector:
         valid: np.ndarray,
         wait: np.ndarray,
         marks: np.ndarray,
+        ports: np.ndarray,
     ) -> list[Finding]:
         """NIC samples as columns (in arrival order) with what each added since its port's
-        previous sample (``valid`` false: no interval). A sample of a later window than the
+        previous sample (``valid`` false: no interval); ``ports``: each sample's port as a
+        dense id (one id, one node's device and port). A sample of a later window than the
         sample before it closes that one's window first."""
         if not len(ts):
             return []
@@ -140,10 +143,10 @@ class FabricHotSpotDetector:
         out: list[Finding] = []
         start = 0
         for cut in cuts.tolist():
-            self._sum(nodes, devices, jobs, valid, wait, marks, start, cut)
+            self._sum(nodes, devices, jobs, (valid, wait, marks, ports), start, cut)
             out += self._close(float((before[cut] + 1) * self.window_s))
             start = cut
-        self._sum(nodes, devices, jobs, valid, wait, marks, start, len(ts))
+        self._sum(nodes, devices, jobs, (valid, wait, marks, ports), start, len(ts))
         self._window = int(windows[-1])  # the latest sample's, as the clock a window follows
         return out
 
@@ -152,34 +155,40 @@ class FabricHotSpotDetector:
         nodes: Sequence[str],
         devices: Sequence[str],
         jobs: Sequence[str | None],
-        valid: np.ndarray,
-        wait: np.ndarray,
-        marks: np.ndarray,
+        columns: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
         start: int,
         stop: int,
     ) -> None:
-        """Add rows ``start:stop`` with an interval to their NIC's window sums (summed per
-        NIC over the rows first, as arrays)."""
-        at = (np.flatnonzero(valid[start:stop]) + start).tolist()
-        if not at:
+        """Add rows ``start:stop`` with an interval to their NIC's window sums: summed per
+        port over the rows as arrays, then per NIC over the ports (``columns``: valid,
+        wait, marks and port id of each row)."""
+        valid, wait, marks, ports = columns
+        at = np.flatnonzero(valid[start:stop]) + start
+        if not len(at):
             return
-        index: dict[tuple[str, str], int] = {}
-        keys = [(nodes[i], devices[i]) for i in at]
-        codes = np.array([index.setdefault(k, len(index)) for k in keys], dtype=np.intp)
-        waits = np.bincount(codes, weights=wait[at].astype(float), minlength=len(index))
-        marked = np.bincount(codes, weights=marks[at].astype(float), minlength=len(index))
+        port = ports[at]
+        _, first, code = np.unique(port, return_index=True, return_inverse=True)
+        waits = np.bincount(code, weights=wait[at].astype(float), minlength=len(first))
+        marked = np.bincount(code, weights=marks[at].astype(float), minlength=len(first))
+        order = np.argsort(first)  # NICs in the order their first sample came
         sums = self._sums
-        for key, w, m in zip(index, waits.tolist(), marked.tolist(), strict=True):
+        for i, w, m in zip(
+            at[first[order]].tolist(), waits[order].tolist(), marked[order].tolist(), strict=True
+        ):
+            key = (nodes[i], devices[i])
             total = sums.get(key)
             if total is None:
                 sums[key] = [w, m]
             else:
                 total[0] += w
                 total[1] += m
+        at_list = at.tolist()
         seen = self._jobs
-        for key, job in set(zip(keys, [jobs[i] for i in at], strict=True)):
+        row_of = dict(zip(port.tolist(), at_list, strict=True))  # a row of each port
+        for p, job in set(zip(port.tolist(), [jobs[i] for i in at_list], strict=True)):
             if job is not None:
-                seen.setdefault(key, set()).add(job)
+                i = row_of[p]
+                seen.setdefault((nodes[i], devices[i]), set()).add(job)
 
     def tick(self, now: float) -> list[Finding]:
         if self._window is None or int(now // self.window_s) <= self._window:

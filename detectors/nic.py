@@ -216,6 +216,7 @@ class NicIncreases:
     valid: np.ndarray  # bool
     wait: np.ndarray  # int64: port_xmit_wait
     marks: np.ndarray  # int64: ECN + CNP
+    ports: np.ndarray  # intp: each row's port as a dense id within the step
 
 
 class NicDetector:
@@ -313,7 +314,7 @@ def update_nics(
         offsets,
     )
     rows = offsets[owner] + local
-    inc = NicIncreases(np.zeros(n, bool), np.zeros(n, np.int64), np.zeros(n, np.int64))
+    inc = NicIncreases(np.zeros(n, bool), np.zeros(n, np.int64), np.zeros(n, np.int64), rows)
     nominal = step.nominal(cols, owner)
     found = step.sequences(cols, owner, rows, inc, nominal)
     if found is None:  # a duplicate or an older sample in the step: one sample a port a pass

@@ -192,14 +192,26 @@ def _typed_dict(model: type[BaseModel]) -> Any:
 KEY_LIMITS: dict[type[BaseModel], list[tuple[str, int]]] = {}
 
 
+#: keys already found no longer than a limit, per limit: a mapping whose keys are all known
+#: is checked with one set operation (a NIC port's counters are the same few names in every
+#: sample); bounded, so a stream of new names costs the length check, not memory
+_SHORT_KEYS: dict[int, set[str]] = {}
+_SHORT_KEYS_MAX = 4096
+
+
 def _long_keys(entries: list[dict[str, Any]], limits: list[tuple[str, int]]) -> None:
     """ValueError if a mapping field of an entry has a key longer than its limit (the key
     check msgspec's decode left out; see :func:`_wire_type`)."""
     for name, limit in limits:
+        known = _SHORT_KEYS.setdefault(limit, set())
         for entry in entries:
             mapping = entry.get(name)
-            if mapping and max(map(len, mapping)) > limit:
+            if not mapping or known.issuperset(mapping):
+                continue
+            if max(map(len, mapping)) > limit:
                 raise ValueError(f"a key of {name} longer than {limit}")
+            if len(known) + len(mapping) <= _SHORT_KEYS_MAX:
+                known.update(mapping)
 
 
 class _ModelBuilder:

@@ -251,3 +251,31 @@ def test_a_counter_name_longer_than_the_contract_allows_is_refused_as_pydantic_d
             else:
                 with pytest.raises(SchemaError, match="counters"):
                     decode_rows(value, "nic")
+
+
+def test_known_counter_names_do_not_let_a_long_one_through_and_new_names_are_bounded() -> None:
+    """Counter names found short are remembered (a port's names repeat in every sample, so
+    most records are checked with one set operation): a record of known names beside a
+    long one is still refused, and a stream of new names does not grow the memory past its
+    bound."""
+    from guard.schemas import sample_decoder
+    from guard.schemas.sample_decoder import decode_rows
+
+    def record(names: list[str]) -> bytes:
+        counters = ",".join(f'"{n}":1' for n in names)
+        return (
+            b'{"kind":"nic_batch","ts":5.0,"node":"n1","ports":[{"device":"d","port":1,'
+            b'"counters":{' + counters.encode() + b"}}]}"
+        )
+
+    known = ["symbol_error", "port_xmit_wait"]
+    assert decode_rows(record(known), "nic")[2][0]["counters"] == dict.fromkeys(known, 1)
+    with pytest.raises(SchemaError, match="counters"):
+        decode_rows(record([*known, "x" * 129]), "nic")
+    for k in range(sample_decoder._SHORT_KEYS_MAX // 50 + 2):
+        decode_rows(record([f"vendor_counter_{k}_{j}" for j in range(50)]), "nic")
+    assert all(
+        len(v) <= sample_decoder._SHORT_KEYS_MAX for v in sample_decoder._SHORT_KEYS.values()
+    )
+    with pytest.raises(SchemaError, match="counters"):  # still checked once the memory is full
+        decode_rows(record(["y" * 129, "vendor_counter_0_0"]), "nic")

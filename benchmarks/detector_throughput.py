@@ -8,7 +8,9 @@ Prints:
 * **backtest end to end** — ``guard backtest`` on a JSONL file (read, validate every line
   through ``guard.schemas``, detect, write flags), median of ``--runs`` runs; and the
   schema-only parse rate for comparison (``--batched``: also on the same messages as
-  batch records, one per node per instant or per node per step);
+  batch records, one per node per instant or per node per step); beside each file's runs,
+  a bare read + JSON parse of the same file (the standard library's ``json`` and msgspec,
+  no schema, no detection) and the backtest's rate as a share of it, run by run;
 * **state** — pickled bytes of the engine's partitions after the run, per GPU (total over
   all partitions / GPUs in the cluster), the largest node partition per GPU, and the largest
   job partition per GPU of that job, for several cluster sizes. The budget is 10 KB per GPU
@@ -45,7 +47,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+import msgspec
 
 from guard.agents.simulator import ClusterSimulator, SimConfig
 from guard.detectors.core import MessageFeed
@@ -74,16 +79,38 @@ def child(path: Path, repeat: int) -> dict[str, list[float]]:
     e2e, stats = backtest_rates([path], repeat)
     return {
         "detectors": rates,
-        "backtest": e2e[path],
+        "backtest": e2e[path]["backtest"],
         "flags": [stats.flags],
         "claims": [stats.claims],
     }
 
 
-def backtest_rates(paths: list[Path], runs: int) -> tuple[dict[Path, list[float]], BacktestStats]:
+def bare_read(path: Path, loads: Callable[[bytes], object]) -> float:
+    """CPU seconds of a bare read + JSON parse of ``path``, a line at a time (no schema, no
+    detection): the floor of any backtest of that file."""
+    started = time.process_time()
+    with path.open("rb") as f:
+        for line in f:
+            loads(line)
+    return time.process_time() - started
+
+
+#: the bare read's JSON parsers: the standard library's, and msgspec's (what Guard decodes with)
+BARE_PARSERS: dict[str, Callable[[bytes], object]] = {
+    "json": json.loads,
+    "msgspec": msgspec.json.Decoder().decode,
+}
+
+
+def backtest_rates(
+    paths: list[Path], runs: int
+) -> tuple[dict[Path, dict[str, list[float]]], BacktestStats]:
     """Samples per second of CPU time of ``guard backtest`` (read, validate, detect, write
-    flags) over each file, the files' runs interleaved; and the last run's stats."""
-    rates: dict[Path, list[float]] = {path: [] for path in paths}
+    flags) over each file, and of a bare read + JSON parse of the same file (each parser of
+    :data:`BARE_PARSERS`), all runs interleaved; and the last run's stats."""
+    rates: dict[Path, dict[str, list[float]]] = {
+        path: {name: [] for name in ["backtest", *BARE_PARSERS]} for path in paths
+    }
     stats = BacktestStats()
     for _ in range(runs):
         for path in paths:
@@ -95,7 +122,9 @@ def backtest_rates(paths: list[Path], runs: int) -> tuple[dict[Path, list[float]
                 except TypeError:  # a checkout before that (--against)
                     items = read_messages([path], stats)
                 run_backtest(items, out, make_detector("guard"), stats)
-            rates[path].append(stats.messages / (time.process_time() - started))
+            rates[path]["backtest"].append(stats.messages / (time.process_time() - started))
+            for name, loads in BARE_PARSERS.items():
+                rates[path][name].append(stats.messages / bare_read(path, loads))
     return rates, stats
 
 
@@ -234,12 +263,22 @@ def main(argv: list[str] | None = None) -> int:
             )
         e2e, _ = backtest_rates(list(files.values()), max(1, args.runs // 2))
         for label, file in files.items():
-            rates = e2e[file]
+            rates = e2e[file]["backtest"]
             print(
                 f"backtest, {label}: median {statistics.median(rates):>10,.0f} samples/s "
                 f"(runs: {', '.join(f'{r:,.0f}' for r in rates)}; "
                 f"{file.stat().st_size / 1e6:.0f} MB)"
             )
+            for name in BARE_PARSERS:
+                bare = e2e[file][name]
+                ratio = statistics.median(
+                    b / r for b, r in zip(rates, bare, strict=True)
+                )  # run by run: a backtest and the bare read beside it saw the same machine
+                print(
+                    f"  bare read + {name} parse of that file: median "
+                    f"{statistics.median(bare):>10,.0f} samples/s; backtest / bare "
+                    f"{ratio:.2f}"
+                )
 
     for nodes in (int(n) for n in args.state_sizes.split(",") if n):
         s = state_per_gpu(nodes, 120.0, args.seed)

@@ -782,7 +782,11 @@ class MessageFeed:
         if type(message) is tuple:
             _, head, entries = message
             ts = record_ts(head) or 0.0
-            newest = max(ts, *(record_ts(e) or 0.0 for e in entries))
+            # an entry's own time, where it has one (None or absent: the record's)
+            stamps = (
+                [e.get("ts") for e in entries] if type(head) is dict else [e.ts for e in entries]
+            )
+            newest = max(ts, max(filter(None, stamps), default=0.0))
             return self._add(ts, newest, message)
         return self.add([message])
 

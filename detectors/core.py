@@ -54,6 +54,7 @@ Example
 
 from __future__ import annotations
 
+import math
 import pickle
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -203,20 +204,66 @@ class CoreOutput:
 
 
 class _KeyClock:
-    """Event time of each key of one table: newest seen, when (runner's clock), last tick."""
+    """Event time of each key of one table: newest seen, when (runner's clock), last tick;
+    and (the node table's) newest of each telemetry kind of the key, whose topics are
+    consumed at their own paces."""
 
-    __slots__ = ("last_tick", "newest", "seen_at")
+    __slots__ = ("fused_to", "in_flight", "kinds", "last_tick", "newest", "seen_at")
 
     def __init__(self) -> None:
         self.newest: dict[str, float] = {}
         self.seen_at: dict[str, float] = {}
         self.last_tick: dict[str, float] = {}
+        self.kinds: dict[str, dict[str, float]] = {}
+        #: a node's findings sent to the findings topic and not yet fused here
+        self.in_flight: dict[str, int] = {}
+        #: the node's event time when none of its findings was last in flight
+        self.fused_to: dict[str, float] = {}
 
     def forget(self, keys: Iterable[str]) -> None:
         for key in keys:
             self.newest.pop(key, None)
             self.seen_at.pop(key, None)
             self.last_tick.pop(key, None)
+            self.in_flight.pop(key, None)
+            self.fused_to.pop(key, None)
+            for newest in self.kinds.values():
+                newest.pop(key, None)
+
+    def behind(self, key: str) -> float | None:
+        """The event time every telemetry kind of ``key`` seen here has reached (the
+        slowest kind's newest); None if none was seen."""
+        times = [newest[key] for newest in self.kinds.values() if key in newest]
+        return min(times) if times else None
+
+    def sent(self, found: Iterable[Outgoing]) -> None:
+        """Count the node findings a step sends to the findings topic."""
+        in_flight = self.in_flight
+        for f in found:
+            if isinstance(f, Finding) and f.node is not None:
+                in_flight[f.node] = in_flight.get(f.node, 0) + 1
+
+    def fused(self, key: str) -> None:
+        """One finding of node ``key`` came back off the findings topic (one sent by
+        another worker, or anyone, can only make the count reach 0 early)."""
+        left = self.in_flight.get(key, 0) - 1
+        if left > 0:
+            self.in_flight[key] = left
+        else:
+            self.in_flight.pop(key, None)
+
+    def fused_through(self, key: str) -> float | None:
+        """The event time through which node ``key``'s own telemetry has been read here
+        *and* the findings it made have been fused (none in flight on the findings topic,
+        whose round trip a job finding fused meanwhile must not overtake); None: no
+        telemetry of the node here, -inf: its findings have been in flight ever since."""
+        now = self.behind(key)
+        if now is None:
+            return None
+        if key not in self.in_flight:
+            self.fused_to[key] = now
+            return now
+        return self.fused_to.get(key, -math.inf)
 
 
 @dataclass
@@ -276,6 +323,7 @@ class DetectionCore:
         out.flags, out.bad_findings, scored = self._fuse(findings, wall)
         out.findings, out.bad = self._detect(telemetry, wall)
         out.findings += scored
+        self.clocks["node"].sent(out.findings)
         if self._waiting:
             out.flags += self._release(wall)
         return out
@@ -291,6 +339,7 @@ class DetectionCore:
                 if silent >= self.idle_after_s and key in store.live:
                     found += self._tick(store, clock, key, clock.newest[key] + silent)
         self.counters.findings += len(found)
+        self.clocks["node"].sent(found)
         return found
 
     def flush(self) -> list[Outgoing]:
@@ -430,15 +479,23 @@ class DetectionCore:
             out.records.append((head, entries))
         return out
 
-    @staticmethod
     def _newest(
-        latest: dict[str, float], keys: Sequence[str], owner: np.ndarray, ts: np.ndarray
+        self,
+        latest: dict[str, float],
+        kind: str,
+        keys: Sequence[str],
+        owner: np.ndarray,
+        ts: np.ndarray,
     ) -> None:
-        """Each key's newest event time, from the step's samples (``owner``: their key)."""
+        """Each key's newest event time, from the step's samples of ``kind`` (``owner``:
+        their key); and the newest of that kind, which fusion's wait reads."""
         top = np.full(len(keys), -np.inf)
         np.maximum.at(top, owner, ts)
+        of_kind = self.clocks["node"].kinds.setdefault(kind, {})
         for key, t in zip(keys, top.tolist(), strict=True):
             latest[key] = max(latest.get(key, 0.0), t)
+            if t > of_kind.get(key, -np.inf):
+                of_kind[key] = t
 
     def _gpus(self, latest: dict[str, float]) -> list[Outgoing]:
         """The step's GPU samples, every node's at once (:func:`~.gpu_step.update_gpus`),
@@ -446,7 +503,7 @@ class DetectionCore:
         got = self._gather("gpu")
         owner = np.array(got.owner, dtype=np.intp)
         cols = GpuColumns.of_structs(got.records)
-        self._newest(latest, [d.node for d in got.nodes], owner, cols.ts)
+        self._newest(latest, "gpu", [d.node for d in got.nodes], owner, cols.ts)
         found: list[Outgoing] = []
         found += update_gpus(got.nodes, owner, cols)
         return found + _windows(got.nodes)
@@ -486,7 +543,7 @@ class DetectionCore:
                 det.job = det.errors.job = job
         owner = np.array(got.owner, dtype=np.intp)
         cols = NicColumns.of_records(got.records)
-        self._newest(latest, [d.node for d in got.nodes], owner, cols.ts)
+        self._newest(latest, "nic", [d.node for d in got.nodes], owner, cols.ts)
         found, inc = update_nics([d.nic for d in got.nodes], owner, cols)
         if self.fabric:
             found += self._fabric(cols, inc, np.array(got.partitions), latest)
@@ -536,11 +593,11 @@ class DetectionCore:
         """The flags of job findings whose node's stream caught up (or that waited long
         enough, or ``every``: all of them), see :meth:`NodeFusion.wait`."""
         flags: list[Flag] = []
-        newest = self.clocks["node"].newest
+        clock = self.clocks["node"]
         for key in sorted(self._waiting):
             entry = self.fusion.live.get(key)
             if entry is not None:
-                flags += entry[0].release(newest.get(key), wall, every)
+                flags += entry[0].release(clock.fused_through(key), wall, every)
                 if entry[0].waiting:
                     continue
             self._waiting.discard(key)
@@ -579,14 +636,17 @@ class DetectionCore:
         decoded.sort(key=lambda item: item[0].ts)
         flags: list[Flag] = []
         scored: list[Finding] = []
+        node_clock = self.clocks["node"]
         for record, key, partition in decoded:
             state = self.fusion.get(key, partition)
+            if isinstance(record, Finding) and record.node == key:
+                node_clock.fused(key)
             if isinstance(record, WindowFeatures):
                 scored += state.add(
                     record.node, record.ts, record.window, record.gpus, record.features
                 )
             elif isinstance(state, NodeFusion) and state.wait(
-                record, self.clocks["node"].newest.get(key), wall
+                record, node_clock.fused_through(key), wall
             ):
                 self._waiting.add(key)
             elif (flag := state.update(record)) is not None:

@@ -23,9 +23,14 @@ score from ``peer_anomaly``), so corroboration is visible at a glance.
 A job's detectors and a node's own are consumed from different partitions, at their own
 paces, so a straggler finding can reach fusion before the node's thermal finding that
 explains it. Such findings (:data:`EXPLAINABLE`) wait until the node's own stream on this
-worker has reached their time (at most :data:`WAIT_S` of the runner's clock;
-:meth:`NodeFusion.wait`), so a node's claims do not depend on which partition ran ahead,
-and a live worker claims what a backtest of the same records claims.
+worker has reached their time (:meth:`NodeFusion.wait`): every kind of its telemetry seen
+here, GPU and NIC, whose topics are consumed at their own paces too (a NIC partition ahead
+of the GPU one must not let a straggler through before the thermal finding that explains
+it). So a node's claims do not depend on which partition ran ahead, and a live worker
+claims what a backtest of the same records claims. A node stream that *lags* (it still
+advances, e.g. behind a flood of dead letters) is waited for up to :data:`WAIT_MAX_S` of the
+runner's clock; one that has *stopped* (no newer event time for :data:`WAIT_S`) lets the
+finding through after :data:`WAIT_S`, and one that is absent at once.
 
 Job-level findings (``node`` is ``None``: imbalance, communication hang, step-time
 regression) pass through :class:`JobFusion`, which drops repeats of an active finding.
@@ -63,6 +68,7 @@ from .findings import Finding
 __all__ = [
     "EXPLAINABLE",
     "PRIORITY",
+    "WAIT_MAX_S",
     "WAIT_S",
     "WORSE_FACTOR",
     "WORSE_MIN",
@@ -149,9 +155,11 @@ def to_flag(f: Finding, also: list[dict[str, Any]] | None = None) -> Flag:
 #: their time (:meth:`NodeFusion.wait`), so the order in which two partitions are consumed
 #: does not decide which claims a node gets.
 EXPLAINABLE = frozenset({"straggler", "comm_slow"})
-#: Longest a finding waits for its node's stream, on the runner's clock (seconds): a node
-#: whose telemetry stopped, or lags more, is fused in arrival order.
+#: How long a finding waits for a node's stream that does not advance, on the runner's
+#: clock (seconds): a node whose telemetry stopped is fused in arrival order.
 WAIT_S = 5.0
+#: The longest a finding waits for a node's stream that still advances but lags behind it.
+WAIT_MAX_S = 30.0
 
 
 class NodeFusion:
@@ -168,32 +176,40 @@ class NodeFusion:
         self.level = -1  # severity rank of the suspicion flagged so far; -1: none
         self.top = -1  # priority of the most specific category flagged so far
         self.flagged: dict[str, tuple[int, str, float]] = {}  # component -> priority, cat, score
-        #: (finding, when it arrived on the runner's clock), in arrival order
-        self.waiting: list[tuple[Finding, float]] = []
+        #: (finding, when it arrived, the node's event time when last seen to advance, and
+        #: when that was, on the runner's clock), in arrival order
+        self.waiting: list[tuple[Finding, float, float | None, float]] = []
 
     def wait(self, f: Finding, node_time: float | None, wall: float) -> bool:
         """Keep ``f`` for later if it is a job finding a node finding could explain and the
-        node's own stream (``node_time``: its event time on this worker; None: no node
-        telemetry here) has not reached its time yet; True if kept."""
+        node's own stream (``node_time``: the event time all its telemetry kinds on this worker
+        have reached; None: no node telemetry here) has not reached its time yet; True if kept."""
         if f.category not in EXPLAINABLE or node_time is None or f.ts <= node_time:
             return False
-        self.waiting.append((f, wall))
+        self.waiting.append((f, wall, node_time, wall))
         return True
 
     def release(self, node_time: float | None, wall: float, every: bool = False) -> list[Flag]:
-        """Fuse the waiting findings the node's stream has reached, those that waited
-        :data:`WAIT_S` on the runner's clock, or (``every``) all of them, in event-time
-        order."""
-        due: list[tuple[Finding, float]] = []
-        keep: list[tuple[Finding, float]] = []
-        for f, at in self.waiting:
+        """Fuse, in event-time order, the waiting findings the node's stream has reached,
+        those whose node's stream has not advanced for :data:`WAIT_S` or that waited
+        :data:`WAIT_MAX_S` (on the runner's clock), or (``every``) all of them."""
+        due: list[Finding] = []
+        keep: list[tuple[Finding, float, float | None, float]] = []
+        for entry in self.waiting:
+            f, at, seen, moved = entry if len(entry) == 4 else (*entry, None, entry[1])
+            if node_time is not None and (seen is None or node_time > seen):
+                seen, moved = node_time, wall  # the node's stream advanced: it lags, not stopped
             reached = node_time is not None and f.ts <= node_time
-            (due if every or reached or wall - at >= WAIT_S else keep).append((f, at))
+            waited = wall - moved >= WAIT_S or wall - at >= WAIT_MAX_S
+            if every or reached or waited:
+                due.append(f)
+            else:
+                keep.append((f, at, seen, moved))
+        self.waiting = keep
         if not due:
             return []
-        self.waiting = keep
         flags = []
-        for f, _ in sorted(due, key=lambda item: item[0].ts):
+        for f in sorted(due, key=lambda f: f.ts):
             if (flag := self.update(f)) is not None:
                 flags.append(flag)
         return flags

@@ -118,6 +118,112 @@ def test_a_job_finding_does_not_wait_for_a_node_without_telemetry_here() -> None
     assert [(f.node, f.category) for f in late] == [("n1", "straggler")]
 
 
+def test_a_job_finding_waits_for_a_node_stream_that_lags_but_not_past_wait_max_s() -> None:
+    """A node stream that still advances but lags (a worker behind a flood of dead letters)
+    is waited for beyond WAIT_S: the thermal finding that explains the straggler arrives
+    20 s of the runner's clock later and the node is claimed once, thermal, as a backtest
+    claims it. One that never catches up lets the finding through after WAIT_MAX_S."""
+    from guard.detectors.core import DetectionCore, encode_findings
+    from guard.detectors.fusion import WAIT_MAX_S, WAIT_S
+    from guard.schemas import GpuSample, encode
+
+    def gpu_records(ts: float) -> list[tuple[int, str, bytes]]:
+        return [(0, "gpu", encode(GpuSample(ts=ts, node="n1", gpu=g))) for g in range(8)]
+
+    def claims(flags: list) -> list[tuple[str, str]]:  # type: ignore[type-arg]
+        return [(f.node, f.category) for f in flags if f.severity != "info"]
+
+    core = DetectionCore()
+    core.step(gpu_records(60.0), (), wall=0.0)
+    flags = core.step((), encode_findings([straggler(4, 105.0, 0.1)]), wall=0.5).flags
+    for k in range(1, 21):  # a second of the node's event time per second of the runner's
+        flags += core.step(gpu_records(60.0 + k), (), wall=0.5 + k).flags
+    assert WAIT_S < 20 and claims(flags) == []  # still waiting: the node's stream moves
+    hot = Finding("thermal", "thermal", "warning", "n1", 82.0, 70.0, 1.2, gpu=4)
+    flags += core.step(gpu_records(81.0), encode_findings([hot]), wall=21.0).flags
+    for k in range(82, 106):  # the node's stream catches up, fast
+        flags += core.step(gpu_records(float(k)), (), wall=21.0 + (k - 81) / 10).flags
+    assert claims(flags) == [("n1", "thermal")]
+
+    core = DetectionCore()
+    core.step(gpu_records(1000.0), (), wall=0.0)
+    flags = core.step((), encode_findings([straggler(4, 1105.0, 0.1)]), wall=0.0).flags
+    wall = 0.0
+    while wall < WAIT_MAX_S - 1:  # advancing, never reaching t=1105
+        wall += 1.0
+        flags += core.step(gpu_records(1000.0 + wall), (), wall=wall).flags
+    assert claims(flags) == []
+    flags += core.step(gpu_records(1001.0 + wall), (), wall=WAIT_MAX_S).flags
+    assert claims(flags) == [("n1", "straggler")]
+
+
+def test_a_nic_partition_ahead_of_the_gpu_one_does_not_let_a_straggler_through() -> None:
+    """A node's GPU and NIC records are on topics of their own, consumed at their own paces:
+    its NIC records at t=110 are not its GPU stream at t=110. The straggler at t=105 waits
+    for the GPU records too, and the thermal finding they bring explains it (the chaos
+    `hostile` scenario claimed node-002 straggler beside thermal this way)."""
+    from guard.detectors.core import DetectionCore, encode_findings
+    from guard.schemas import GpuSample, NicSample, encode
+
+    def gpu_records(ts: float) -> list[tuple[int, str, bytes]]:
+        return [(0, "gpu", encode(GpuSample(ts=ts, node="n1", gpu=g))) for g in range(8)]
+
+    def nic_record(ts: float) -> list[tuple[int, str, bytes]]:
+        return [(1, "nic", encode(NicSample(ts=ts, node="n1", device="mlx5_0", port=1)))]
+
+    core = DetectionCore()
+    flags = core.step(gpu_records(100.0) + nic_record(100.0), (), wall=0.0).flags
+    flags += core.step(nic_record(110.0), encode_findings([straggler(4, 105.0, 0.1)]), 0.5).flags
+    flags += core.step(nic_record(111.0), (), wall=1.0).flags
+    hot = Finding("thermal", "thermal", "warning", "n1", 104.0, 90.0, 1.2, gpu=4)
+    flags += core.step(gpu_records(101.0), encode_findings([hot]), wall=1.5).flags
+    for t in range(102, 107):  # the GPU stream catches up
+        flags += core.step(gpu_records(float(t)), (), wall=2.0 + (t - 102) / 10).flags
+    assert [(f.node, f.category) for f in flags if f.severity != "info"] == [("n1", "thermal")]
+
+
+def test_a_straggler_does_not_overtake_the_node_s_findings_still_on_the_findings_topic() -> None:
+    """The node's stream has passed the straggler's time, but the thermal findings its GPU
+    records made are still on their way through the findings topic (a live worker's round
+    trip): the straggler waits for them, and the node is claimed once, thermal."""
+    from guard.detectors.core import DetectionCore, encode_findings
+    from guard.schemas import GpuSample, encode
+
+    def gpu_records(ts: float) -> list[tuple[int, str, bytes]]:
+        return [
+            (
+                0,
+                "gpu",
+                encode(
+                    GpuSample(
+                        ts=ts,
+                        node="n1",
+                        gpu=g,
+                        temp_c=95.0 if g == 4 else 60.0,
+                        temp_slowdown_c=87.0,
+                        sm_clock_mhz=1500.0 if g == 4 else 1980.0,
+                        sm_clock_max_mhz=1980.0,
+                        util_pct=100.0,
+                        clock_event_reasons=0x20 if g == 4 else 0,  # HW thermal slowdown
+                    )
+                ),
+            )
+            for g in range(8)
+        ]
+
+    core = DetectionCore()
+    in_flight = []
+    for t in (100.0, 101.0, 102.0):
+        in_flight += core.step(gpu_records(t), (), wall=t).findings
+    assert any(f.category == "thermal" and f.severity == "warning" for f in in_flight)
+    slow = straggler(4, 101.5, 0.1)
+    flags = core.step((), encode_findings([slow]), wall=102.5).flags
+    flags += core.step((), (), wall=103.0).flags
+    assert flags == []  # n1's stream is at t=102, but its findings are not fused yet
+    flags += core.step((), encode_findings(in_flight), wall=103.5).flags
+    assert [(f.node, f.category) for f in flags if f.severity != "info"] == [("n1", "thermal")]
+
+
 def test_a_rule_s_hold_claim_clearing_leaves_its_cusum_claim_on_the_same_gpu_standing() -> None:
     """A GPU rule's CUSUM and its hold may both claim one GPU (the CUSUM first, the hold
     later); each clears its own: the node stays under suspicion until both have."""

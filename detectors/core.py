@@ -208,7 +208,7 @@ class _KeyClock:
     and (the node table's) newest of each telemetry kind of the key, whose topics are
     consumed at their own paces."""
 
-    __slots__ = ("fused_to", "in_flight", "kinds", "last_tick", "newest", "seen_at")
+    __slots__ = ("fused_at", "fused_to", "in_flight", "kinds", "last_tick", "newest", "seen_at")
 
     def __init__(self) -> None:
         self.newest: dict[str, float] = {}
@@ -217,8 +217,10 @@ class _KeyClock:
         self.kinds: dict[str, dict[str, float]] = {}
         #: a node's findings sent to the findings topic and not yet fused here
         self.in_flight: dict[str, int] = {}
-        #: the node's event time when none of its findings was last in flight
+        #: the node's event time when none of its findings was last in flight, and when
+        #: (runner's clock) that time was last seen to advance
         self.fused_to: dict[str, float] = {}
+        self.fused_at: dict[str, float] = {}
 
     def forget(self, keys: Iterable[str]) -> None:
         for key in keys:
@@ -227,6 +229,7 @@ class _KeyClock:
             self.last_tick.pop(key, None)
             self.in_flight.pop(key, None)
             self.fused_to.pop(key, None)
+            self.fused_at.pop(key, None)
             for newest in self.kinds.values():
                 newest.pop(key, None)
 
@@ -252,18 +255,20 @@ class _KeyClock:
         else:
             self.in_flight.pop(key, None)
 
-    def fused_through(self, key: str) -> float | None:
+    def fused_through(self, key: str, wall: float) -> tuple[float | None, float]:
         """The event time through which node ``key``'s own telemetry has been read here
         *and* the findings it made have been fused (none in flight on the findings topic,
-        whose round trip a job finding fused meanwhile must not overtake); None: no
-        telemetry of the node here, -inf: its findings have been in flight ever since."""
+        whose round trip a job finding fused meanwhile must not overtake; None: no
+        telemetry of the node here, -inf: its findings have been in flight ever since), and
+        when, on the runner's clock, that time was last seen to advance (-inf: never)."""
         now = self.behind(key)
         if now is None:
-            return None
+            return None, -math.inf
         if key not in self.in_flight:
+            if now > self.fused_to.get(key, -math.inf):
+                self.fused_at[key] = wall
             self.fused_to[key] = now
-            return now
-        return self.fused_to.get(key, -math.inf)
+        return self.fused_to.get(key, -math.inf), self.fused_at.get(key, -math.inf)
 
 
 @dataclass
@@ -597,7 +602,7 @@ class DetectionCore:
         for key in sorted(self._waiting):
             entry = self.fusion.live.get(key)
             if entry is not None:
-                flags += entry[0].release(clock.fused_through(key), wall, every)
+                flags += entry[0].release(*clock.fused_through(key, wall), wall, every)
                 if entry[0].waiting:
                     continue
             self._waiting.discard(key)
@@ -646,7 +651,7 @@ class DetectionCore:
                     record.node, record.ts, record.window, record.gpus, record.features
                 )
             elif isinstance(state, NodeFusion) and state.wait(
-                record, node_clock.fused_through(key), wall
+                record, node_clock.fused_through(key, wall)[0], wall
             ):
                 self._waiting.add(key)
             elif (flag := state.update(record)) is not None:

@@ -183,11 +183,11 @@ class FabricHotSpotDetector:
                 total[0] += w
                 total[1] += m
         at_list = at.tolist()
+        first_row = at[first].tolist()  # a row of each port, by its code
         seen = self._jobs
-        row_of = dict(zip(port.tolist(), at_list, strict=True))  # a row of each port
-        for p, job in set(zip(port.tolist(), [jobs[i] for i in at_list], strict=True)):
+        for c, job in set(zip(code.tolist(), [jobs[i] for i in at_list], strict=True)):
             if job is not None:
-                i = row_of[p]
+                i = first_row[c]
                 seen.setdefault((nodes[i], devices[i]), set()).add(job)
 
     def tick(self, now: float) -> list[Finding]:

@@ -176,9 +176,8 @@ class NodeFusion:
         self.level = -1  # severity rank of the suspicion flagged so far; -1: none
         self.top = -1  # priority of the most specific category flagged so far
         self.flagged: dict[str, tuple[int, str, float]] = {}  # component -> priority, cat, score
-        #: (finding, when it arrived, the node's event time when last seen to advance, and
-        #: when that was, on the runner's clock), in arrival order
-        self.waiting: list[tuple[Finding, float, float | None, float]] = []
+        #: (finding, when it arrived on the runner's clock), in arrival order
+        self.waiting: list[tuple[Finding, float]] = []
 
     def wait(self, f: Finding, node_time: float | None, wall: float) -> bool:
         """Keep ``f`` for later if it is a job finding a node finding could explain and the
@@ -186,25 +185,25 @@ class NodeFusion:
         have reached; None: no node telemetry here) has not reached its time yet; True if kept."""
         if f.category not in EXPLAINABLE or node_time is None or f.ts <= node_time:
             return False
-        self.waiting.append((f, wall, node_time, wall))
+        self.waiting.append((f, wall))
         return True
 
-    def release(self, node_time: float | None, wall: float, every: bool = False) -> list[Flag]:
-        """Fuse, in event-time order, the waiting findings the node's stream has reached,
-        those whose node's stream has not advanced for :data:`WAIT_S` or that waited
-        :data:`WAIT_MAX_S` (on the runner's clock), or (``every``) all of them."""
+    def release(
+        self, node_time: float | None, moved: float, wall: float, every: bool = False
+    ) -> list[Flag]:
+        """Fuse, in event-time order, the waiting findings the node's stream (``node_time``)
+        has reached, those whose node's stream has not advanced (last at ``moved``) for
+        :data:`WAIT_S` since they came or that waited :data:`WAIT_MAX_S` (on the runner's
+        clock), or (``every``) all of them."""
         due: list[Finding] = []
-        keep: list[tuple[Finding, float, float | None, float]] = []
-        for entry in self.waiting:
-            f, at, seen, moved = entry if len(entry) == 4 else (*entry, None, entry[1])
-            if node_time is not None and (seen is None or node_time > seen):
-                seen, moved = node_time, wall  # the node's stream advanced: it lags, not stopped
+        keep: list[tuple[Finding, float]] = []
+        for f, at in self.waiting:
             reached = node_time is not None and f.ts <= node_time
-            waited = wall - moved >= WAIT_S or wall - at >= WAIT_MAX_S
+            waited = wall - max(at, moved) >= WAIT_S or wall - at >= WAIT_MAX_S
             if every or reached or waited:
                 due.append(f)
             else:
-                keep.append((f, at, seen, moved))
+                keep.append((f, at))
         self.waiting = keep
         if not due:
             return []

@@ -5,7 +5,7 @@ router (node telemetry to the node's detectors, rank telemetry to the job's, NIC
 also to the partition's fabric detector), one event clock per key, the detectors, and the
 fusion of findings into flags. Every runner calls it the same way, with one verb:
 
-``out = core.step(telemetry, findings, wall)``
+``out = core.step(telemetry, findings, wall[, reads])``
 
 * ``telemetry``: ``(partition, kind, value)`` records — the raw bytes of telemetry records
   (single or batch kinds); ``kind`` is the kind the topic carries, or ``None`` (a line of a
@@ -15,6 +15,9 @@ fusion of findings into flags. Every runner calls it the same way, with one verb
   passes its input's event-time watermark, which is what a live run at real-time pace would
   read on its clock. That clock is the only thing that tells silence (a hung job, a GPU
   that stopped reporting) from a job that is merely between messages.
+* ``reads`` (optional, a live runner's): where its reading of each node-telemetry partition
+  stands, ``(kind, partition) -> (next offset, end offset)``; fusion waits for a node whose
+  partitions hold records unread since a straggler came (:class:`_ReadBarriers`).
 
 ``out.findings`` go to fusion by their key (:func:`finding_key`): a worker produces them to
 the findings topic, whose partition of a node's key is that node's telemetry partition (its
@@ -57,7 +60,7 @@ from __future__ import annotations
 import math
 import pickle
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Any, Protocol, TypeAlias
@@ -83,10 +86,11 @@ from guard.schemas.sample_decoder import (
     record_ts,
     structs_of,
 )
+from guard.schemas.topics import NODE_KINDS
 
 from .engine import FABRIC_KEY, EngineConfig, JobDetectors, NodeDetectors, fabric_detector
 from .findings import Finding
-from .fusion import JobFusion, NodeFusion
+from .fusion import EXPLAINABLE, JobFusion, NodeFusion
 from .gpu_round import GpuColumns
 from .gpu_step import update_gpus
 from .job_columns import CollectiveColumns, StepColumns
@@ -95,6 +99,7 @@ from .peer_anomaly import GpuJobAnomaly
 
 __all__ = [
     "ANOMALY_KEY",
+    "READ_MAX_S",
     "TABLES",
     "CoreCounters",
     "CoreOutput",
@@ -103,6 +108,7 @@ __all__ = [
     "MessageFeed",
     "Outgoing",
     "PartStore",
+    "Reads",
     "decode_finding",
     "encode_finding",
     "encode_findings",
@@ -117,6 +123,9 @@ TABLES = ("node-detectors", "job-detectors", "fusion")
 TelemetryRecord = tuple[int, str | None, Any]
 #: (partition, key, value) of one record of the findings topic
 FindingRecordIn = tuple[int, bytes, bytes]
+#: where a live runner's reading of its node-telemetry partitions stands: (kind, partition) ->
+#: (the next offset it will read, the partition's end offset as last known; -1: unknown)
+Reads = Mapping[tuple[str, int], tuple[int, int]]
 #: what the core sends to the findings topic: findings for fusion, and nodes' window
 #: features for their job's river model (key ``anomaly:<job>``)
 Outgoing: TypeAlias = Finding | WindowFeatures
@@ -271,6 +280,71 @@ class _KeyClock:
         return self.fused_to.get(key, -math.inf), self.fused_at.get(key, -math.inf)
 
 
+#: The longest a job finding waits for its node's partitions to be read up to where they
+#: stood when it came (seconds of the runner's clock): a bound for a runner that never catches up.
+READ_MAX_S = 600.0
+
+
+class _ReadBarriers:
+    """How far a live runner has read each node-telemetry partition, and the read barrier of
+    each node with a job finding waiting: the end offsets its partitions had when the finding
+    came. Until the runner has read up to them, the node's stream is *behind*, not quiet: the
+    telemetry that may explain the finding is on the broker, unread (behind a flood of dead
+    letters, or a partition of the other kind consumed faster), and fusion waits for it however
+    long that takes (up to :data:`READ_MAX_S`). A partition this runner has read nothing of yet
+    bars nothing (its node has no time of that kind either)."""
+
+    __slots__ = ("barriers", "cleared", "end", "position")
+
+    def __init__(self) -> None:
+        self.position: dict[tuple[str, int], int] = {}
+        self.end: dict[tuple[str, int], int] = {}
+        #: node -> (when its barrier was set, [((kind, partition), end offset to read to)])
+        self.barriers: dict[str, tuple[float, list[tuple[tuple[str, int], int]]]] = {}
+        #: node -> when its last barrier was read through (runner's clock)
+        self.cleared: dict[str, float] = {}
+
+    def update(self, reads: Reads) -> None:
+        for tp, (position, end) in reads.items():
+            self.position[tp] = position
+            if end >= 0:
+                self.end[tp] = end
+
+    def hold(self, key: str, partition: int, wall: float) -> None:
+        """Node ``key`` (of ``partition``) got a finding to wait for it: bar its stream at
+        the end offsets its partitions have now (those it has not been read up to)."""
+        targets = dict(self.barriers.get(key, (wall, []))[1])
+        for kind in NODE_KINDS:
+            tp = (kind, partition)
+            end, read = self.end.get(tp, -1), self.position.get(tp)
+            if read is not None and end > read:
+                targets[tp] = max(end, targets.get(tp, end))
+        if targets:
+            self.barriers[key] = (self.barriers.get(key, (wall, []))[0], list(targets.items()))
+
+    def behind(self, key: str, wall: float) -> tuple[bool, float]:
+        """Whether node ``key``'s partitions are still unread up to its barrier; and since
+        when (runner's clock) they are not (-inf: never barred)."""
+        barrier = self.barriers.get(key)
+        if barrier is not None:
+            since, targets = barrier
+            read = self.position
+            if wall - since < READ_MAX_S and any(read.get(tp, end) < end for tp, end in targets):
+                return True, since
+            del self.barriers[key]
+            self.cleared[key] = wall
+        return False, self.cleared.get(key, -math.inf)
+
+    def forget(self, keys: Iterable[str], partitions: Iterable[int] = ()) -> None:
+        for key in keys:
+            self.barriers.pop(key, None)
+            self.cleared.pop(key, None)
+        gone = set(partitions)
+        for table in (self.position, self.end):
+            for tp in [tp for tp in table if tp[1] in gone]:
+                del table[tp]
+
+
 @dataclass
 class _Gathered:
     """A step's records of one columnar kind, by node (:meth:`DetectionCore._gather`)."""
@@ -302,6 +376,7 @@ class DetectionCore:
         self.tick_s = cfg.tick_s
         self.fabric = cfg.fabric and cfg.node_telemetry
         self.clocks = {"node": _KeyClock(), "job": _KeyClock()}
+        self.reads = _ReadBarriers()
         #: fusion keys with job findings waiting for their node's stream (NodeFusion.wait)
         self._waiting: set[str] = set()
         #: the step's records of each columnar kind: (their key's detectors, partition,
@@ -322,8 +397,13 @@ class DetectionCore:
         telemetry: Iterable[TelemetryRecord] = (),
         findings: Iterable[FindingRecordIn] = (),
         wall: float = 0.0,
+        reads: Reads | None = None,
     ) -> CoreOutput:
-        """One batch: telemetry to the detectors, findings to fusion (see the module doc)."""
+        """One batch: telemetry to the detectors, findings to fusion (see the module doc);
+        ``reads``: a live runner's read offsets of its node-telemetry partitions, as of the
+        end of this batch (fusion's wait, :class:`_ReadBarriers`)."""
+        if reads:
+            self.reads.update(reads)
         out = CoreOutput()
         out.flags, out.bad_findings, scored = self._fuse(findings, wall)
         out.findings, out.bad = self._detect(telemetry, wall)
@@ -372,7 +452,7 @@ class DetectionCore:
         """Checkpoint, then drop, the keys of ``partitions`` (they moved to another worker)."""
         for level, store in (("node", self.nodes), ("job", self.jobs)):
             self.clocks[level].forget(store.forget(partitions))
-        self.fusion.forget(partitions)
+        self.reads.forget(self.fusion.forget(partitions), partitions)
 
     def expire(self, idle_s: float) -> int:
         """Drop keys idle for ``idle_s`` (the store says which); returns how many."""
@@ -381,7 +461,9 @@ class DetectionCore:
             keys = store.expire(idle_s)
             self.clocks[level].forget(keys)
             gone += len(keys)
-        return gone + len(self.fusion.expire(idle_s))
+        fused = self.fusion.expire(idle_s)
+        self.reads.forget(fused)
+        return gone + len(fused)
 
     def parts(self, table: str) -> dict[str, Any]:
         """The live state objects of ``"nodes"``, ``"jobs"``, ``"fabric"`` or ``"fusion"``."""
@@ -602,7 +684,10 @@ class DetectionCore:
         for key in sorted(self._waiting):
             entry = self.fusion.live.get(key)
             if entry is not None:
-                flags += entry[0].release(*clock.fused_through(key, wall), wall, every)
+                behind, read_at = self.reads.behind(key, wall)
+                flags += entry[0].release(
+                    *clock.fused_through(key, wall), wall, every, behind, read_at
+                )
                 if entry[0].waiting:
                     continue
             self._waiting.discard(key)
@@ -642,10 +727,11 @@ class DetectionCore:
         flags: list[Flag] = []
         scored: list[Finding] = []
         node_clock = self.clocks["node"]
-        for record, key, partition in decoded:
-            state = self.fusion.get(key, partition)
+        for record, key, _ in decoded:  # back off the topic: no longer in flight
             if isinstance(record, Finding) and record.node == key:
                 node_clock.fused(key)
+        for record, key, partition in decoded:
+            state = self.fusion.get(key, partition)
             if isinstance(record, WindowFeatures):
                 scored += state.add(
                     record.node, record.ts, record.window, record.gpus, record.features
@@ -654,6 +740,8 @@ class DetectionCore:
                 record, node_clock.fused_through(key, wall)[0], wall
             ):
                 self._waiting.add(key)
+                if record.category in EXPLAINABLE:  # not a node finding queued behind one
+                    self.reads.hold(key, partition, wall)
             elif (flag := state.update(record)) is not None:
                 flags.append(flag)
         if decoded:

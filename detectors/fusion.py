@@ -28,9 +28,12 @@ here, GPU and NIC, whose topics are consumed at their own paces too (a NIC parti
 of the GPU one must not let a straggler through before the thermal finding that explains
 it). So a node's claims do not depend on which partition ran ahead, and a live worker
 claims what a backtest of the same records claims. A node stream that *lags* (it still
-advances, e.g. behind a flood of dead letters) is waited for up to :data:`WAIT_MAX_S` of the
-runner's clock; one that has *stopped* (no newer event time for :data:`WAIT_S`) lets the
-finding through after :data:`WAIT_S`, and one that is absent at once.
+advances) is waited for up to :data:`WAIT_MAX_S` of the runner's clock; one that has
+*stopped* (no newer event time for :data:`WAIT_S`) lets the finding through after
+:data:`WAIT_S`, and one that is absent at once. One that is *behind* (a live runner's read
+offsets say its partitions hold records unread since the finding came, e.g. behind a flood
+of dead letters) is waited for until they are read (the core's read barriers). A node's
+findings that come while one waits queue behind it: fusion takes them in event-time order.
 
 Job-level findings (``node`` is ``None``: imbalance, communication hang, step-time
 regression) pass through :class:`JobFusion`, which drops repeats of an active finding.
@@ -59,6 +62,7 @@ True
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from guard.schemas import SEVERITY_RANK, Flag, stable_id
@@ -176,39 +180,61 @@ class NodeFusion:
         self.level = -1  # severity rank of the suspicion flagged so far; -1: none
         self.top = -1  # priority of the most specific category flagged so far
         self.flagged: dict[str, tuple[int, str, float]] = {}  # component -> priority, cat, score
-        #: (finding, when it arrived on the runner's clock), in arrival order
+        #: (finding, when it arrived on the runner's clock)
         self.waiting: list[tuple[Finding, float]] = []
 
     def wait(self, f: Finding, node_time: float | None, wall: float) -> bool:
         """Keep ``f`` for later if it is a job finding a node finding could explain and the
         node's own stream (``node_time``: the event time all its telemetry kinds on this worker
-        have reached; None: no node telemetry here) has not reached its time yet; True if kept."""
-        if f.category not in EXPLAINABLE or node_time is None or f.ts <= node_time:
-            return False
-        self.waiting.append((f, wall))
-        return True
+        have reached; None: no node telemetry here) has not reached its time yet, or if a
+        finding of its time or earlier waits already (fusion stays in event-time order: a
+        thermal finding that came after a waiting straggler of an earlier time must not be
+        fused before it); True if kept."""
+        if any(w.ts <= f.ts for w, _ in self.waiting) or not (
+            f.category not in EXPLAINABLE or node_time is None or f.ts <= node_time
+        ):
+            self.waiting.append((f, wall))
+            return True
+        return False
 
     def release(
-        self, node_time: float | None, moved: float, wall: float, every: bool = False
+        self,
+        node_time: float | None,
+        moved: float,
+        wall: float,
+        every: bool = False,
+        behind: bool = False,
+        read_at: float = -math.inf,
     ) -> list[Flag]:
-        """Fuse, in event-time order, the waiting findings the node's stream (``node_time``)
-        has reached, those whose node's stream has not advanced (last at ``moved``) for
-        :data:`WAIT_S` since they came or that waited :data:`WAIT_MAX_S` (on the runner's
-        clock), or (``every``) all of them."""
+        """Fuse, in event-time order, the waiting findings up to the first that must wait on:
+        a job finding the node's stream (``node_time``) has not reached, whose node's stream
+        has advanced (last at ``moved``) within :data:`WAIT_S` and that has not waited
+        :data:`WAIT_MAX_S` (on the runner's clock); ``every``: all of them. While the node's
+        partitions are unread up to where they stood when a finding came (``behind``; read
+        through at ``read_at``), the stream is behind, not quiet, and only its reaching a
+        finding's time releases it."""
         due: list[Finding] = []
         keep: list[tuple[Finding, float]] = []
-        for f, at in self.waiting:
-            reached = node_time is not None and f.ts <= node_time
-            waited = wall - max(at, moved) >= WAIT_S or wall - at >= WAIT_MAX_S
-            if every or reached or waited:
-                due.append(f)
-            else:
-                keep.append((f, at))
+        for n, (f, at) in enumerate(queue := sorted(self.waiting, key=lambda e: e[0].ts)):
+            start = max(at, read_at)
+            ready = (
+                every
+                or f.category not in EXPLAINABLE
+                or (node_time is not None and f.ts <= node_time)
+                or (
+                    not behind
+                    and (wall - max(start, moved) >= WAIT_S or wall - start >= WAIT_MAX_S)
+                )
+            )
+            if not ready:
+                keep = queue[n:]
+                break
+            due.append(f)
         self.waiting = keep
         if not due:
             return []
         flags = []
-        for f in sorted(due, key=lambda f: f.ts):
+        for f in due:
             if (flag := self.update(f)) is not None:
                 flags.append(flag)
         return flags

@@ -27,11 +27,12 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from guard.config import Settings, streams_state_key
-from guard.detectors.core import TABLES, DetectionCore, encode_finding, finding_key
+from guard.detectors.core import TABLES, DetectionCore, Reads, encode_finding, finding_key
 from guard.detectors.engine import EngineConfig
 from guard.kafka import dead_letter, make_consumer, make_producer, produce_raw, wait_for_broker
 from guard.metrics import Metrics, dead_letter_reason
 from guard.schemas import encode
+from guard.schemas.topics import NODE_KINDS
 
 from .metrics import flags_sent
 from .processing import KeyedState, StreamsCounters, engine_config_of, topic_kinds
@@ -178,6 +179,7 @@ class NativeWorker:
         telemetry: list[Message] = []
         findings: list[Message] = []
         kinds = self.telemetry_topics
+        read: dict[tuple[str, int], int] = {}  # (topic, partition) -> last offset read
         for record in records:
             error = record.error()
             if error is not None:
@@ -187,12 +189,14 @@ class NativeWorker:
             topic = record.topic()
             if topic in kinds:
                 telemetry.append(record)
+                read[topic, record.partition()] = record.offset() + 1
             elif topic == self.findings_topic:
                 findings.append(record)
         out = self.core.step(
             [(r.partition(), kinds[r.topic()], r.value()) for r in telemetry],
             [(r.partition(), r.key() or b"", r.value() or b"") for r in findings],
             time.monotonic(),
+            self._reads(read),
         )
         self._dead_letters(telemetry, out.bad)
         self._dead_letters(findings, out.bad_findings)
@@ -205,6 +209,22 @@ class NativeWorker:
                 timestamp=int(flag.ts * 1000),
             )
         flags_sent(out.flags, "native")
+
+    def _reads(self, read: dict[tuple[str, int], int]) -> Reads:
+        """Where the reading of the node-telemetry partitions in a batch stands: the next
+        offset, and the end offset the consumer last fetched (fusion's wait for a node's
+        stream that is behind, not quiet)."""
+        kinds = self.telemetry_topics
+        return {
+            (kinds[topic], partition): (offset, self._end(topic, partition))
+            for (topic, partition), offset in read.items()
+            if kinds[topic] in NODE_KINDS
+        }
+
+    def _end(self, topic: str, partition: int) -> int:
+        """The partition's end offset as the consumer last fetched it (-1: unknown)."""
+        marks = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
+        return marks[1] if marks and marks[1] >= 0 else -1
 
     def _dead_letters(self, batch: list[Message], bad: Iterable[tuple[int, Exception]]) -> None:
         for index, error in bad:

@@ -241,3 +241,65 @@ def test_a_rule_s_hold_claim_clearing_leaves_its_cusum_claim_on_the_same_gpu_sta
     assert fusion.level > 0 and len(fusion.active) == 1  # the CUSUM's claim still stands
     fusion.update(power(260.0, "cusum", clear=True))
     assert fusion.level == -1 and not fusion.active
+
+
+def test_a_node_stream_behind_unread_records_is_waited_for_past_wait_max_s() -> None:
+    """A live worker chewing through a flood of dead letters on a node's GPU partition reads
+    no new event time for the node for longer than WAIT_S and WAIT_MAX_S (the chaos
+    `hostile` scenario at 1M messages: ~50 s). Its read offsets tell that stream *behind*
+    (records on the broker, unread, since the straggler came) from *quiet*: the straggler
+    waits until the partition is read up to where it stood, and the thermal finding those
+    records bring explains it. Once read through, a stream that stays short of the
+    finding's time is quiet, and the finding goes WAIT_S later."""
+    from guard.detectors.core import DetectionCore, encode_findings
+    from guard.detectors.fusion import WAIT_MAX_S, WAIT_S
+    from guard.schemas import GpuSample, encode
+
+    def gpu_records(ts: float) -> list[tuple[int, str, bytes]]:
+        return [(0, "gpu", encode(GpuSample(ts=ts, node="n1", gpu=g))) for g in range(8)]
+
+    def claims(flags: list) -> list[tuple[str, str]]:  # type: ignore[type-arg]
+        return [(f.node, f.category) for f in flags if f.severity != "info"]
+
+    def read(position: int) -> dict[tuple[str, int], tuple[int, int]]:
+        return {("gpu", 0): (position, 100_000)}  # the partition ends at offset 100,000
+
+    core = DetectionCore()
+    core.step(gpu_records(60.0), (), wall=0.0, reads=read(10))
+    flags = core.step((), encode_findings([straggler(4, 105.0, 0.1)]), wall=0.5).flags
+    wall = 0.5
+    while wall < 3 * WAIT_MAX_S:  # dead letters only: the node's time stands at t=60
+        wall += 1.0
+        flags += core.step((), (), wall=wall, reads=read(int(wall * 900))).flags
+    assert claims(flags) == []
+    hot = Finding("thermal", "thermal", "warning", "n1", 82.0, 70.0, 1.2, gpu=4)
+    flags += core.step(
+        gpu_records(81.0), encode_findings([hot]), wall=wall, reads=read(99_000)
+    ).flags
+    flags += core.step(gpu_records(106.0), (), wall=wall + 0.1, reads=read(100_000)).flags
+    assert claims(flags) == [("n1", "thermal")]
+
+    core = DetectionCore()
+    core.step(gpu_records(60.0), (), wall=0.0, reads=read(10))
+    flags = core.step((), encode_findings([straggler(4, 105.0, 0.1)]), wall=0.5).flags
+    flags += core.step(gpu_records(70.0), (), wall=3 * WAIT_MAX_S, reads=read(100_000)).flags
+    assert claims(flags) == []  # read through just now: not at once, though long past
+    flags += core.step((), (), wall=3 * WAIT_MAX_S + WAIT_S / 2).flags
+    assert claims(flags) == []
+    flags += core.step((), (), wall=3 * WAIT_MAX_S + WAIT_S).flags
+    assert claims(flags) == [("n1", "straggler")]
+
+
+def test_findings_of_a_node_are_fused_in_event_time_order_behind_a_waiting_one() -> None:
+    """A straggler waits for its node's stream; the node's thermal findings of later times
+    that come meanwhile queue behind it, so fusion sees them in event-time order as a
+    backtest does, and not the straggler last."""
+    fusion = NodeFusion("n1")
+    assert fusion.wait(straggler(5, 105.0, 0.1), 100.0, wall=0.0)
+    later = Finding("thermal", "thermal", "warning", "n1", 110.0, 100.0, 1.2, gpu=5)
+    assert fusion.wait(later, 100.0, wall=0.1)  # queued: an earlier finding waits
+    earlier = Finding("thermal", "thermal", "info", "n1", 90.0, 80.0, 0.5, gpu=5)
+    assert not fusion.wait(earlier, 100.0, wall=0.2)  # before the waiting one: at once
+    flags = fusion.release(120.0, 0.2, 0.3)
+    assert [(f.category, f.ts) for f in flags] == [("straggler", 105.0), ("thermal", 110.0)]
+    assert fusion.waiting == []

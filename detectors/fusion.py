@@ -283,8 +283,10 @@ class NodeFusion:
         """New evidence on a node already under suspicion: a new component, a more specific
         cause on a flagged one, or a materially worse slowdown of the same category."""
         flagged = self.flagged
-        if f.component == "node":
-            return not flagged  # a node-wide finding is explained by any flagged component
+        if f.component == "node" or f.component.startswith("rank"):
+            # a node-wide finding, or one on a rank whose GPU is not known (its steps, which
+            # place it, not read yet): explained by any flagged component
+            return not flagged
         old = flagged.get(f.component)
         if old is None:
             return True

@@ -290,6 +290,24 @@ def test_a_node_stream_behind_unread_records_is_waited_for_past_wait_max_s() -> 
     assert claims(flags) == [("n1", "straggler")]
 
 
+def test_a_straggler_rank_whose_gpu_is_not_known_is_explained_by_a_flagged_gpu() -> None:
+    """C4D names a late rank's GPU from the job's steps. Read after the collectives (a
+    steps partition behind a flood of dead letters: the chaos `hostile` scenario at 1M
+    messages), the rank's GPU is not known yet, and the finding is about ``rank21``. On a
+    node already flagged hot on one GPU that is no new component: it is explained, as a
+    backtest (steps read first, GPU known) explains it. A rank on a GPU known to be another
+    one is still news."""
+    fusion = NodeFusion("n1")
+    hot = Finding("thermal", "thermal", "warning", "n1", 100.0, 90.0, 1.2, gpu=5)
+    assert fusion.update(hot) is not None
+    late = Finding("c4d", "straggler", "warning", "n1", 110.0, 100.0, 0.3, rank=21)
+    assert fusion.update(late) is None
+    placed = Finding("c4d", "straggler", "warning", "n1", 120.0, 100.0, 0.3, gpu=2, rank=17)
+    assert fusion.update(placed) is not None
+    alone = NodeFusion("n1")
+    assert alone.update(late) is not None  # nothing flagged to explain it
+
+
 def test_findings_of_a_node_are_fused_in_event_time_order_behind_a_waiting_one() -> None:
     """A straggler waits for its node's stream; the node's thermal findings of later times
     that come meanwhile queue behind it, so fusion sees them in event-time order as a

@@ -310,6 +310,14 @@ class _ReadBarriers:
             if end >= 0:
                 self.end[tp] = end
 
+    def unread(self, partition: int) -> bool:
+        """Whether a node-telemetry partition numbered ``partition`` has records unread."""
+        for kind in NODE_KINDS:
+            read = self.position.get((kind, partition))
+            if read is not None and read < self.end.get((kind, partition), -1):
+                return True
+        return False
+
     def hold(self, key: str, partition: int, wall: float) -> None:
         """Node ``key`` (of ``partition``) got a finding to wait for it: bar its stream at
         the end offsets its partitions have now (those it has not been read up to)."""
@@ -701,6 +709,13 @@ class DetectionCore:
         """End of input: the flags of every job finding still waiting for its node."""
         return self._release(wall, every=True)
 
+    def _node_time(self, key: str, partition: int, wall: float) -> float | None:
+        """The event time node ``key``'s stream has reached for fusion (``fused_through``);
+        -inf for a node with no telemetry read here yet while its partitions hold records
+        unread (it may be behind them, not absent)."""
+        t = self.clocks["node"].fused_through(key, wall)[0]
+        return -math.inf if t is None and self.reads.unread(partition) else t
+
     @staticmethod
     def _tick(store: PartStore, clock: _KeyClock, key: str, now: float) -> list[Finding]:
         clock.last_tick[key] = now
@@ -737,7 +752,7 @@ class DetectionCore:
                     record.node, record.ts, record.window, record.gpus, record.features
                 )
             elif isinstance(state, NodeFusion) and state.wait(
-                record, node_clock.fused_through(key, wall)[0], wall
+                record, self._node_time(key, partition, wall), wall
             ):
                 self._waiting.add(key)
                 if record.category in EXPLAINABLE:  # not a node finding queued behind one

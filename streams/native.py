@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from guard.config import Settings, streams_state_key
@@ -64,6 +64,7 @@ class NativeWorker:
         self.state_key = streams_state_key(s)  # before any connection: a missing key fails fast
         self.producer = make_producer(s, **{"linger.ms": 5})
         self.core = DetectionCore(cfg, stores=self._table, counters=self.counters)
+        self._assigned: dict[tuple[str, int], tuple[int, int]] = {}
         self._create_internal_topics()
         topics = [*self.telemetry_topics, self.findings_topic]
         self.consumer: Consumer = make_consumer(
@@ -74,16 +75,15 @@ class NativeWorker:
             on_revoke=self._on_revoke,
             **{
                 "partition.assignment.strategy": "range",
-                "fetch.max.bytes": 64 << 20,
-                "max.partition.fetch.bytes": 16 << 20,
-                "queued.max.messages.kbytes": 32768,  # a short queue keeps findings prompt
-                # These prefetch bounds are per partition (15 here): under a large backlog
-                # they are most of the worker's memory (~700 MB at a 1M-message backlog,
-                # benchmarks/chaos.py hostile). Tighter ones (8 MB fetches, 1 MB a partition,
-                # 8 MB / 5000 queued) cut the 1M peak to ~490 MB but change the order the
-                # topics interleave in, and the job detectors then also claim node-002 a
-                # straggler (not in the backtest): not bounded until that order-dependence
-                # is understood.
+                "fetch.max.bytes": 8 << 20,
+                "max.partition.fetch.bytes": 1 << 20,
+                "queued.max.messages.kbytes": 8192,  # a short queue keeps findings prompt
+                "queued.min.messages": 5000,
+                # Prefetch bounds: under a large backlog they are most of the worker's
+                # memory (benchmarks/chaos.py hostile, 1M messages: peak RSS 1.39 GB at
+                # 64 MB fetches, 16 MB a partition, 32 MB queued; 0.97–1.04 GB at these).
+                # Fusion no longer depends on the order the topics interleave in (read
+                # barriers, event-time queue), so tighter bounds keep the claims the same.
                 **(metrics.kafka_conf() if metrics else {}),  # consumer lag
             },
         )
@@ -215,11 +215,14 @@ class NativeWorker:
         offset, and the end offset the consumer last fetched (fusion's wait for a node's
         stream that is behind, not quiet)."""
         kinds = self.telemetry_topics
-        return {
+        reads = {
             (kinds[topic], partition): (offset, self._end(topic, partition))
             for (topic, partition), offset in read.items()
             if kinds[topic] in NODE_KINDS
         }
+        if self._assigned:  # where the partitions assigned since the last batch start
+            reads, self._assigned = {**self._assigned, **reads}, {}
+        return reads
 
     def _end(self, topic: str, partition: int) -> int:
         """The partition's end offset as the consumer last fetched it (-1: unknown)."""
@@ -259,8 +262,24 @@ class NativeWorker:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         numbers = sorted({tp.partition for tp in partitions})
         log.info("partitions assigned: %s", ",".join(map(str, numbers)) or "none")
+        self._positions(
+            [tp for tp in partitions if self.telemetry_topics.get(tp.topic) in NODE_KINDS]
+        )
         for table, topic in self.changelogs.items():
             self._restore(table, topic, numbers)
+
+    def _positions(self, partitions: list[TopicPartition]) -> None:
+        """Where reading the node-telemetry partitions just assigned starts (the committed
+        offset, or the first) and ends, for the core's next step: a node of theirs with no
+        telemetry read yet is behind them, not absent, while they hold records unread."""
+        kinds = self.telemetry_topics
+        try:
+            for tp in self.consumer.committed(partitions, timeout=10):
+                low, high = self.consumer.get_watermark_offsets(tp, timeout=10)
+                start = tp.offset if tp.offset >= 0 else low
+                self._assigned[kinds[tp.topic], tp.partition] = (start, high)
+        except KafkaException as exc:  # the positions then come with the first records read
+            log.warning("start offsets of the assigned partitions unknown: %s", exc)
 
     def _restore(self, table: str, topic: str, partitions: list[int]) -> None:
         """Read the changelog partitions to their end into the restore store."""

@@ -321,3 +321,30 @@ def test_findings_of_a_node_are_fused_in_event_time_order_behind_a_waiting_one()
     flags = fusion.release(120.0, 0.2, 0.3)
     assert [(f.category, f.ts) for f in flags] == [("straggler", 105.0), ("thermal", 110.0)]
     assert fusion.waiting == []
+
+
+def test_a_node_with_no_telemetry_read_yet_behind_unread_records_is_waited_for() -> None:
+    """A worker that starts on a backlog may read a job's records (and its straggler
+    findings) before any GPU record of the node they are about. A node with no telemetry
+    here is fused at once, as absent, unless its partitions hold records unread (the
+    worker's read offsets, from where they start when assigned): then it is behind, and the
+    straggler waits for them; the thermal finding they bring explains it."""
+    from guard.detectors.core import DetectionCore, encode_findings
+    from guard.schemas import GpuSample, encode
+
+    def claims(flags: list) -> list[tuple[str, str]]:  # type: ignore[type-arg]
+        return [(f.node, f.category) for f in flags if f.severity != "info"]
+
+    core = DetectionCore()
+    start = {("gpu", 0): (0, 5_000)}  # assigned: 5,000 records to read, none read yet
+    out = core.step((), encode_findings([straggler(4, 105.0, 0.1)]), wall=0.0, reads=start)
+    flags = out.flags
+    for k in range(1, 40):  # the GPU partition read, slowly: no release on the 5 s or 30 s
+        flags += core.step((), (), wall=float(k), reads={("gpu", 0): (k * 100, 5_000)}).flags
+    assert claims(flags) == []
+    hot = Finding("thermal", "thermal", "warning", "n1", 100.0, 90.0, 1.2, gpu=4)
+    gpu = [(0, "gpu", encode(GpuSample(ts=110.0, node="n1", gpu=g))) for g in range(8)]
+    flags += core.step(
+        gpu, encode_findings([hot]), wall=40.0, reads={("gpu", 0): (5_000, 5_000)}
+    ).flags
+    assert claims(flags) == [("n1", "thermal")]

@@ -291,8 +291,8 @@ class _ReadBarriers:
     came. Until the runner has read up to them, the node's stream is *behind*, not quiet: the
     telemetry that may explain the finding is on the broker, unread (behind a flood of dead
     letters, or a partition of the other kind consumed faster), and fusion waits for it however
-    long that takes (up to :data:`READ_MAX_S`). A partition this runner has read nothing of yet
-    bars nothing (its node has no time of that kind either)."""
+    long that takes (up to :data:`READ_MAX_S`). A partition whose reading position the runner
+    has not told (nothing read of it, and no start given when it was assigned) bars nothing."""
 
     __slots__ = ("barriers", "cleared", "end", "position")
 

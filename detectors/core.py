@@ -321,14 +321,15 @@ class _ReadBarriers:
     def hold(self, key: str, partition: int, wall: float) -> None:
         """Node ``key`` (of ``partition``) got a finding to wait for it: bar its stream at
         the end offsets its partitions have now (those it has not been read up to)."""
-        targets = dict(self.barriers.get(key, (wall, []))[1])
+        since, old = self.barriers.get(key, (wall, []))
+        targets = dict(old)
         for kind in NODE_KINDS:
             tp = (kind, partition)
             end, read = self.end.get(tp, -1), self.position.get(tp)
             if read is not None and end > read:
                 targets[tp] = max(end, targets.get(tp, end))
         if targets:
-            self.barriers[key] = (self.barriers.get(key, (wall, []))[0], list(targets.items()))
+            self.barriers[key] = (since, list(targets.items()))
 
     def behind(self, key: str, wall: float) -> tuple[bool, float]:
         """Whether node ``key``'s partitions are still unread up to its barrier; and since

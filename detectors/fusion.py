@@ -190,9 +190,8 @@ class NodeFusion:
         finding of its time or earlier waits already (fusion stays in event-time order: a
         thermal finding that came after a waiting straggler of an earlier time must not be
         fused before it); True if kept."""
-        if any(w.ts <= f.ts for w, _ in self.waiting) or not (
-            f.category not in EXPLAINABLE or node_time is None or f.ts <= node_time
-        ):
+        unexplained = f.category in EXPLAINABLE and node_time is not None and f.ts > node_time
+        if unexplained or any(w.ts <= f.ts for w, _ in self.waiting):
             self.waiting.append((f, wall))
             return True
         return False

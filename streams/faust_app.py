@@ -26,13 +26,13 @@ from typing import Any
 
 import faust
 from faust.sensors import Monitor
+from faust.types import TP
 
 from guard.config import Settings, streams_state_key
 from guard.detectors.core import (
     TABLES,
     DetectionCore,
     Outgoing,
-    Reads,
     encode_finding,
     finding_key,
 )
@@ -40,10 +40,9 @@ from guard.detectors.engine import EngineConfig
 from guard.kafka import DLQ_ERROR_HEADER, DLQ_SOURCE_HEADER, faust_broker_settings
 from guard.metrics import dead_letter_reason
 from guard.schemas import Flag, SchemaError, encode
-from guard.schemas.topics import NODE_KINDS
 
 from .metrics import flags_sent
-from .processing import KeyedState, StreamsCounters, engine_config_of, topic_kinds
+from .processing import KeyedState, StreamsCounters, engine_config_of, node_reads, topic_kinds
 
 __all__ = ["create_app"]
 
@@ -211,7 +210,14 @@ class _Wiring:
                     [(e.message.partition, kinds[e.message.topic], e.value) for e in events],
                     (),
                     time.monotonic(),
-                    self._reads(events, kinds),
+                    node_reads(
+                        {
+                            (e.message.topic, e.message.partition): e.message.offset + 1
+                            for e in events
+                        },
+                        kinds,
+                        lambda topic, partition: self.app.consumer.highwater(TP(topic, partition)),
+                    ),
                 )
                 for index, error in out.bad:
                     await self.dead_letter(events[index], error)
@@ -219,20 +225,6 @@ class _Wiring:
                 await self.send_flags(out.flags)  # job findings that waited for their node
 
         self.app.agent(self.app.topic(*kinds, **RAW), name="telemetry")(telemetry)
-
-    def _reads(self, events: Sequence[Any], kinds: dict[str, str]) -> Reads:
-        """Where the reading of the node-telemetry partitions in a batch stands: the next
-        offset, and the consumer's high watermark (fusion's wait for a node's stream that is
-        behind, not quiet)."""
-        read = {e.message.tp: e.message.offset for e in events}
-        consumer = self.app.consumer
-        reads: dict[tuple[str, int], tuple[int, int]] = {}
-        for tp, offset in read.items():
-            kind = kinds[tp.topic]
-            if kind in NODE_KINDS:
-                end = consumer.highwater(tp)
-                reads[kind, tp.partition] = (offset + 1, end if end is not None else -1)
-        return reads
 
     def fusion_agent(self) -> None:
         st = self.settings.streams

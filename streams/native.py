@@ -27,7 +27,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from confluent_kafka.admin import NewTopic
 
 from guard.config import Settings, streams_state_key
-from guard.detectors.core import TABLES, DetectionCore, Reads, encode_finding, finding_key
+from guard.detectors.core import TABLES, DetectionCore, encode_finding, finding_key
 from guard.detectors.engine import EngineConfig
 from guard.kafka import dead_letter, make_consumer, make_producer, produce_raw, wait_for_broker
 from guard.metrics import Metrics, dead_letter_reason
@@ -35,7 +35,7 @@ from guard.schemas import encode
 from guard.schemas.topics import NODE_KINDS
 
 from .metrics import flags_sent
-from .processing import KeyedState, StreamsCounters, engine_config_of, topic_kinds
+from .processing import KeyedState, StreamsCounters, engine_config_of, node_reads, topic_kinds
 
 __all__ = ["NativeWorker"]
 
@@ -64,7 +64,6 @@ class NativeWorker:
         self.state_key = streams_state_key(s)  # before any connection: a missing key fails fast
         self.producer = make_producer(s, **{"linger.ms": 5})
         self.core = DetectionCore(cfg, stores=self._table, counters=self.counters)
-        self._assigned: dict[tuple[str, int], tuple[int, int]] = {}
         self._create_internal_topics()
         topics = [*self.telemetry_topics, self.findings_topic]
         self.consumer: Consumer = make_consumer(
@@ -196,7 +195,7 @@ class NativeWorker:
             [(r.partition(), kinds[r.topic()], r.value()) for r in telemetry],
             [(r.partition(), r.key() or b"", r.value() or b"") for r in findings],
             time.monotonic(),
-            self._reads(read),
+            node_reads(read, kinds, self._end),
         )
         self._dead_letters(telemetry, out.bad)
         self._dead_letters(findings, out.bad_findings)
@@ -209,20 +208,6 @@ class NativeWorker:
                 timestamp=int(flag.ts * 1000),
             )
         flags_sent(out.flags, "native")
-
-    def _reads(self, read: dict[tuple[str, int], int]) -> Reads:
-        """Where the reading of the node-telemetry partitions in a batch stands: the next
-        offset, and the end offset the consumer last fetched (fusion's wait for a node's
-        stream that is behind, not quiet)."""
-        kinds = self.telemetry_topics
-        reads = {
-            (kinds[topic], partition): (offset, self._end(topic, partition))
-            for (topic, partition), offset in read.items()
-            if kinds[topic] in NODE_KINDS
-        }
-        if self._assigned:  # where the partitions assigned since the last batch start
-            reads, self._assigned = {**self._assigned, **reads}, {}
-        return reads
 
     def _end(self, topic: str, partition: int) -> int:
         """The partition's end offset as the consumer last fetched it (-1: unknown)."""
@@ -270,14 +255,14 @@ class NativeWorker:
 
     def _positions(self, partitions: list[TopicPartition]) -> None:
         """Where reading the node-telemetry partitions just assigned starts (the committed
-        offset, or the first) and ends, for the core's next step: a node of theirs with no
-        telemetry read yet is behind them, not absent, while they hold records unread."""
+        offset, or the first) and ends, to the core: a node of theirs with no telemetry read
+        yet is behind them, not absent, while they hold records unread."""
         kinds = self.telemetry_topics
         try:
             for tp in self.consumer.committed(partitions, timeout=10):
                 low, high = self.consumer.get_watermark_offsets(tp, timeout=10)
                 start = tp.offset if tp.offset >= 0 else low
-                self._assigned[kinds[tp.topic], tp.partition] = (start, high)
+                self.core.reads.update({(kinds[tp.topic], tp.partition): (start, high)})
         except KafkaException as exc:  # the positions then come with the first records read
             log.warning("start offsets of the assigned partitions unknown: %s", exc)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from guard.config import ConfigError, Settings
-from guard.detectors.core import CoreCounters
+from guard.detectors.core import CoreCounters, Reads
 from guard.detectors.engine import EngineConfig
 from guard.schemas.topics import JOB_KINDS, NODE_KINDS, TOPIC_BY_KIND
 
@@ -242,3 +242,21 @@ def topic_kinds(topic: Callable[[str], str], level: str = "all") -> dict[str, st
     ``"job"`` stream's or (default) both (``topic`` adds the configured prefix)."""
     kinds = {"node": NODE_KINDS, "job": JOB_KINDS}.get(level, (*NODE_KINDS, *JOB_KINDS))
     return {topic(TOPIC_BY_KIND[kind]): kind for kind in kinds}
+
+
+def node_reads(
+    read: dict[tuple[str, int], int],
+    kinds: dict[str, str],
+    end: Callable[[str, int], int | None],
+) -> Reads:
+    """The core's ``reads`` (:data:`~guard.detectors.core.Reads`) from a batch: ``read``,
+    (topic, partition) -> the next offset to read, of the telemetry topics (``kinds``: topic
+    -> kind); ``end``: the partition's end offset as the consumer last knew it (None or < 0:
+    not known). Only node-telemetry partitions count (fusion's wait for a node's stream
+    that is behind, not quiet)."""
+    reads: dict[tuple[str, int], tuple[int, int]] = {}
+    for (topic, partition), offset in read.items():
+        if (kind := kinds[topic]) in NODE_KINDS:
+            last = end(topic, partition)
+            reads[kind, partition] = (offset, last if last is not None and last >= 0 else -1)
+    return reads

@@ -54,7 +54,7 @@ from .fabric import FabricHotSpotDetector
 from .findings import Detector, Finding
 from .gpu_errors import GpuErrorDetector
 from .gpu_round import GpuColumns, Rounds
-from .gpu_step import HOLD_SLOTS, judge_rounds, update_gpus
+from .gpu_step import judge_rounds, update_gpus
 from .job_columns import CollectiveColumns, StepColumns
 from .nic import NicDetector
 from .peer_anomaly import GpuJobAnomaly, GpuWindows, PeerAnomalyDetector, RankPeerAnomaly
@@ -228,8 +228,9 @@ class NodeDetectors(_DetectorSet):
         self.power = PowerDetector(**args.get("power", {}))  # type: ignore[arg-type]
         self.clocks = ClockDetector(**args.get("clocks", {}))  # type: ignore[arg-type]
         self.errors = GpuErrorDetector(node, **args.get("gpu_errors", {}))  # type: ignore[arg-type]
-        #: the round rules' holds: a row per GPU (the row of :attr:`errors`), a slot per hold
-        self.holds = np.zeros((0, HOLD_SLOTS, 4))
+        #: the round rules' holds of the GPUs that have any going (rows of :attr:`errors`, and
+        #: their ``(HOLD_SLOTS, HOLD_FIELDS)`` states; None: none): a healthy node keeps none
+        self.holds: tuple[np.ndarray, np.ndarray] | None = None
         self.nic = NicDetector(**args.get("nic", {}))  # type: ignore[arg-type]
         self.anomaly = (
             GpuWindows(nic=self.nic, **args.get("peer_anomaly", {}))  # type: ignore[arg-type]
@@ -251,12 +252,6 @@ class NodeDetectors(_DetectorSet):
                 assert isinstance(message, NicSample)
             return self.nic.update(message)
         return []
-
-    def grow_holds(self) -> None:
-        """A row of holds for every GPU the error rules know."""
-        missing = len(self.errors.gpus) - len(self.holds)
-        if missing > 0:
-            self.holds = np.concatenate([self.holds, np.zeros((missing, HOLD_SLOTS, 4))])
 
     def flush(self) -> list[Finding]:
         """Close the open round, then flush the detectors."""

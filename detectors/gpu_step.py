@@ -49,7 +49,7 @@ import numpy as np
 from .findings import Finding
 from .gpu_errors import update_errors_at
 from .gpu_round import GpuColumns, Rounds
-from .hold import CLEAR, arrival_rank
+from .hold import CLEAR, HOLD_FIELDS, arrival_rank
 
 if TYPE_CHECKING:
     from .engine import NodeDetectors
@@ -134,10 +134,12 @@ def judge_rounds(
     keys = np.full(len(rounds), _AT_END) if keys is None else keys
     names = [det.node for det in nodes]
     base = np.zeros(len(nodes) + 1, dtype=np.intp)
+    base[1:] = np.cumsum([len(det.errors.gpus) for det in nodes])
+    state = np.zeros((base[-1], HOLD_SLOTS, len(HOLD_FIELDS)))
     for k, det in enumerate(nodes):
-        det.grow_holds()
-        base[k + 1] = base[k] + len(det.holds)
-    state = np.concatenate([det.holds for det in nodes])
+        if det.holds is not None:
+            rows, values = det.holds
+            state[base[k] + rows] = values
     cols = rounds.cols
     rows = np.where(rounds.valid, base[rounds.owner][:, None] + cols.row[rounds.at], -1)
     cfg = nodes[0]
@@ -168,8 +170,10 @@ def judge_rounds(
                     at = int(pick[r])
                     f = rule.finding_of(seen, rounds, names, (at, j, slot, since, event == CLEAR))
                     found.append((int(keys[at]), 1, order, j, rule.slots - 1 - slot, f))
+    going = np.asarray(state.reshape(len(state), -1).any(axis=1))  # rows with a hold's state
     for k, det in enumerate(nodes):
-        det.holds = state[base[k] : base[k + 1]].copy()
+        rows = np.flatnonzero(going[base[k] : base[k + 1]])
+        det.holds = (rows, state[base[k] + rows]) if len(rows) else None
     for r in range(len(rounds)):
         det = nodes[int(rounds.owner[r])]
         if det.anomaly is not None:

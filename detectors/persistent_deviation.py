@@ -127,7 +127,6 @@ __all__ = [
 
 _SMOOTHING = 0.1
 _SLOW = 0.02
-_NAN = math.nan  # a normal round's slow residual
 #: groups up to this size take their robust spreads over lists (sorted() beats np.sort there)
 _LISTS_UP_TO = 48
 
@@ -284,9 +283,10 @@ class PersistenceRule:
 _RAISED_BY = ("", "window", "cusum")  # TrackerTable.raised_by: the test that made the claim
 #: the windows of the last rounds (TrackerTable.history[:, i]), and what an empty cell holds
 #: (it counts for nothing): capped scores, timestamps of slow rounds (-1: a normal round),
-#: residuals of slow rounds (NaN: a normal round), winsorised residuals
-_SCORES, _SLOW_TS, _PICKED, _KEPT = range(4)
-_EMPTY = np.array([0.0, -1.0, _NAN, 0.0])
+#: residuals (a slow round's residual is read where its round is dated, the winsorised one
+#: through :func:`_kept`: three windows a member, not four)
+_SCORES, _SLOW_TS, _RESIDUALS = range(3)
+_EMPTY = np.array([0.0, -1.0, 0.0])
 #: the per-member numbers, with their dtype
 _SCALARS = {
     "rounds": np.int64,
@@ -308,12 +308,12 @@ class TrackerTable:
     """All members' recent scores, baselines and flagged states, as arrays indexed by a slot.
 
     A member is a dense *slot* (:meth:`new_slot`). Its last ``rule.window`` rounds are rows
-    of ``history``, shape ``(slots, 4, window)``: four windows (capped scores, timestamps of
-    slow rounds, residuals of slow rounds, winsorised residuals), oldest first, shifted by
+    of ``history``, shape ``(slots, 3, window)``: three windows (capped scores, timestamps of
+    slow rounds, residuals), oldest first, shifted by
     one each round, empty cells first while a member holds fewer rounds (``min(rounds,
     window)``); everything else is one number per slot. :meth:`judge` runs one round of one
     group as array operations over its members, with the per-member rule's results to the
-    last bit (sums in window order). About 470 bytes a member pickled.
+    last bit (sums in window order). About 370 bytes a member pickled.
     """
 
     __slots__ = (
@@ -418,14 +418,16 @@ class TrackerTable:
     def slow_mean(self, slot: int) -> float:
         """Mean residual (against peers) over the window's slow rounds, else over the
         sequential test's current run of evidence, else over the window."""
-        window = self._window(_PICKED, slot)
-        picked = [r for r in window if not math.isnan(r)]
+        slow_ts = self._window(_SLOW_TS, slot)
+        window = self._window(_RESIDUALS, slot)
+        picked = [r for r, ts in zip(window, slow_ts, strict=True) if ts >= 0.0]
         if picked and len(picked) * 2 >= len(window):
             return sum(picked) / len(picked)
         steps = int(self.cusum_steps[slot])
         if steps:
             return float(self.cusum_residual[slot]) / steps
-        kept = self._window(_KEPT, slot)
+        cap = self.rule.residual_cap
+        kept = [min(max(r, -cap), cap) for r in window]
         return sum(kept) / len(kept) if kept else 0.0
 
     def sequential_evidence(self, slot: int, test: SequentialTest) -> dict[str, float | int | str]:
@@ -490,9 +492,8 @@ class TrackerTable:
         history[:, :, :-1] = history[:, :, 1:]
         history[:, _SCORES, -1] = np.minimum(np.maximum(score, 0.0), rule.cap)
         history[:, _SLOW_TS, -1] = np.where(slow_round, round_ts, -1.0)
-        history[:, _PICKED, -1] = np.where(slow_round, r, _NAN)
-        history[:, _KEPT, -1] = np.minimum(np.maximum(r, -rule.residual_cap), rule.residual_cap)
-        slow, kept = history[:, _SLOW_TS], history[:, _KEPT]
+        history[:, _RESIDUALS, -1] = r
+        slow, kept = history[:, _SLOW_TS], _kept(history, rule.residual_cap)
         total = np.add.accumulate(history[:, _SCORES], axis=1)[:, -1]  # in window order
         verdict = (slow != -1.0).sum(axis=1) >= rule.min_fraction * window
         if learning or rule.baseline_rounds < window:  # some windows are not full yet
@@ -508,7 +509,6 @@ class TrackerTable:
                 # the offset itself is the evidence where no round was slow: date it here
                 undated = offset & ~slow_round & ~(slow >= 0.0).any(axis=1)
                 slow[undated, -1] = round_ts
-                history[undated, _PICKED, -1] = r[undated]
         self.history[slots] = history
         self.rounds[slots] = rounds
         self.baselines[slots] = baseline
@@ -669,6 +669,13 @@ class TrackerTable:
             moved &= rounds >= 4
         n = int(moved.sum())
         return n > 2 and n > rule.crowd_fraction * len(kept)
+
+
+def _kept(history: np.ndarray, cap: float) -> np.ndarray:
+    """The winsorised residuals of :attr:`TrackerTable.history` rows (residuals within
+    ``±cap``)."""
+    kept: np.ndarray = np.minimum(np.maximum(history[:, _RESIDUALS], -cap), cap)
+    return kept
 
 
 def _median(values: np.ndarray) -> float:

@@ -44,9 +44,10 @@ __all__ = ["CHECKPOINT_FORMAT", "CheckpointRefused", "StateUnpickler", "seal", "
 #: envelope changes (2: the restructure renamed modules; 3: the HMAC tag; 4: node and job
 #: detectors carry the river peer-anomaly models; 5: a node's NIC ports are arrays; 6: the
 #: job's detectors take a poll's steps and collectives as columns, their ranks by dense id,
-#: and keep their persistence trackers as arrays, a TrackerTable): a checkpoint of another
+#: and keep their persistence trackers as arrays, a TrackerTable; 7: a TrackerTable keeps
+#: three windows, the peer-anomaly score baselines three numbers): a checkpoint of another
 #: format starts cold instead of being read into objects the code no longer fits.
-CHECKPOINT_FORMAT = b"guard-state-6:"
+CHECKPOINT_FORMAT = b"guard-state-7:"
 TAG_BYTES = hashlib.sha256().digest_size
 
 #: Modules whose classes a checkpoint may name: Guard's own pure code and the river
@@ -58,9 +59,6 @@ STATE_MODULES = (
     "river.drift.",
     "river.proba.",
     "river.stats.",
-    # river's statistics keep their state in its Rust extension (EWMean's RsEWMean, EWVar's
-    # RsEWVar): built from bytes by the extension's own constructor, no code of the record's
-    "river._river_rust.",
     "river.tree.",  # HalfSpaceTrees' nodes
     "river.utils.",
 )

@@ -305,3 +305,26 @@ def test_window_features_are_validated_like_any_record_and_keyed_by_their_job() 
     assert [n for n, _ in out.bad_findings] == [0, 1, 2]
     assert "one value per GPU" in str(out.bad_findings[0][1])
     assert "under key 'anomaly:other'" in str(out.bad_findings[1][1])
+
+
+def test_score_baselines_keep_river_ew_statistics_to_the_last_bit_in_three_numbers() -> None:
+    """The baselines are river's EWMean/EWVar arithmetic kept as three numbers: the same
+    thresholds after any scores (zeros, negatives, first values included), and they survive a
+    checkpoint (river's Rust state did not, once)."""
+    import random
+
+    from river import stats
+
+    from guard.detectors.peer_anomaly import _Baseline
+
+    rng = random.Random(7)
+    for fading in (0.1, 0.05, 0.3):
+        mean, var, ours = stats.EWMean(fading), stats.EWVar(fading), _Baseline()
+        for _ in range(400):
+            score = rng.choice([0.0, rng.random(), rng.gauss(0.5, 0.2), -rng.random()])
+            mean.update(score)
+            var.update(score)
+            ours.learn(score, fading)
+            assert (ours.mean, ours.var()) == (mean.get(), var.get())
+        back = pickle.loads(pickle.dumps(ours))
+        assert (back.mean, back.var(), back.seen) == (mean.get(), var.get(), 400)

@@ -282,11 +282,12 @@ class PersistenceRule:
 
 _RAISED_BY = ("", "window", "cusum")  # TrackerTable.raised_by: the test that made the claim
 #: the windows of the last rounds (TrackerTable.history[:, i]), and what an empty cell holds
-#: (it counts for nothing): capped scores, timestamps of slow rounds (-1: a normal round),
-#: residuals (a slow round's residual is read where its round is dated, the winsorised one
-#: through :func:`_kept`: three windows a member, not four)
-_SCORES, _SLOW_TS, _RESIDUALS = range(3)
-_EMPTY = np.array([0.0, -1.0, 0.0])
+#: (it counts for nothing): capped scores, residuals (a slow round's residual is read where
+#: its round is dated, the winsorised one through :func:`_kept`). The third window, the
+#: timestamps of slow rounds (-1: a normal round), is kept only for members that had a slow
+#: round in their window (TrackerTable.slow_ts): most members have none
+_SCORES, _RESIDUALS = range(2)
+_EMPTY = np.array([0.0, 0.0])
 #: the per-member numbers, with their dtype
 _SCALARS = {
     "rounds": np.int64,
@@ -296,6 +297,7 @@ _SCALARS = {
     "windows": np.int64,  # bit history of window verdicts, newest in bit 0
     "since": np.float64,  # when the current claim's evidence began
     "raised_by": np.int8,  # index into _RAISED_BY
+    "timed": np.bool_,  # has a window of slow-round timestamps in slow_ts
     "cusum": np.float64,  # the sequential test's statistic S (0: no evidence)
     "cusum_steps": np.int64,  # rounds since S last left 0
     "cusum_since": np.float64,  # the first of them
@@ -308,12 +310,12 @@ class TrackerTable:
     """All members' recent scores, baselines and flagged states, as arrays indexed by a slot.
 
     A member is a dense *slot* (:meth:`new_slot`). Its last ``rule.window`` rounds are rows
-    of ``history``, shape ``(slots, 3, window)``: three windows (capped scores, timestamps of
-    slow rounds, residuals), oldest first, shifted by
-    one each round, empty cells first while a member holds fewer rounds (``min(rounds,
-    window)``); everything else is one number per slot. :meth:`judge` runs one round of one
-    group as array operations over its members, with the per-member rule's results to the
-    last bit (sums in window order). About 370 bytes a member pickled.
+    of ``history``, shape ``(slots, 2, window)``: two windows (capped scores, residuals),
+    oldest first, shifted by one each round, empty cells first while a member holds fewer
+    rounds (``min(rounds, window)``), and the window of its slow rounds' timestamps in
+    ``slow_ts`` while it has one; everything else is one number per slot. :meth:`judge` runs
+    one round of one group as array operations over its members, with the per-member rule's
+    results to the last bit (sums in window order). About 280 bytes a member pickled.
     """
 
     __slots__ = (
@@ -330,6 +332,8 @@ class TrackerTable:
         "rounds",
         "rule",
         "since",
+        "slow_ts",
+        "timed",
         "used",
         "windows",
     )
@@ -342,6 +346,8 @@ class TrackerTable:
     calm: np.ndarray
     windows: np.ndarray
     since: np.ndarray
+    slow_ts: dict[int, np.ndarray]
+    timed: np.ndarray
     raised_by: np.ndarray
     cusum: np.ndarray
     cusum_steps: np.ndarray
@@ -353,13 +359,16 @@ class TrackerTable:
         self.rule = rule
         self.used = 0
         self.history = np.repeat(_EMPTY[None, :, None], capacity, axis=0).repeat(rule.window, 2)
+        #: slot -> the timestamps of its window's slow rounds (-1: normal), for the members
+        #: with one (``timed``)
+        self.slow_ts = {}
         for name, dtype in _SCALARS.items():
             setattr(self, name, np.zeros(capacity, dtype))
 
     def __getstate__(self) -> dict[str, object]:
         """Only the slots in use (the arrays grow by doubling)."""
         used = self.used
-        state: dict[str, object] = {"rule": self.rule, "used": used}
+        state: dict[str, object] = {"rule": self.rule, "used": used, "slow_ts": self.slow_ts}
         for name in ("history", *_SCALARS):
             state[name] = getattr(self, name)[:used].copy()
         return state
@@ -386,6 +395,7 @@ class TrackerTable:
     def reset(self, slot: int) -> None:
         """Start ``slot``'s history afresh (a member that moved)."""
         self.history[slot] = _EMPTY[:, None]
+        self.slow_ts.pop(slot, None)
         for name in _SCALARS:
             getattr(self, name)[slot] = 0
 
@@ -393,6 +403,29 @@ class TrackerTable:
         """``slot``'s window ``which`` (``_SCORES`` ...), oldest first, as many as it holds."""
         held = min(int(self.rounds[slot]), self.rule.window)
         return [float(v) for v in self.history[slot, which, self.rule.window - held :]]
+
+    def _slow_window(self, slot: int) -> list[float]:
+        """``slot``'s slow rounds' timestamps (-1: a normal round), like :meth:`_window`."""
+        held = min(int(self.rounds[slot]), self.rule.window)
+        times = self.slow_ts.get(slot)
+        return [-1.0] * held if times is None else [float(v) for v in times[len(times) - held :]]
+
+    def _slow_windows(self, slots: np.ndarray) -> np.ndarray:
+        """The members' slow-round timestamps shifted by one round, the newest cell -1."""
+        slow = np.full((len(slots), self.rule.window), -1.0)
+        for i in np.flatnonzero(self.timed[slots]).tolist():
+            slow[i, :-1] = self.slow_ts[int(slots[i])][1:]
+        return slow
+
+    def _keep_slow(self, slots: np.ndarray, slow: np.ndarray) -> None:
+        """Keep the windows of the members that have a slow round in them."""
+        timed = (slow != -1.0).any(axis=1)
+        for i in np.flatnonzero(timed | self.timed[slots]).tolist():
+            if timed[i]:
+                self.slow_ts[int(slots[i])] = slow[i].copy()
+            else:
+                del self.slow_ts[int(slots[i])]
+        self.timed[slots] = timed
 
     # --- one member, for a finding's evidence ----------------------------------------------
 
@@ -413,12 +446,12 @@ class TrackerTable:
         return min(int(self.rounds[slot]), self.rule.window)
 
     def slow_rounds(self, slot: int) -> int:
-        return sum(1 for s in self._window(_SLOW_TS, slot) if s >= 0.0)
+        return sum(1 for s in self._slow_window(slot) if s >= 0.0)
 
     def slow_mean(self, slot: int) -> float:
         """Mean residual (against peers) over the window's slow rounds, else over the
         sequential test's current run of evidence, else over the window."""
-        slow_ts = self._window(_SLOW_TS, slot)
+        slow_ts = self._slow_window(slot)
         window = self._window(_RESIDUALS, slot)
         picked = [r for r, ts in zip(window, slow_ts, strict=True) if ts >= 0.0]
         if picked and len(picked) * 2 >= len(window):
@@ -491,9 +524,9 @@ class TrackerTable:
         history = self.history[slots]
         history[:, :, :-1] = history[:, :, 1:]
         history[:, _SCORES, -1] = np.minimum(np.maximum(score, 0.0), rule.cap)
-        history[:, _SLOW_TS, -1] = np.where(slow_round, round_ts, -1.0)
         history[:, _RESIDUALS, -1] = r
-        slow, kept = history[:, _SLOW_TS], _kept(history, rule.residual_cap)
+        slow, kept = self._slow_windows(slots), _kept(history, rule.residual_cap)
+        slow[:, -1] = np.where(slow_round, round_ts, -1.0)
         total = np.add.accumulate(history[:, _SCORES], axis=1)[:, -1]  # in window order
         verdict = (slow != -1.0).sum(axis=1) >= rule.min_fraction * window
         if learning or rule.baseline_rounds < window:  # some windows are not full yet
@@ -510,6 +543,7 @@ class TrackerTable:
                 undated = offset & ~slow_round & ~(slow >= 0.0).any(axis=1)
                 slow[undated, -1] = round_ts
         self.history[slots] = history
+        self._keep_slow(slots, slow)
         self.rounds[slots] = rounds
         self.baselines[slots] = baseline
 

@@ -97,3 +97,32 @@ def test_the_hot_spot_detector_feeds_the_plan_and_advice_follows_the_hot_set() -
     run(500, 800, hot=False)  # it cools, the detector withdraws it: advice without the drain
     assert not advisor.hot_leaves
     assert sent[hot:] and not drains(sent[hot:])
+
+
+def test_a_plan_made_before_a_jobs_collectives_were_read_is_redone_without_resending() -> None:
+    """The steps topic read before the collectives one: the first plan has each job's nodes
+    but the default all-reduce size; the collectives read within ``advise_every_s`` wait for
+    the next plan, which plans again on the complete input and sends nothing when the advice
+    is the same (what made ``test_advice_sink``'s plan count vary with the read order)."""
+    advisor = _advisor()
+    rings = {"job-a": NODES[0::2], "job-b": NODES[1::2][::-1]}
+    records = [
+        m
+        for t in range(0, 200, 10)
+        for job, ring in rings.items()
+        for m in _ring_step(job, ring, T0 + t, None)
+    ]
+    for m in records:
+        if m.kind == "step":
+            advisor.update(m)
+    first = advisor.due(wall=0.0)
+    assert sorted(a.job for a in first) == ["job-a", "job-b"] and advisor.plans == 1
+    for m in records:
+        if m.kind == "collective":
+            advisor.update(m)
+    assert advisor.due(wall=1.0) == [] and advisor.plans == 1  # not due yet
+    for t in range(200, 400, 10):
+        for job, ring in rings.items():
+            for m in _ring_step(job, ring, T0 + t, None):
+                advisor.update(m)
+    assert advisor.due(wall=2.0) == [] and advisor.plans == 2  # planned again: same advice

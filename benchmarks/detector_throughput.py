@@ -13,7 +13,9 @@ Prints:
   no schema, no detection) and the backtest's rate as a share of it, run by run;
 * **state** — pickled bytes of the engine's partitions after the run, per GPU (total over
   all partitions / GPUs in the cluster), the largest node partition per GPU, and the largest
-  job partition per GPU of that job, for several cluster sizes. The budget is 10 KB per GPU
+  job partition per GPU of that job, for several cluster sizes; beside them what the sealed
+  (compressed) checkpoints of all partitions take, and the memory their objects take once
+  restored (traced allocations while unpickling them). The budget is 10 KB per GPU
   (docs/architecture.md, design rule 6: state is bounded).
 
 Usage::
@@ -47,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
@@ -56,6 +59,7 @@ from guard.agents.simulator import ClusterSimulator, SimConfig
 from guard.detectors.core import MessageFeed
 from guard.evaluation.backtest import BacktestStats, make_detector, read_messages, run_backtest
 from guard.schemas import encode, parse_message
+from guard.streams.checkpoints import seal
 
 
 def detectors_only(messages: list, runs: int) -> list[float]:
@@ -173,6 +177,16 @@ def state_per_gpu(nodes: int, duration: float, seed: int) -> dict[str, float]:
     truth = sim.truth()
     gpus = nodes * truth.gpus_per_node
     sizes = engine.state_bytes()
+    tables = ("nodes", "jobs", "fusion", "fabric")
+    parts = [o for table in tables for o in engine.core.parts(table).values()]
+    blobs = [pickle.dumps(o, pickle.HIGHEST_PROTOCOL) for o in parts]
+    sealed = sum(len(seal(b"k" * 32, "key", o)) for o in parts)  # what a checkpoint writes
+    gc.collect()
+    tracemalloc.start()
+    restored = [pickle.loads(b) for b in blobs]  # the state's own objects, nothing else
+    in_memory = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    del restored
     node_max = max(len(pickle.dumps(p)) for p in engine.nodes.values()) / truth.gpus_per_node
     job_max = max(
         len(pickle.dumps(engine.jobs[j.job])) / j.ranks for j in truth.jobs if j.job in engine.jobs
@@ -181,6 +195,8 @@ def state_per_gpu(nodes: int, duration: float, seed: int) -> dict[str, float]:
         "total_per_gpu": sum(sizes.values()) / gpus,
         "node_partition_per_gpu": node_max,
         "job_partition_per_gpu": job_max,
+        "checkpoint_per_gpu": sealed / gpus,
+        "in_memory_per_gpu": in_memory / gpus,
         **{k: v / gpus for k, v in sizes.items()},
     }
 
@@ -287,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
             f"(node partitions {s['nodes']:,.0f}, job partitions {s['jobs']:,.0f}, "
             f"fusion {s['fusion']:,.0f}); largest node partition "
             f"{s['node_partition_per_gpu']:,.0f} B/GPU, largest job partition "
-            f"{s['job_partition_per_gpu']:,.0f} B/GPU (budget 10,240)"
+            f"{s['job_partition_per_gpu']:,.0f} B/GPU (budget 10,240); sealed checkpoints "
+            f"{s['checkpoint_per_gpu']:,.0f} B/GPU, in memory {s['in_memory_per_gpu']:,.0f} B/GPU"
         )
     return 0
 

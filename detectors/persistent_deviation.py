@@ -289,17 +289,18 @@ _RAISED_BY = ("", "window", "cusum")  # TrackerTable.raised_by: the test that ma
 _SCORES, _RESIDUALS = range(2)
 _EMPTY = np.array([0.0, 0.0])
 #: the per-member numbers, with their dtype
+#: (counters as int32: 2**31 rounds is 68 years of one a second)
 _SCALARS = {
-    "rounds": np.int64,
+    "rounds": np.int32,
     "baselines": np.float64,
     "flagged": np.bool_,
-    "calm": np.int64,
-    "windows": np.int64,  # bit history of window verdicts, newest in bit 0
+    "calm": np.int32,
+    "windows": np.int32,  # bit history of window verdicts, newest in bit 0 (n <= 31)
     "since": np.float64,  # when the current claim's evidence began
     "raised_by": np.int8,  # index into _RAISED_BY
     "timed": np.bool_,  # has a window of slow-round timestamps in slow_ts
     "cusum": np.float64,  # the sequential test's statistic S (0: no evidence)
-    "cusum_steps": np.int64,  # rounds since S last left 0
+    "cusum_steps": np.int32,  # rounds since S last left 0
     "cusum_since": np.float64,  # the first of them
     "cusum_excess": np.float64,  # sums over them: excess over baseline, residual
     "cusum_residual": np.float64,
@@ -356,6 +357,8 @@ class TrackerTable:
     cusum_residual: np.ndarray
 
     def __init__(self, rule: PersistenceRule, capacity: int = 8) -> None:
+        if not 0 < rule.n <= 31:
+            raise ValueError(f"persistence over n={rule.n} windows: 1 to 31 (one bit each)")
         self.rule = rule
         self.used = 0
         self.history = np.repeat(_EMPTY[None, :, None], capacity, axis=0).repeat(rule.window, 2)

@@ -86,7 +86,7 @@ from guard.schemas.sample_decoder import (
     record_ts,
     structs_of,
 )
-from guard.schemas.topics import NODE_KINDS
+from guard.schemas.topics import JOB_KINDS, NODE_KINDS
 
 from .engine import FABRIC_KEY, EngineConfig, JobDetectors, NodeDetectors, fabric_detector
 from .findings import Finding
@@ -129,8 +129,6 @@ Reads = Mapping[tuple[str, int], tuple[int, int]]
 #: what the core sends to the findings topic: findings for fusion, and nodes' window
 #: features for their job's river model (key ``anomaly:<job>``)
 Outgoing: TypeAlias = Finding | WindowFeatures
-
-_JOB_KINDS = frozenset({"step", "collective"})
 
 
 @dataclass
@@ -549,7 +547,7 @@ class DetectionCore:
         :func:`decode_structs`) or a NIC record (dicts: :func:`decode_rows`)."""
         self.counters.samples += len(entries)
         kind = record_kind.removesuffix("_batch")
-        if kind in _JOB_KINDS:
+        if kind in JOB_KINDS:
             self._rows[kind].append((self.jobs.get(head.job, partition), partition, head, entries))
             return
         if not self.config.node_telemetry:

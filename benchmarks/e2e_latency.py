@@ -5,7 +5,7 @@ that carries it, so the detector's own window is zero) is generated and encoded 
 then published in real time (or at --speed) so that the generator cannot be the
 bottleneck; `guard streams` workers detect; flags are read from guard.remediation. Latency
 of a flag = when it was read − when the message that completed its evidence (the flag's
-``ts``) was due to be published. Prints median and p95.
+``ts``) was due to be published. Prints median and p95, and each worker's peak resident memory.
 
     .venv/bin/python benchmarks/e2e_latency.py [--nodes 1250] [--duration 60] [--engine native]
         [--batched]
@@ -27,6 +27,17 @@ from guard.config import load_settings
 from guard.demo.pipeline import FlagReader, StreamsWorkers
 from guard.kafka import create_topics, make_producer, produce_raw, to_record
 from guard.schemas import batch_messages
+
+
+def _peak_rss_mb(pid: int) -> float:
+    """A process's peak resident memory (Linux ``VmHWM``), MB; NaN where unknown."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
 
 
 def main() -> None:
@@ -102,6 +113,7 @@ def main() -> None:
             workers.check_alive()
             time.sleep(0.5)
         time.sleep(3)
+        peaks = [_peak_rss_mb(proc.pid) for proc in workers.procs]
         latencies = sorted(
             arrival - (wall0 + (flag.ts - start) / args.speed)
             for flag, arrival in zip(reader.flags, arrivals, strict=True)
@@ -120,6 +132,7 @@ def main() -> None:
         f"({len(records) / args.duration * args.speed:,.0f} records/s offered; publisher ended "
         f"{behind:.1f} s behind schedule), {len(latencies)} Xid flags of {len(faults)}"
     )
+    print("worker peak RSS: " + ", ".join(f"{mb:,.0f} MB" for mb in peaks))
     if latencies:
         p95 = latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]
         print(

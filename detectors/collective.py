@@ -425,6 +425,10 @@ class CollectiveHomogeneityDetector:
             offset = offsets.get(self.node_of[rank])
             if offset is not None:  # its arrivals were put on the op's common clock
                 evidence["host_offset_s"] = round(offset, 4)
+            if rank not in self.gpu_of and rank not in self.stage_of:
+                # no step of the rank read yet (steps, which name its GPU, read after the
+                # collectives): fusion takes the rank for any GPU of its node
+                evidence["unplaced"] = "no step read yet"
             found.append(
                 Finding(
                     detector=self.name,

@@ -282,9 +282,10 @@ class NodeFusion:
         """New evidence on a node already under suspicion: a new component, a more specific
         cause on a flagged one, or a materially worse slowdown of the same category."""
         flagged = self.flagged
-        if f.component == "node" or f.component.startswith("rank"):
-            # a node-wide finding, or one on a rank whose GPU is not known (its steps, which
-            # place it, not read yet): explained by any flagged component
+        if f.component == "node" or "unplaced" in f.evidence:
+            # a node-wide finding, or one on a rank whose GPU is not known because its steps,
+            # which place it, were not read yet: explained by any flagged component (a rank
+            # whose steps name no GPU is a component of its own, ``rankN``)
             return not flagged
         old = flagged.get(f.component)
         if old is None:

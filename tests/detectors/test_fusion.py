@@ -296,16 +296,54 @@ def test_a_straggler_rank_whose_gpu_is_not_known_is_explained_by_a_flagged_gpu()
     messages), the rank's GPU is not known yet, and the finding is about ``rank21``. On a
     node already flagged hot on one GPU that is no new component: it is explained, as a
     backtest (steps read first, GPU known) explains it. A rank on a GPU known to be another
-    one is still news."""
+    one is still news, and so is a rank of a job whose steps name no GPU (read, and still
+    unplaced): a second fault there is not absorbed by the first."""
     fusion = NodeFusion("n1")
     hot = Finding("thermal", "thermal", "warning", "n1", 100.0, 90.0, 1.2, gpu=5)
     assert fusion.update(hot) is not None
-    late = Finding("c4d", "straggler", "warning", "n1", 110.0, 100.0, 0.3, rank=21)
+    unread = {"unplaced": "no step read yet"}
+    late = Finding("c4d", "straggler", "warning", "n1", 110.0, 100.0, 0.3, rank=21, evidence=unread)
     assert fusion.update(late) is None
     placed = Finding("c4d", "straggler", "warning", "n1", 120.0, 100.0, 0.3, gpu=2, rank=17)
     assert fusion.update(placed) is not None
     alone = NodeFusion("n1")
     assert alone.update(late) is not None  # nothing flagged to explain it
+    no_gpus = NodeFusion("n1")
+    assert no_gpus.update(hot) is not None
+    gpuless = Finding("c4d", "straggler", "warning", "n1", 110.0, 100.0, 0.3, rank=21)
+    assert no_gpus.update(gpuless) is not None  # its steps were read: rank21 is its own
+
+
+def test_c4d_marks_a_rank_unplaced_only_while_none_of_its_steps_was_read() -> None:
+    """The mark fusion reads: C4D's late rank before any of its steps (no GPU, no stage
+    known) carries ``unplaced``; after steps that name no GPU, it does not."""
+    from guard.detectors.collective import CollectiveHomogeneityDetector
+    from guard.schemas import CollectiveTiming, StepTiming
+
+    def late_rank(steps: bool) -> list[Finding]:
+        c4d = CollectiveHomogeneityDetector("job")
+        found: list[Finding] = []
+        for seq in range(60):
+            t = 1000.0 + seq
+            for rank in range(8):
+                node = f"n{rank // 4}"
+                if steps:
+                    c4d.observe(
+                        StepTiming(ts=t, node=node, job="job", rank=rank, step=seq, step_s=1.0)
+                    )
+                arrive = (
+                    t - 0.5 + (0.3 if rank == 5 and seq >= 20 else 0.001 * ((seq * 7 + rank) % 5))
+                )
+                op = CollectiveTiming(
+                    ts=t, node=node, job="job", rank=rank, comm="dp", op="allreduce",
+                    seq=seq, bytes=1e8, arrive_ts=arrive, end_ts=t,
+                )  # fmt: skip
+                found += c4d.update(op)
+        return [f for f in found if f.rank == 5 and not f.clear]
+
+    before, after = late_rank(steps=False), late_rank(steps=True)
+    assert before and all(f.evidence["unplaced"] == "no step read yet" for f in before)
+    assert after and all("unplaced" not in f.evidence and f.gpu is None for f in after)
 
 
 def test_findings_of_a_node_are_fused_in_event_time_order_behind_a_waiting_one() -> None:

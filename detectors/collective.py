@@ -89,7 +89,7 @@ import numpy as np
 
 from guard.schemas import CollectiveTiming, StepTiming
 
-from .findings import Finding, imbalance_info
+from .findings import UNPLACED, Finding, imbalance_info
 from .job_columns import CollectiveColumns, StepColumns
 from .peer_groups import LevelTracker
 from .persistent_deviation import GroupNoise, PersistenceRule, TrackerTable
@@ -425,10 +425,10 @@ class CollectiveHomogeneityDetector:
             offset = offsets.get(self.node_of[rank])
             if offset is not None:  # its arrivals were put on the op's common clock
                 evidence["host_offset_s"] = round(offset, 4)
-            if rank not in self.gpu_of and rank not in self.stage_of:
+            if rank not in self.stage_of:  # every step read names a stage (maybe None)
                 # no step of the rank read yet (steps, which name its GPU, read after the
                 # collectives): fusion takes the rank for any GPU of its node
-                evidence["unplaced"] = "no step read yet"
+                evidence[UNPLACED] = "no step read yet"
             found.append(
                 Finding(
                     detector=self.name,

@@ -25,7 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["Detector", "Finding", "imbalance_info"]
+__all__ = ["UNPLACED", "Detector", "Finding", "imbalance_info"]
+
+#: the evidence key of a finding on a rank whose GPU is not known because none of its steps
+#: was read yet (fusion takes it for any GPU of its node)
+UNPLACED = "unplaced"
 
 _Message_contra = TypeVar("_Message_contra", contravariant=True)
 

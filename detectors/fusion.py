@@ -67,7 +67,7 @@ from typing import Any
 
 from guard.schemas import SEVERITY_RANK, Flag, stable_id
 
-from .findings import Finding
+from .findings import UNPLACED, Finding
 
 __all__ = [
     "EXPLAINABLE",
@@ -282,7 +282,7 @@ class NodeFusion:
         """New evidence on a node already under suspicion: a new component, a more specific
         cause on a flagged one, or a materially worse slowdown of the same category."""
         flagged = self.flagged
-        if f.component == "node" or "unplaced" in f.evidence:
+        if f.component == "node" or UNPLACED in f.evidence:
             # a node-wide finding, or one on a rank whose GPU is not known because its steps,
             # which place it, were not read yet: explained by any flagged component (a rank
             # whose steps name no GPU is a component of its own, ``rankN``)

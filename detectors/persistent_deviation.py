@@ -404,13 +404,11 @@ class TrackerTable:
 
     def _window(self, which: int, slot: int) -> list[float]:
         """``slot``'s window ``which`` (``_SCORES`` ...), oldest first, as many as it holds."""
-        held = min(int(self.rounds[slot]), self.rule.window)
-        return [float(v) for v in self.history[slot, which, self.rule.window - held :]]
+        return [float(v) for v in self.history[slot, which, self.rule.window - self.filled(slot) :]]
 
     def _slow_window(self, slot: int) -> list[float]:
         """``slot``'s slow rounds' timestamps (-1: a normal round), like :meth:`_window`."""
-        held = min(int(self.rounds[slot]), self.rule.window)
-        times = self.slow_ts.get(slot)
+        held, times = self.filled(slot), self.slow_ts.get(slot)
         return [-1.0] * held if times is None else [float(v) for v in times[len(times) - held :]]
 
     def _slow_windows(self, slots: np.ndarray) -> np.ndarray:
@@ -462,9 +460,8 @@ class TrackerTable:
         steps = int(self.cusum_steps[slot])
         if steps:
             return float(self.cusum_residual[slot]) / steps
-        cap = self.rule.residual_cap
-        kept = [min(max(r, -cap), cap) for r in window]
-        return sum(kept) / len(kept) if kept else 0.0
+        kept = _kept(self.history[slot : slot + 1], self.rule.residual_cap)[0]
+        return sum(kept[len(kept) - len(window) :].tolist()) / len(window) if window else 0.0
 
     def sequential_evidence(self, slot: int, test: SequentialTest) -> dict[str, float | int | str]:
         """The sequential test's figures for a finding's evidence."""

@@ -627,9 +627,10 @@ class DetectionCore:
             got[1].append((head, entries))
         return by_job
 
-    def _nics(self, latest: dict[str, float]) -> list[Finding]:
+    def _nics(self, latest: dict[str, float]) -> list[Outgoing]:
         """The step's NIC samples, every node's at once (:func:`~.nic.update_nics`), then
-        the fabric detector of each partition with the increases they added."""
+        the fabric detector of each partition with the increases they added; the river
+        feed's windows that the NIC samples made ready."""
         got = self._gather("nic")
         for k, (head, _) in zip(got.record_node, got.records, strict=True):
             if (job := head.get("job")) is not None:
@@ -638,10 +639,12 @@ class DetectionCore:
         owner = np.array(got.owner, dtype=np.intp)
         cols = NicColumns.of_records(got.records)
         self._newest(latest, "nic", [d.node for d in got.nodes], owner, cols.ts)
-        found, inc = update_nics([d.nic for d in got.nodes], owner, cols)
+        nic_found, inc = update_nics([d.nic for d in got.nodes], owner, cols)
+        found: list[Outgoing] = list(nic_found)
+        _nic_windows(got.nodes, owner, cols.ts, inc)
         if self.fabric:
             found += self._fabric(cols, inc, np.array(got.partitions), latest)
-        return found
+        return found + _windows(got.nodes)
 
     def _fabric(
         self, cols: NicColumns, inc: NicIncreases, partitions: np.ndarray, latest: dict[str, float]
@@ -818,6 +821,22 @@ def _make_fusion(config: EngineConfig, key: str) -> NodeFusion | JobFusion | Gpu
 
 #: Key prefix of a job's river model over its nodes' GPU windows, in the fusion table.
 ANOMALY_KEY = "anomaly:"
+
+
+def _nic_windows(
+    nodes: Sequence[NodeDetectors], owner: np.ndarray, ts: np.ndarray, inc: NicIncreases
+) -> None:
+    """The step's NIC samples to their nodes' river feeds: each sample's port, time and
+    errors per second (nan: no interval)."""
+    if all(det.anomaly is None for det in nodes):
+        return
+    rates = np.where(inc.valid, inc.errors, np.nan)
+    order = np.argsort(owner, kind="stable")
+    bounds = np.searchsorted(owner[order], np.arange(len(nodes) + 1))
+    for k, det in enumerate(nodes):
+        mine = order[bounds[k] : bounds[k + 1]]
+        if det.anomaly is not None and len(mine):
+            det.anomaly.add_nic(inc.local[mine], ts[mine], rates[mine])
 
 
 def _windows(nodes: Iterable[NodeDetectors]) -> list[Outgoing]:

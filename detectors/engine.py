@@ -56,7 +56,7 @@ from .gpu_errors import GpuErrorDetector
 from .gpu_round import GpuColumns, Rounds
 from .gpu_step import judge_rounds, update_gpus
 from .job_columns import CollectiveColumns, StepColumns
-from .nic import NicDetector
+from .nic import NicColumns, NicDetector, update_nics
 from .peer_anomaly import GpuJobAnomaly, GpuWindows, PeerAnomalyDetector, RankPeerAnomaly
 from .peer_straggler import PeerStragglerDetector
 from .power import PowerDetector
@@ -233,7 +233,7 @@ class NodeDetectors(_DetectorSet):
         self.holds: tuple[np.ndarray, np.ndarray] | None = None
         self.nic = NicDetector(**args.get("nic", {}))  # type: ignore[arg-type]
         self.anomaly = (
-            GpuWindows(nic=self.nic, **args.get("peer_anomaly", {}))  # type: ignore[arg-type]
+            GpuWindows(**args.get("peer_anomaly", {}))  # type: ignore[arg-type]
             if cfg.peer_anomaly
             else None
         )
@@ -250,7 +250,13 @@ class NodeDetectors(_DetectorSet):
         if message.kind == "nic":
             if TYPE_CHECKING:
                 assert isinstance(message, NicSample)
-            return self.nic.update(message)
+            found, inc = update_nics(
+                [self.nic], np.zeros(1, dtype=np.intp), NicColumns.of_samples([message])
+            )
+            if self.anomaly is not None:
+                rates = np.where(inc.valid, inc.errors, np.nan)
+                self.anomaly.add_nic(inc.local, np.array([message.ts]), rates)
+            return found
         return []
 
     def flush(self) -> list[Finding]:

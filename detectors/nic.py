@@ -68,7 +68,6 @@ from .hold import CLEAR, arrival_rank, step_holds
 
 __all__ = [
     "CONGESTION_COUNTERS",
-    "ERROR_COLUMNS",
     "MISSING",
     "PHYSICAL_ERRORS",
     "RETRANSMITS",
@@ -91,8 +90,6 @@ CONGESTION_COUNTERS = ("np_ecn_marked_roce_packets", "rp_cnp_handled")
 WATCHED = (*PHYSICAL_ERRORS, *RETRANSMITS, *CONGESTION_COUNTERS, "link_downed", "port_xmit_wait")
 _PHYS, _RETRANS, _MARKS = slice(0, 4), slice(4, 7), slice(7, 9)
 _FLAPS, _WAIT = 9, 10
-#: physical errors and retransmits: what the river feed reads as the node's NIC error rate
-ERROR_COLUMNS = slice(0, 7)
 #: a watched counter the sample did not report
 MISSING = -1
 _INT64_MAX = 2**63 - 1
@@ -217,6 +214,8 @@ class NicIncreases:
     wait: np.ndarray  # int64: port_xmit_wait
     marks: np.ndarray  # int64: ECN + CNP
     ports: np.ndarray  # intp: each row's port as a dense id within the step
+    errors: np.ndarray  # float64: physical errors + retransmits per second (the river feed's)
+    local: np.ndarray  # intp: each row's port as its row in its node's detector
 
 
 class NicDetector:
@@ -314,7 +313,9 @@ def update_nics(
         offsets,
     )
     rows = offsets[owner] + local
-    inc = NicIncreases(np.zeros(n, bool), np.zeros(n, np.int64), np.zeros(n, np.int64), rows)
+    inc = NicIncreases(
+        np.zeros(n, bool), np.zeros(n, np.int64), np.zeros(n, np.int64), rows, np.zeros(n), local
+    )
     nominal = step.nominal(cols, owner)
     found = step.sequences(cols, owner, rows, inc, nominal)
     if found is None:  # a duplicate or an older sample in the step: one sample a port a pass
@@ -383,6 +384,7 @@ class _Step:
         phys_n, retrans_n = rise[:, _PHYS].sum(1), rise[:, _RETRANS].sum(1)
         marks = rise[:, _MARKS].sum(1)
         inc.valid[at], inc.wait[at], inc.marks[at] = True, rise[:, _WAIT], marks
+        inc.errors[at] = (phys_n + retrans_n) / dt
         found = self._link(cols, at, rows, ts, dt, rise[:, _FLAPS])
         nominal = nominal[keep][sel]
         found += self._degraded(cols, at, rows, ts, phys_n / dt, retrans_n / dt, nominal)
@@ -425,6 +427,7 @@ class _Step:
         phys, retrans = rise[:, _PHYS].sum(1) / dt, rise[:, _RETRANS].sum(1) / dt
         marks, wait = rise[:, _MARKS].sum(1), rise[:, _WAIT]
         inc.valid[order], inc.wait[order], inc.marks[order] = iv, wait, marks
+        inc.errors[order] = np.where(iv, phys + retrans, 0.0)
         errors = iv & ((phys >= cfg.phys_per_s) | (retrans >= cfg.retrans_per_s))
         slow = iv & (nominal > 0.0) & (speed < cfg.speed_ratio * nominal)
         down = iv & (cols.link_up[order] == 0)

@@ -29,8 +29,8 @@ feature vector, the score, the threshold and the features that stand out.
 Two feeds share the class:
 
 * the GPU feed, in two halves: :class:`GpuWindows` on the node (each GPU's window means of
-  ``temp_c``, ``power`` and ``sm_clock`` against the node's siblings, and the node's NIC error
-  rate, every ``sample_s``, as arrays) and :class:`GpuJobAnomaly` on the job: one model for
+  ``temp_c``, ``power`` and ``sm_clock`` against the node's siblings, every ``sample_s``, as
+  arrays, and the node's NIC error rate over the same window, from its NIC samples) and :class:`GpuJobAnomaly` on the job: one model for
   all the job's GPUs, which scores and learns each window once. The node's windows reach the
   job's model as ``window_features`` records on the findings topic keyed ``anomaly:<job>``
   (the fusion table holds the model), and its findings go back keyed by the GPU's node, so
@@ -110,8 +110,6 @@ from .findings import Finding
 from .gpu_round import Rounds
 from .hold import Hold
 from .job_columns import StepColumns
-from .nic import ERROR_COLUMNS, NicDetector
-from .nic import TS as NIC_TS
 from .robust import median
 
 __all__ = [
@@ -404,13 +402,20 @@ class GpuWindows:
     """A node's half of the GPU feed: its GPUs' window means against their siblings.
 
     Every ``sample_s`` it adds one sampling round's temperature, power and clock to the
-    window's sums (arrays with a row per GPU: the error rules' row), and the node's NIC error
-    rate; when a round falls in a later window (windows are aligned: number ``floor(ts /
-    window_s)``, the same on every node) it turns the open window into residuals against the
-    node's siblings and keeps them in :attr:`closed` for the core to send to the job's model
-    (:class:`GpuJobAnomaly`, on the findings topic as a ``window_features`` record keyed
-    ``anomaly:<job>``). A window of a node with no job is dropped: an idle node's GPUs have
-    no job's model (its rule detectors still watch it)."""
+    window's sums (arrays with a row per GPU: the error rules' row); when a round falls in a
+    later window (windows are aligned: number ``floor(ts / window_s)``, the same on every
+    node) it turns the open window into residuals against the node's siblings. The node's
+    NIC error rate comes from its NIC samples of the same window, in event time
+    (:meth:`add_nic`), so what the model sees does not depend on which topic a runner read
+    first: a closed window waits until the node's NIC samples have passed its end, or, if
+    they stop, until the GPU samples are ``nic_wait`` windows beyond it (a node that never
+    sent NIC samples does not wait). The rate is log10(1 + the node's errors per second):
+    physical errors and retransmits, each port's mean rate over the window's samples, summed
+    over the ports; it reads the same however the samples were split into records or steps.
+    Ready windows go to :attr:`closed` for the core to send
+    to the job's model (:class:`GpuJobAnomaly`, on the findings topic as a
+    ``window_features`` record keyed ``anomaly:<job>``). A window of a node with no job is
+    dropped: an idle node's GPUs have no job's model (its rule detectors still watch it)."""
 
     name = "peer_anomaly"
 
@@ -419,12 +424,13 @@ class GpuWindows:
         sample_s: float = 5.0,
         window_s: float = 20.0,
         min_peers: int = 3,
-        nic: NicDetector | None = None,
+        nic_wait: int = 2,
         **_scoring: Any,  # the job side's settings (:class:`GpuJobAnomaly`)
     ) -> None:
         self.sample_s = sample_s
         self.window_s = window_s
         self.min_peers = min_peers
+        self.nic_wait = nic_wait
         self.next_round = 0.0
         self.window = -1  # the open window's number (-1: none)
         self.newest = 0.0  # the open window's newest sample time
@@ -433,14 +439,13 @@ class GpuWindows:
         self.counts = np.zeros((0, len(_GPU_VALUES)))
         self.sums = np.zeros((0, len(_GPU_VALUES)))
         self.gpu_of_row = np.zeros(0, dtype=np.int64)
-        self.nic_sum = [0.0, 0.0]  # rounds with a NIC rate, and the rates' sum
-        #: windows closed and not yet sent (the core takes them after each step)
+        #: window number -> [NIC samples rated, sum of their errors/s, bit mask of their ports]
+        self.nic_windows: dict[int, list[Any]] = {}
+        self.nic_newest = -math.inf  # the node's newest NIC sample time
+        #: windows closed, waiting for the node's NIC samples to pass their end
+        self.waiting: list[ClosedWindow] = []
+        #: windows ready and not yet sent (the core takes them after each step)
         self.closed: list[ClosedWindow] = []
-        #: the node's NIC detector (its ports' latest counters and times): read once per
-        #: observed round, so NIC samples cost this feed nothing
-        self.nic = nic
-        #: each port's (time, error total) when this feed last read it (nan: never)
-        self.nic_kept = np.empty((0, 2))
 
     def update(self, rounds: Rounds, r: int) -> None:
         """Add round ``r``'s GPUs (one round every ``sample_s``: a window's mean needs no
@@ -455,6 +460,7 @@ class GpuWindows:
                 return  # a round older than the open window: its window is gone
             self._close()
             self.window = window
+            self._ready()
         cols = rounds.cols
         at = rounds.at[r][rounds.valid[r]]
         rows = cols.row[at]
@@ -469,10 +475,23 @@ class GpuWindows:
         # the window's job is what its last round's samples say (None: the job ended; the
         # round's own job is the node's last known one, which outlives the job)
         self.job = cols.job[int(at[-1])] if len(at) else None
-        nic = self._nic_errors()
-        if nic is not None:
-            self.nic_sum[0] += 1.0
-            self.nic_sum[1] += nic
+
+    def add_nic(self, ports: np.ndarray, ts: np.ndarray, rates: np.ndarray) -> None:
+        """The node's NIC samples of a step: each one's port (its row in the node's NIC
+        detector), time and errors per second (nan: no interval to rate, a port's first)."""
+        self.nic_newest = max(self.nic_newest, float(ts.max()))
+        rated = ~np.isnan(rates)
+        windows = (ts[rated] // self.window_s).astype(np.int64).tolist()
+        for w, port, rate in zip(
+            windows, ports[rated].tolist(), rates[rated].tolist(), strict=True
+        ):
+            acc = self.nic_windows.get(w)
+            if acc is None:
+                acc = self.nic_windows[w] = [0.0, 0.0, 0]
+            acc[0] += 1.0
+            acc[1] += rate
+            acc[2] |= 1 << port
+        self._ready()
 
     def _grow(self, rows: int) -> None:
         more = rows - len(self.counts)
@@ -481,20 +500,41 @@ class GpuWindows:
         self.gpu_of_row = np.concatenate([self.gpu_of_row, np.full(more, -1, dtype=np.int64)])
 
     def _close(self) -> None:
-        """The open window's residuals to :attr:`closed`; the sums start again."""
+        """The open window's residuals to :attr:`waiting`; the sums start again."""
         reported = self.counts.sum(1) > 0
         if self.window >= 0 and self.job is not None and reported.any():
-            self.closed.append(
+            self.waiting.append(
                 (self.newest, self.window, self.job, *self._residuals(np.flatnonzero(reported)))
             )
         self.counts[:] = 0.0
         self.sums[:] = 0.0
-        self.nic_sum = [0.0, 0.0]
         self.newest = 0.0
+
+    def _ready(self, every: bool = False) -> None:
+        """Waiting windows whose NIC samples are in (``every``: all, at the end of input) to
+        :attr:`closed`, with the NIC error rate of their window; NIC sums no window will
+        read are dropped."""
+        nic_wait = self.nic_wait if self.nic_newest > -math.inf else 0
+        while self.waiting:
+            window = self.waiting[0][1]
+            passed = self.nic_newest >= (window + 1) * self.window_s
+            if not (every or passed or self.window - window >= nic_wait):
+                break
+            ts, window, job, gpus, features = self.waiting.pop(0)
+            _, lo, hi, _, _ = GPU_FEATURES["nic_errors"]
+            n, total, ports = self.nic_windows.pop(window, (0.0, 0.0, 0))
+            # the ports' mean rates, summed: the node's errors per second over the window
+            rate = total * ports.bit_count() / n if n else 0.0
+            nic = min(hi, max(lo, math.log10(1.0 + rate))) if n else lo
+            features["nic_errors"] = [round(nic, 4)] * len(gpus)
+            self.closed.append((ts, window, job, gpus, features))
+        keep = self.waiting[0][1] if self.waiting else self.window
+        for old in [w for w in self.nic_windows if w < keep]:
+            del self.nic_windows[old]
 
     def _residuals(self, rows: np.ndarray) -> tuple[list[int], dict[str, list[float]]]:
         """Each GPU's window mean of each feature against its siblings' median (0: like them,
-        or no peers to say); the node's NIC error rate as it is."""
+        or no peers to say); the NIC error rate is added when the window is ready."""
         counts, sums = self.counts[rows], self.sums[rows]
         with np.errstate(invalid="ignore", divide="ignore"):
             means = np.where(counts > 0, sums / counts, np.nan)
@@ -511,35 +551,15 @@ class GpuWindows:
                 elif center:
                     r = np.where(known, column / center - 1.0, 0.0)
             features[name] = np.round(np.clip(r, lo, hi), 4).tolist()
-        _, lo, hi, _, _ = GPU_FEATURES["nic_errors"]
-        rounds, total = self.nic_sum
-        nic = min(hi, max(lo, total / rounds)) if rounds else lo
-        features["nic_errors"] = [round(nic, 4)] * len(rows)
         return self.gpu_of_row[rows].tolist(), features
-
-    def _nic_errors(self) -> float | None:
-        """log10(1 + the node's NIC error rate): physical errors and retransmits per second
-        over the node's ports, since the previous observed round (None: no rate yet)."""
-        nic = self.nic
-        if nic is None or not nic.ports:
-            return None
-        ts = nic.state[:, NIC_TS]
-        total = np.maximum(nic.counts[:, ERROR_COLUMNS], 0).sum(1)  # absent: 0
-        kept = self.nic_kept
-        if len(kept) < len(ts):
-            kept = self.nic_kept = np.concatenate([kept, np.full((len(ts) - len(kept), 2), np.nan)])
-        seen = ~np.isnan(ts)
-        rated = seen & (ts > kept[:, 0])  # nan (never read): False
-        rates = np.maximum(0, total[rated] - kept[rated, 1]) / (ts[rated] - kept[rated, 0])
-        kept[seen, 0], kept[seen, 1] = ts[seen], total[seen]
-        return None if not rated.any() else math.log10(1.0 + float(rates.sum()))
 
     def tick(self, now: float) -> list[Finding]:
         return []
 
     def flush(self) -> list[Finding]:
-        """End of input: the open window goes to :attr:`closed` too."""
+        """End of input: the open window and every waiting one go to :attr:`closed`."""
         self._close()
+        self._ready(every=True)
         return []
 
 

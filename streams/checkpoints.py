@@ -45,9 +45,10 @@ __all__ = ["CHECKPOINT_FORMAT", "CheckpointRefused", "StateUnpickler", "seal", "
 #: detectors carry the river peer-anomaly models; 5: a node's NIC ports are arrays; 6: the
 #: job's detectors take a poll's steps and collectives as columns, their ranks by dense id,
 #: and keep their persistence trackers as arrays, a TrackerTable; 7: a TrackerTable keeps
-#: three windows, the peer-anomaly score baselines three numbers): a checkpoint of another
+#: three windows, the peer-anomaly score baselines three numbers; 8: a node's river feed
+#: keeps its NIC error rates per window, in event time): a checkpoint of another
 #: format starts cold instead of being read into objects the code no longer fits.
-CHECKPOINT_FORMAT = b"guard-state-7:"
+CHECKPOINT_FORMAT = b"guard-state-8:"
 TAG_BYTES = hashlib.sha256().digest_size
 
 #: Modules whose classes a checkpoint may name: Guard's own pure code and the river

@@ -909,13 +909,16 @@ def decode_finding(raw: bytes) -> Finding:
 
 
 class MessageFeed:
-    """Decoded messages through a :class:`DetectionCore`, a second of event time a step.
+    """Decoded messages through a :class:`DetectionCore`, ``step_s`` of event time a step.
 
     What tests, benchmarks and ``guard backtest`` use to run the core over messages in
     event-time order: ``update(message)`` returns the flags of the steps it completed,
     ``flush()`` those of the rest. The runner's clock is the messages' event-time watermark
     (a live run at real-time pace); each step's findings are fused at once, as a worker's
-    come back from the findings topic.
+    come back from the findings topic. A step of 10 s (at most ``max_records`` records) is
+    what a worker's poll holds when it catches up; the flags are the same as with 1 s steps
+    (the regression fixture and ``benchmarks/detection_quality.py``, line for line), and
+    the core's per-step work is spread over ten times the records.
 
     >>> from guard.schemas import GpuSample
     >>> feed = MessageFeed()
@@ -926,7 +929,7 @@ class MessageFeed:
     """
 
     def __init__(
-        self, config: EngineConfig | None = None, step_s: float = 1.0, max_records: int = 4096
+        self, config: EngineConfig | None = None, step_s: float = 10.0, max_records: int = 4096
     ) -> None:
         self.core = DetectionCore(config)
         self.step_s = step_s

@@ -30,8 +30,9 @@ Two feeds share the class:
 
 * the GPU feed, in two halves: :class:`GpuWindows` on the node (each GPU's window means of
   ``temp_c``, ``power`` and ``sm_clock`` against the node's siblings, every ``sample_s``, as
-  arrays, and the node's NIC error rate over the same window, from its NIC samples) and :class:`GpuJobAnomaly` on the job: one model for
-  all the job's GPUs, which scores and learns each window once. The node's windows reach the
+  arrays, and the node's NIC error rate over the same window, from its NIC samples) and
+  :class:`GpuJobAnomaly` on the job: one model for all the job's GPUs, which scores and
+  learns each window once. The node's windows reach the
   job's model as ``window_features`` records on the findings topic keyed ``anomaly:<job>``
   (the fusion table holds the model), and its findings go back keyed by the GPU's node, so
   the design's "models over windows grouped by job" is what runs, and a node's own state

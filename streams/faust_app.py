@@ -105,7 +105,12 @@ def _backed_by(state: KeyedState, table: Any, secret: bytes) -> None:
     state.delete = delete
 
 
-RAW = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
+RAW: dict[str, Any] = {
+    "key_type": bytes,
+    "value_type": bytes,
+    "key_serializer": "raw",
+    "value_serializer": "raw",
+}
 
 
 def _use_uvloop() -> bool:
@@ -161,7 +166,7 @@ class _Wiring:
         )
         self.remediation = app.topic(settings.topic("remediation"), **RAW)
         self.dlq = app.topic(settings.topic("dlq"), **RAW)
-        self.table_args = {
+        self.table_args: dict[str, Any] = {
             "default": None,
             "key_type": bytes,
             "value_type": bytes,
@@ -247,15 +252,16 @@ class _Wiring:
     def housekeeping(self) -> None:
         """The idle clock (findings of quiet keys) and forgetting revoked partitions."""
 
-        @self.app.timer(interval=1.0)
+        @self.app.timer(interval=1.0)  # type: ignore[untyped-decorator]  # faust's is untyped
         async def idle_clock() -> None:
             await self.send_findings(self.core.idle(time.monotonic()))
 
-        @self.app.timer(interval=10.0)
+        @self.app.timer(interval=10.0)  # type: ignore[untyped-decorator]
         async def expire_idle_keys() -> None:
             self.core.expire(self.settings.streams.key_idle_s)
 
-        @self.app.on_partitions_revoked.connect
+        # faust sends the set as its first positional argument; its stub wants *args
+        @self.app.on_partitions_revoked.connect  # type: ignore[arg-type]
         async def on_revoked(app: Any, revoked: set[Any], **kwargs: Any) -> None:
             self.core.forget({tp.partition for tp in revoked})
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from confluent_kafka.admin import NewTopic
+from confluent_kafka.cimpl import NewTopic  # where it lives: .admin re-exports it unsaid
 
 from guard.config import Settings, streams_state_key
 from guard.detectors.core import TABLES, DetectionCore, encode_finding, finding_key
@@ -176,23 +176,26 @@ class NativeWorker:
 
     def _handle(self, records: list[Message]) -> None:
         telemetry: list[Message] = []
+        batch: list[tuple[int, str, bytes | None]] = []  # what the core reads of them
         findings: list[Message] = []
         kinds = self.telemetry_topics
         read: dict[tuple[str, int], int] = {}  # (topic, partition) -> last offset read
         for record in records:
             error = record.error()
-            if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
+            topic, partition, offset = record.topic(), record.partition(), record.offset()
+            if error is not None or topic is None or partition is None or offset is None:
+                if error is not None and error.code() != KafkaError._PARTITION_EOF:
                     log.warning("consumer error: %s", error)
-                continue
-            topic = record.topic()
-            if topic in kinds:
+                continue  # (a record without an error has a topic, partition and offset)
+            kind = kinds.get(topic)
+            if kind is not None:
                 telemetry.append(record)
-                read[topic, record.partition()] = record.offset() + 1
+                batch.append((partition, kind, record.value()))
+                read[topic, partition] = offset + 1
             elif topic == self.findings_topic:
                 findings.append(record)
         out = self.core.step(
-            [(r.partition(), kinds[r.topic()], r.value()) for r in telemetry],
+            batch,
             [(r.partition(), r.key() or b"", r.value() or b"") for r in findings],
             time.monotonic(),
             node_reads(read, kinds, self._end),
@@ -230,7 +233,7 @@ class NativeWorker:
                 timestamp=int(f.ts * 1000),
             )
 
-    def _produce(self, topic: str, value: bytes, key: bytes | None, **kwargs: Any) -> None:
+    def _produce(self, topic: str, value: bytes | None, key: bytes | None, **kwargs: Any) -> None:
         produce_raw(self.producer, topic, value, key, **kwargs)
 
     def _commit(self) -> None:
@@ -270,11 +273,8 @@ class NativeWorker:
         """Read the changelog partitions to their end into the restore store."""
         if not partitions:
             return
-        reader = make_consumer(
-            self.settings,
-            f"{self.settings.streams.app_id}-restore",
-            **{"enable.partition.eof": True},
-        )
+        eof: dict[str, Any] = {"enable.partition.eof": True}
+        reader = make_consumer(self.settings, f"{self.settings.streams.app_id}-restore", **eof)
         try:
             reader.assign([TopicPartition(topic, p, 0) for p in partitions])
             pending = set(partitions)
@@ -291,10 +291,11 @@ class NativeWorker:
                     continue
                 # Any bytes can be planted here: a key no node has just never matches.
                 key = (record.key() or b"").decode(errors="replace")
-                if record.value() is None:
+                value = record.value()
+                if value is None:
                     store.pop(key, None)
                 else:
-                    store[key] = record.value()
+                    store[key] = value
         finally:
             reader.close()
 

@@ -68,8 +68,8 @@ def parse_progress(line: str | bytes) -> dict[str, Any] | None:
     >>> parse_progress("partitions assigned: 0,1") is None
     True
     """
-    text = line.strip()
-    if not text.startswith(b"{" if isinstance(text, bytes) else "{"):
+    text = line.decode(errors="replace").strip() if isinstance(line, bytes) else line.strip()
+    if not text.startswith("{"):
         return None
     try:
         report = json.loads(text)

@@ -231,7 +231,7 @@ class ClickHouseSource:
         self.only = only or ReplayFilter()
 
     def _where(self) -> tuple[str, dict[str, Any]]:
-        clauses, params = ["1"], {}
+        clauses, params = ["1"], dict[str, Any]()
         f = self.only
         if f.start is not None:
             clauses.append("ts >= fromUnixTimestamp64Micro({start:Int64}, 'UTC')")

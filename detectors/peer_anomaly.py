@@ -394,6 +394,9 @@ class PeerAnomalyDetector:
 
 #: A window a node closed: (newest sample's time, window number, job, GPUs, feature -> values)
 ClosedWindow = tuple[float, int, str, list[int], dict[str, list[float]]]
+#: NIC windows a node's river feed keeps behind its newest NIC sample, for GPU samples that
+#: lag (2 min at 20 s windows); older ones no GPU window will read in time are dropped
+NIC_KEEP_WINDOWS = 6
 
 #: the GPU features read from the round columns, and the column each is read from
 _GPU_VALUES = (("temp_c", "temp"), ("power", "power"), ("sm_clock", "clock"))
@@ -530,6 +533,8 @@ class GpuWindows:
             features["nic_errors"] = [round(nic, 4)] * len(gpus)
             self.closed.append((ts, window, job, gpus, features))
         keep = self.waiting[0][1] if self.waiting else self.window
+        if self.nic_newest > -math.inf:  # a node whose GPU samples stopped keeps a few
+            keep = max(keep, int(self.nic_newest // self.window_s) - NIC_KEEP_WINDOWS)
         for old in [w for w in self.nic_windows if w < keep]:
             del self.nic_windows[old]
 

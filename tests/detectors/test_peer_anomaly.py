@@ -341,6 +341,32 @@ def test_a_window_reads_its_nodes_nic_errors_in_event_time_whichever_topic_came_
     assert [w[:2] for w in late] == [w[:2] for w in same]
 
 
+def test_a_node_whose_gpu_samples_stopped_keeps_only_a_few_nic_windows() -> None:
+    """NIC samples wait in the river feed for the GPU windows that read them; a node whose
+    GPU samples stopped (its NIC agent goes on) keeps only the last few windows' worth."""
+    from guard.detectors.peer_anomaly import NIC_KEEP_WINDOWS
+    from guard.schemas import NicSample
+
+    node = NodeDetectors("n1")
+    for s in node_samples(lambda t, g: {}, 60):
+        node.update(s)
+    for t in range(60, 3600):
+        node.update(
+            NicSample(
+                ts=T0 + t,
+                node="n1",
+                job="j",
+                device="mlx5_0",
+                port=1,
+                counters={"out_of_sequence": t},
+            )
+        )
+    assert node.anomaly is not None
+    kept = sorted(node.anomaly.nic_windows)
+    assert 0 < len(kept) <= NIC_KEEP_WINDOWS + 1
+    assert kept[-1] == int((T0 + 3599) // 20)
+
+
 def test_window_features_are_validated_like_any_record_and_keyed_by_their_job() -> None:
     """A malformed window, or one under another job's key, is a bad record (dead letter);
     the worker carries on with the rest."""

@@ -32,8 +32,8 @@ Two feeds share the class:
   ``temp_c``, ``power`` and ``sm_clock`` against the node's siblings, every ``sample_s``, as
   arrays, and the node's NIC error rate over the same window, from its NIC samples) and
   :class:`GpuJobAnomaly` on the job: one model for all the job's GPUs, which scores and
-  learns each window once. The node's windows reach the
-  job's model as ``window_features`` records on the findings topic keyed ``anomaly:<job>``
+  learns each window once. The node's windows reach the job's model as
+  ``window_features`` records on the findings topic keyed ``anomaly:<job>``
   (the fusion table holds the model), and its findings go back keyed by the GPU's node, so
   the design's "models over windows grouped by job" is what runs, and a node's own state
   holds no river model;
@@ -416,10 +416,10 @@ class GpuWindows:
     sent NIC samples does not wait). The rate is log10(1 + the node's errors per second):
     physical errors and retransmits, each port's mean rate over the window's samples, summed
     over the ports; it reads the same however the samples were split into records or steps.
-    Ready windows go to :attr:`closed` for the core to send
-    to the job's model (:class:`GpuJobAnomaly`, on the findings topic as a
-    ``window_features`` record keyed ``anomaly:<job>``). A window of a node with no job is
-    dropped: an idle node's GPUs have no job's model (its rule detectors still watch it)."""
+    Ready windows go to :attr:`closed` for the core to send to the job's model
+    (:class:`GpuJobAnomaly`, on the findings topic as a ``window_features`` record keyed
+    ``anomaly:<job>``). A window of a node with no job is dropped: an idle node's GPUs have
+    no job's model (its rule detectors still watch it)."""
 
     name = "peer_anomaly"
 

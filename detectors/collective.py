@@ -388,9 +388,24 @@ class CollectiveHomogeneityDetector:
             return []
         times = np.array([arrive[r] for r in members])
         residuals = (times - np.median(times)) / interval
-        table, slot_of, group_of = self.late, self.late_slot, self.group_of
+        table = self.late
         level = self.level.get(comm)
-        where = f"{noise_key}@{level.version if level is not None else 0}"
+        version = level.version if level is not None else 0
+        slots = self._slots(comm, members, f"{noise_key}@{version}")
+        noise = self.noise.get(noise_key)
+        if noise is None:
+            noise = self.noise[noise_key] = GroupNoise()
+        context = (comm, seq, op.ts, len(members), interval, offsets)
+        return [
+            self._finding(context, members[i], int(slots[i]), event)
+            for i, event in table.judge(noise, slots, residuals, op.ts)
+        ]
+
+    def _slots(self, comm: str, members: list[int], where: str) -> np.ndarray:
+        """Each member's slot in the lateness table; a rank that changed groups (``where``:
+        its noise group and level version) starts a fresh history among its new peers (a
+        claimed one keeps its claim: its own lateness may have moved it)."""
+        table, slot_of, group_of = self.late, self.late_slot, self.group_of
         slots = np.empty(len(members), dtype=np.intp)
         for i, rank in enumerate(members):
             key = (comm, rank)
@@ -398,54 +413,57 @@ class CollectiveHomogeneityDetector:
             if slot is None:
                 slot = slot_of[key] = table.new_slot()
             elif group_of.get(key) != where and not table.active(slot):
-                # a rank that changed groups starts a fresh history among its new peers
-                # (a claimed one keeps its claim: its own lateness may have moved it)
                 table.reset(slot)
             group_of[key] = where
             slots[i] = slot
-        noise = self.noise.get(noise_key)
-        if noise is None:
-            noise = self.noise[noise_key] = GroupNoise()
-        found: list[Finding] = []
-        for i, event in table.judge(noise, slots, residuals, op.ts):
-            rank, slot = members[i], int(slots[i])
-            mean = table.slow_mean(slot)
-            since = table.since_ts(slot)
-            evidence: dict[str, Any] = {
-                "metric": "arrival_lateness",
-                "comm": comm,
-                "seq": seq,
-                "late_pct_of_interval": round(100.0 * mean, 1),
-                "interval_s": round(interval, 6),
-                "late_ops": f"{table.slow_rounds(slot)}/{table.filled(slot)}",
-                "group_ranks": len(members),
-                "pp_stage": self.stage_of.get(rank),
-                "since_ts": since,
-            }
-            offset = offsets.get(self.node_of[rank])
-            if offset is not None:  # its arrivals were put on the op's common clock
-                evidence["host_offset_s"] = round(offset, 4)
-            if rank not in self.stage_of:  # every step read names a stage (maybe None)
-                # no step of the rank read yet (steps, which name its GPU, read after the
-                # collectives): fusion takes the rank for any GPU of its node
-                evidence[UNPLACED] = "no step read yet"
-            found.append(
-                Finding(
-                    detector=self.name,
-                    category="straggler",
-                    severity="warning",
-                    node=self.node_of.get(rank),
-                    ts=op.ts,
-                    since=since,
-                    score=round(mean, 4),
-                    job=self.job,
-                    gpu=self.gpu_of.get(rank),
-                    rank=rank,
-                    evidence=evidence,
-                    clear=event == "clear",
-                )
-            )
-        return found
+        return slots
+
+    def _finding(
+        self,
+        context: tuple[str, int, float, int, float, dict[str, float]],
+        rank: int,
+        slot: int,
+        event: str,
+    ) -> Finding:
+        """A rank's straggler claim (or its clear) with the evidence of its window;
+        ``context``: the op's communicator, sequence number, time, group size, interval
+        and host clock offsets."""
+        comm, seq, ts, group_ranks, interval, offsets = context
+        table = self.late
+        mean = table.slow_mean(slot)
+        since = table.since_ts(slot)
+        evidence: dict[str, Any] = {
+            "metric": "arrival_lateness",
+            "comm": comm,
+            "seq": seq,
+            "late_pct_of_interval": round(100.0 * mean, 1),
+            "interval_s": round(interval, 6),
+            "late_ops": f"{table.slow_rounds(slot)}/{table.filled(slot)}",
+            "group_ranks": group_ranks,
+            "pp_stage": self.stage_of.get(rank),
+            "since_ts": since,
+        }
+        offset = offsets.get(self.node_of[rank])
+        if offset is not None:  # its arrivals were put on the op's common clock
+            evidence["host_offset_s"] = round(offset, 4)
+        if rank not in self.stage_of:  # every step read names a stage (maybe None)
+            # no step of the rank read yet (steps, which name its GPU, read after the
+            # collectives): fusion takes the rank for any GPU of its node
+            evidence[UNPLACED] = "no step read yet"
+        return Finding(
+            detector=self.name,
+            category="straggler",
+            severity="warning",
+            node=self.node_of.get(rank),
+            ts=ts,
+            since=since,
+            score=round(mean, 4),
+            job=self.job,
+            gpu=self.gpu_of.get(rank),
+            rank=rank,
+            evidence=evidence,
+            clear=event == "clear",
+        )
 
     def _imbalance(
         self,

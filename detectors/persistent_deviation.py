@@ -496,54 +496,17 @@ class TrackerTable:
         member past a bar).
         """
         rule = self.rule
-        window = rule.window
         slots = np.asarray(slots, dtype=np.intp)
         r = np.asarray(residuals, dtype=np.float64)
         rounds = self.rounds[slots] + 1
-        baseline = self.baselines[slots]
-        excess = r - baseline
         ready = rounds > rule.baseline_rounds
         learning = not ready.all()
-        sigma_rel, sigma_abs = noise.measure(r, excess[ready] if learning else excess)
-        if noise.disturbed:
-            return []  # everyone jittered at once: no evidence about anyone this round
-        score = r / max(rule.abs_residual, rule.z * sigma_abs)
-        relative = np.maximum(score, excess / max(rule.min_residual, rule.z * sigma_rel))
-        if learning:
-            baseline = np.where(ready, baseline, baseline + (r - baseline) / rounds)
-            score = np.where(ready, relative, score)
-        else:
-            score = relative
-        slow_round = score >= 1.0
         active = self.flagged[slots]
-        follows = (score < 0.5) & ~active  # never slow
-        if learning:
-            follows &= ready
-        baseline = np.where(follows, baseline + rule.baseline_alpha * excess, baseline)
-
-        history = self.history[slots]
-        history[:, :, :-1] = history[:, :, 1:]
-        history[:, _SCORES, -1] = np.minimum(np.maximum(score, 0.0), rule.cap)
-        history[:, _RESIDUALS, -1] = r
-        slow, kept = self._slow_windows(slots), _kept(history, rule.residual_cap)
-        slow[:, -1] = np.where(slow_round, round_ts, -1.0)
-        total = np.add.accumulate(history[:, _SCORES], axis=1)[:, -1]  # in window order
-        verdict = (slow != -1.0).sum(axis=1) >= rule.min_fraction * window
-        if learning or rule.baseline_rounds < window:  # some windows are not full yet
-            held = np.minimum(rounds, window)
-            verdict &= (held >= window // 2) & (total / held >= rule.min_score)
-        else:
-            verdict &= total / window >= rule.min_score
-        if kept.max() >= rule.offset_residual:
-            offset = ~verdict & (rounds >= window) & (kept.max(axis=1) >= rule.offset_residual)
-            if offset.any():
-                offset = self._offset(offset, kept, sigma_abs)
-                verdict |= offset
-                # the offset itself is the evidence where no round was slow: date it here
-                undated = offset & ~slow_round & ~(slow >= 0.0).any(axis=1)
-                slow[undated, -1] = round_ts
-        self.history[slots] = history
-        self._keep_slow(slots, slow)
+        scored = self._score(noise, r, rounds, self.baselines[slots], ready, learning, active)
+        if scored is None:
+            return []  # everyone jittered at once: no evidence about anyone this round
+        score, baseline, sigma_rel, sigma_abs = scored
+        verdict, kept, slow = self._verdicts(slots, r, score, rounds, learning, sigma_abs, round_ts)
         self.rounds[slots] = rounds
         self.baselines[slots] = baseline
 
@@ -568,6 +531,77 @@ class TrackerTable:
         return [
             (int(i), "raise" if raised[i] else "clear") for i in np.flatnonzero(raised | cleared)
         ]
+
+    def _score(
+        self,
+        noise: GroupNoise,
+        r: np.ndarray,
+        rounds: np.ndarray,
+        baseline: np.ndarray,
+        ready: np.ndarray,
+        learning: bool,
+        active: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, float, float] | None:
+        """Each member's score this round (1: a slow round) and its baseline after it, and
+        the group's noise (relative, absolute); None when the round is disturbed."""
+        rule = self.rule
+        excess = r - baseline
+        sigma_rel, sigma_abs = noise.measure(r, excess[ready] if learning else excess)
+        if noise.disturbed:
+            return None
+        score = r / max(rule.abs_residual, rule.z * sigma_abs)
+        relative = np.maximum(score, excess / max(rule.min_residual, rule.z * sigma_rel))
+        if learning:
+            baseline = np.where(ready, baseline, baseline + (r - baseline) / rounds)
+            score = np.where(ready, relative, score)
+        else:
+            score = relative
+        follows = (score < 0.5) & ~active  # never slow
+        if learning:
+            follows &= ready
+        baseline = np.where(follows, baseline + rule.baseline_alpha * excess, baseline)
+        return score, baseline, sigma_rel, sigma_abs
+
+    def _verdicts(
+        self,
+        slots: np.ndarray,
+        r: np.ndarray,
+        score: np.ndarray,
+        rounds: np.ndarray,
+        learning: bool,
+        sigma_abs: float,
+        round_ts: float,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The round into the members' windows; each member's verdict over its window (slow
+        enough rounds, or a steady offset), its winsorised residuals and its slow rounds'
+        times."""
+        rule = self.rule
+        window = rule.window
+        slow_round = score >= 1.0
+        history = self.history[slots]
+        history[:, :, :-1] = history[:, :, 1:]
+        history[:, _SCORES, -1] = np.minimum(np.maximum(score, 0.0), rule.cap)
+        history[:, _RESIDUALS, -1] = r
+        slow, kept = self._slow_windows(slots), _kept(history, rule.residual_cap)
+        slow[:, -1] = np.where(slow_round, round_ts, -1.0)
+        total = np.add.accumulate(history[:, _SCORES], axis=1)[:, -1]  # in window order
+        verdict = (slow != -1.0).sum(axis=1) >= rule.min_fraction * window
+        if learning or rule.baseline_rounds < window:  # some windows are not full yet
+            held = np.minimum(rounds, window)
+            verdict &= (held >= window // 2) & (total / held >= rule.min_score)
+        else:
+            verdict &= total / window >= rule.min_score
+        if kept.max() >= rule.offset_residual:
+            offset = ~verdict & (rounds >= window) & (kept.max(axis=1) >= rule.offset_residual)
+            if offset.any():
+                offset = self._offset(offset, kept, sigma_abs)
+                verdict |= offset
+                # the offset itself is the evidence where no round was slow: date it here
+                undated = offset & ~slow_round & ~(slow >= 0.0).any(axis=1)
+                slow[undated, -1] = round_ts
+        self.history[slots] = history
+        self._keep_slow(slots, slow)
+        return verdict, kept, slow
 
     def _claims(
         self,

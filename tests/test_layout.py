@@ -91,3 +91,23 @@ def test_doctests_of_schemas_detectors_and_planning_run_and_pass() -> None:
             assert result.failed == 0, info.name
             attempted += result.attempted
     assert attempted >= 2
+
+
+#: the detection core's rooms, where no production function may run past this many lines
+CORE_ROOMS = ("detectors", "streams")
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_function_of_the_detection_core_runs_past_sixty_lines() -> None:
+    """Issue 25: the core is small functions, each one concept (decorators and docstring
+    counted)."""
+    long = []
+    for room in CORE_ROOMS:
+        for path in sorted((ROOT / room).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                    lines = (node.end_lineno or node.lineno) - first + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        long.append(f"{room}/{path.name}:{node.lineno} {node.name} ({lines})")
+    assert long == []

@@ -827,16 +827,15 @@ def _nic_windows(
     nodes: Sequence[NodeDetectors], owner: np.ndarray, ts: np.ndarray, inc: NicIncreases
 ) -> None:
     """The step's NIC samples to their nodes' river feeds: each sample's port, time and
-    errors per second (nan: no interval)."""
+    errors per second, where it had an interval."""
     if all(det.anomaly is None for det in nodes):
         return
-    rates = np.where(inc.valid, inc.errors, np.nan)
     order = np.argsort(owner, kind="stable")
     bounds = np.searchsorted(owner[order], np.arange(len(nodes) + 1))
     for k, det in enumerate(nodes):
         mine = order[bounds[k] : bounds[k + 1]]
         if det.anomaly is not None and len(mine):
-            det.anomaly.add_nic(inc.local[mine], ts[mine], rates[mine])
+            det.anomaly.add_nic(inc.local[mine], ts[mine], inc.errors[mine], inc.valid[mine])
 
 
 def _windows(nodes: Iterable[NodeDetectors]) -> list[Outgoing]:

@@ -254,8 +254,7 @@ class NodeDetectors(_DetectorSet):
                 [self.nic], np.zeros(1, dtype=np.intp), NicColumns.of_samples([message])
             )
             if self.anomaly is not None:
-                rates = np.where(inc.valid, inc.errors, np.nan)
-                self.anomaly.add_nic(inc.local, np.array([message.ts]), rates)
+                self.anomaly.add_nic(inc.local, np.array([message.ts]), inc.errors, inc.valid)
             return found
         return []
 

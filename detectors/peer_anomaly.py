@@ -480,11 +480,14 @@ class GpuWindows:
         # round's own job is the node's last known one, which outlives the job)
         self.job = cols.job[int(at[-1])] if len(at) else None
 
-    def add_nic(self, ports: np.ndarray, ts: np.ndarray, rates: np.ndarray) -> None:
+    def add_nic(
+        self, ports: np.ndarray, ts: np.ndarray, rates: np.ndarray, rated: np.ndarray
+    ) -> None:
         """The node's NIC samples of a step: each one's port (its row in the node's NIC
-        detector), time and errors per second (nan: no interval to rate, a port's first)."""
+        detector), time, errors per second, and whether it had an interval to rate (a
+        port's first sample has none): :class:`~.nic.NicIncreases`' ``local``, ``errors``
+        and ``valid``."""
         self.nic_newest = max(self.nic_newest, float(ts.max()))
-        rated = ~np.isnan(rates)
         windows = (ts[rated] // self.window_s).astype(np.int64).tolist()
         for w, port, rate in zip(
             windows, ports[rated].tolist(), rates[rated].tolist(), strict=True

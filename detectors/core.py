@@ -357,7 +357,6 @@ class _Gathered:
     """A step's records of one columnar kind, by node (:meth:`DetectionCore._gather`)."""
 
     nodes: list[NodeDetectors]
-    record_node: list[int]
     owner: list[int]
     partitions: list[int]
     records: list[tuple[dict[str, Any], list[dict[str, Any]]]]
@@ -556,18 +555,17 @@ class DetectionCore:
         self._rows[kind].append((self.nodes.get(node, partition), partition, head, entries))
 
     def _gather(self, kind: str) -> _Gathered:
-        """The step's records of ``kind``: their nodes (each once), each record's and each
-        sample's node (a position in that list), each sample's partition."""
+        """The step's records of ``kind``: their nodes (each once), each sample's node (a
+        position in that list) and partition."""
         pending, self._rows[kind] = self._rows[kind], []
         index: dict[int, int] = {}  # id of a node's detectors -> its position
-        out = _Gathered([], [], [], [], [])
+        out = _Gathered([], [], [], [])
         for detectors, partition, head, entries in pending:
             k = index.get(id(detectors))
             if k is None:
                 k = index[id(detectors)] = len(out.nodes)
                 out.nodes.append(detectors)
             n = len(entries)
-            out.record_node.append(k)
             out.owner += [k] * n
             out.partitions += [partition] * n
             out.records.append((head, entries))
@@ -632,10 +630,6 @@ class DetectionCore:
         the fabric detector of each partition with the increases they added; the river
         feed's windows that the NIC samples made ready."""
         got = self._gather("nic")
-        for k, (head, _) in zip(got.record_node, got.records, strict=True):
-            if (job := head.get("job")) is not None:
-                det = got.nodes[k]
-                det.job = det.errors.job = job
         owner = np.array(got.owner, dtype=np.intp)
         cols = NicColumns.of_records(got.records)
         self._newest(latest, "nic", [d.node for d in got.nodes], owner, cols.ts)

@@ -222,6 +222,8 @@ class NodeDetectors(_DetectorSet):
         cfg = config or EngineConfig()
         args = cfg.detector_args
         self.node = node
+        #: the job the node's GPU samples last named: a GPU sample without one is that job's
+        #: (its NIC samples' jobs do not enter: which topic was read last would decide)
         self.job: str | None = None
         self.open_round = GpuColumns.empty()  # the latest sample of each GPU, not yet judged
         self.thermal = ThermalDetector(**args.get("thermal", {}))  # type: ignore[arg-type]
@@ -245,8 +247,6 @@ class NodeDetectors(_DetectorSet):
             if TYPE_CHECKING:
                 assert isinstance(message, GpuSample)
             return update_gpus([self], np.zeros(1, dtype=np.intp), GpuColumns.of_samples([message]))
-        if message.job is not None:
-            self.job = self.errors.job = message.job
         if message.kind == "nic":
             if TYPE_CHECKING:
                 assert isinstance(message, NicSample)

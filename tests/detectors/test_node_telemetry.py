@@ -535,3 +535,50 @@ def test_columnar_nic_rules_give_the_reference_claims(
         )
 
     assert claims(got) == claims(expected)
+
+
+def _gpu_claim_jobs(nic_lag: int) -> list[tuple[str, int | None, str | None]]:
+    """The GPU claims of a node whose GPU samples name job ``a`` until t=20 and no job
+    after (its agent lost it), while another source labels its NIC samples job ``b`` from
+    t=20; GPU 5 runs hot and throttles from t=30. ``nic_lag``: the NIC records come that
+    many steps after their time (negative: before)."""
+    from guard.detectors.core import DetectionCore
+    from guard.schemas import encode
+
+    steps: list[list[tuple[int, str | None, bytes]]] = [[] for _ in range(60 + abs(nic_lag))]
+    lead = max(0, -nic_lag)
+    for t in range(60):
+        for g in range(8):
+            hot = {"temp_c": 88.0, "clock_event_reasons": 0x20} if (g == 5 and t >= 30) else {}
+            sample = GpuSample(
+                ts=T0 + t + 0.01 * g, node="n1", job="a" if t < 20 else None, gpu=g,
+                **{**HEALTHY, "temp_c": 60.0 + g % 4, **hot},
+            )  # fmt: skip
+            steps[t + lead].append((0, "gpu", encode(sample)))
+        nic = NicSample(
+            ts=T0 + t + 0.5, node="n1", job="a" if t < 20 else "b", device="mlx5_0", port=1,
+            speed_gbps=400.0, link_up=True, counters={"symbol_error": 0},
+        )  # fmt: skip
+        steps[t + lead + nic_lag].append((0, "nic", encode(nic)))
+    core = DetectionCore()
+    found: list[Any] = []
+    for t, records in enumerate(steps):
+        out = core.step(records, (), wall=T0 + t)
+        assert not out.bad
+        found += out.findings
+    found += core.flush()
+    return [
+        (f.category, f.gpu, f.job)
+        for f in found
+        if isinstance(f, Finding) and f.gpu is not None and f.severity != "info" and not f.clear
+    ]
+
+
+def test_a_gpu_claims_job_is_its_gpu_samples_whichever_topic_came_first() -> None:
+    """A GPU round without a job belongs to the job the node's GPU samples last named. The
+    node's NIC samples' job does not enter: which topic a worker read last would decide (it
+    did: NIC records read with the GPU ones gave the claim job ``b``, 15 steps behind ``a``)."""
+    expected = [("thermal", 5, "a")]
+    assert _gpu_claim_jobs(0) == expected
+    for lag in (15, -5):
+        assert _gpu_claim_jobs(lag) == expected, lag

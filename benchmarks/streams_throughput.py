@@ -7,11 +7,13 @@ progress lines (every 0.5 s): the rate is records / (time from the first line th
 work to the line where every record is handled), so start-up and group-join time are not
 counted; samples/s is that rate times the samples a record carries on average. The bare
 loop (``--engines ...,bare``) is one confluent-kafka consumer that only consumes and
-JSON-decodes the same records, in this process: the ceiling of any Python worker. Several
+JSON-decodes the same records, in this process: the ceiling of any Python worker.
+``faust-floor`` is faust's: the faust app of ``guard streams`` taking the same batches and only
+JSON-decoding them (``_faust_floor.py``), the ceiling of any faust worker. Several
 runs; the median is reported. Uses $GUARD_KAFKA_BOOTSTRAP, else an embedded Tansu broker.
 
     .venv/bin/python benchmarks/streams_throughput.py [--nodes 64] [--duration 300] [--runs 3]
-        [--records single,batched] [--engines faust,native,bare]
+        [--records single,batched] [--engines faust,native,bare,faust-floor]
 """
 
 from __future__ import annotations
@@ -88,8 +90,13 @@ def bare_loop(settings: Settings, total: int) -> float:
 
 
 def worker_command(engine: str, index: int, profile: Path | None) -> list[str]:
-    """``guard streams``, under ``py-spy record`` (collapsed stacks) when profiling."""
-    command = [sys.executable, "-m", "guard.cli", "streams"]
+    """``guard streams`` (for ``faust-floor``, :mod:`_faust_floor`), under ``py-spy record``
+    (collapsed stacks) when profiling."""
+    command = (
+        [sys.executable, str(Path(__file__).with_name("_faust_floor.py"))]
+        if engine == "faust-floor"
+        else [sys.executable, "-m", "guard.cli", "streams"]
+    )
     if profile is None:
         return command
     profile.mkdir(parents=True, exist_ok=True)
@@ -112,7 +119,7 @@ def run_workers(
         GUARD_HOME=str(home),
         GUARD_STREAMS_APP_ID=app_id,
         GUARD_STREAMS_PROGRESS_S="0.5",
-        GUARD_STREAMS_ENGINE=engine,
+        GUARD_STREAMS_ENGINE="faust" if engine == "faust-floor" else engine,
     )
     counts = [0] * workers
     marks: list[tuple[float, int]] = []  # (when, all workers' count) at each progress line
@@ -185,7 +192,11 @@ def one_run(
     per_record = samples / total
     for engine in args.engines.split(","):
         counts = (
-            args.faust_workers if engine == "faust" else "1" if engine == "bare" else args.workers
+            args.faust_workers
+            if engine.startswith("faust")
+            else "1"
+            if engine == "bare"
+            else args.workers
         )
         for workers in (int(w) for w in counts.split(",")):
             if engine == "bare":

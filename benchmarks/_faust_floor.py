@@ -1,6 +1,6 @@
 """faust's own floor, for ``streams_throughput.py --engines ...,faust-floor``.
 
-The app ``guard streams`` builds for faust (same settings, same topics, the same
+The app ``guard streams`` builds for faust (same settings, event loop and topics, the same
 ``stream.take_events(batch_max, batch_within_s)`` batches), with an agent that only
 JSON-decodes each record and counts it: no schema, no detection, no output. Its rate is what
 any faust worker on this machine could reach through faust's stream API; a ratio of it to the
@@ -17,13 +17,14 @@ import faust
 import orjson
 
 from guard.config import load_settings
-from guard.streams.faust_app import RAW, _faust_app
+from guard.streams.faust_app import RAW, _faust_app, _use_uvloop
 from guard.streams.processing import progress_line, topic_kinds
 
 
 def main() -> None:
     settings = load_settings()
     st = settings.streams
+    _use_uvloop()  # as create_app
     app = _faust_app(settings)
     loads = orjson.loads
     seen = [0]

@@ -9,11 +9,13 @@ counted; samples/s is that rate times the samples a record carries on average. T
 loop (``--engines ...,bare``) is one confluent-kafka consumer that only consumes and
 JSON-decodes the same records, in this process: the ceiling of any Python worker.
 ``faust-floor`` is faust's: the faust app of ``guard streams`` taking the same batches and only
-JSON-decoding them (``_faust_floor.py``), the ceiling of any faust worker. Several
+JSON-decoding them (``_faust_floor.py``), the ceiling of any faust worker; ``decode`` is the
+bare loop with the workers' validated decode instead of ``orjson.loads``, the ceiling of any
+worker that validates what it reads. Several
 runs; the median is reported. Uses $GUARD_KAFKA_BOOTSTRAP, else an embedded Tansu broker.
 
     .venv/bin/python benchmarks/streams_throughput.py [--nodes 64] [--duration 300] [--runs 3]
-        [--records single,batched] [--engines faust,native,bare,faust-floor]
+        [--records single,batched] [--engines faust,native,bare,faust-floor,decode]
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ from _broker import bootstrap_or_embedded  # benchmarks/ is on sys.path when run
 from guard.agents.simulator import ClusterSimulator, SimConfig
 from guard.config import Settings, load_settings
 from guard.demo import worker_env
+from guard.detectors.core import _column_decoder as column_decoder  # the core's own
 from guard.kafka import TELEMETRY_TOPICS, create_topics, make_consumer, make_producer, produce
 from guard.schemas.batches import batch_messages
-from guard.streams.processing import parse_progress
+from guard.schemas.sample_decoder import decode_samples
+from guard.streams.processing import parse_progress, topic_kinds
 
 
 def preload(settings: Settings, nodes: int, duration: float, batched: bool) -> tuple[int, int]:
@@ -60,15 +64,28 @@ def preload(settings: Settings, nodes: int, duration: float, batched: bool) -> t
     return n, samples
 
 
-def bare_loop(settings: Settings, total: int) -> float:
-    """Records/s of a bare consume + JSON decode loop over the preloaded topics."""
+def bare_loop(settings: Settings, total: int, validated: bool = False) -> float:
+    """Records/s of a bare consume + JSON decode loop over the preloaded topics; with
+    ``validated``, each record decoded as the workers' core decodes it (validated fields for
+    the columns: :mod:`guard.schemas.sample_decoder`) instead of ``orjson.loads``."""
     consumer = make_consumer(
         settings,
         f"bench-bare-{uuid.uuid4().hex[:8]}",
         [settings.topic(t) for t in TELEMETRY_TOPICS],
         **{"fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 16 << 20},
     )
-    loads = orjson.loads
+    kinds = topic_kinds(settings.topic)
+
+    def loads(value: bytes, topic: str) -> object:
+        return orjson.loads(value)
+
+    if validated:
+
+        def loads(value: bytes, topic: str) -> object:
+            kind = kinds[topic]
+            decode = column_decoder(value, kind)
+            return decode(value, kind) if decode is not None else decode_samples(value, kind)
+
     n = 0
     t0 = 0.0
     deadline = time.monotonic() + 600
@@ -80,7 +97,7 @@ def bare_loop(settings: Settings, total: int) -> float:
                 n0 = len(records)
             for record in records:
                 if record.error() is None:
-                    loads(record.value())
+                    loads(record.value(), record.topic())
                     n += 1
         if n < total:
             raise TimeoutError(f"bare loop read {n:,} of {total:,} records in 600 s")
@@ -195,12 +212,12 @@ def one_run(
             args.faust_workers
             if engine.startswith("faust")
             else "1"
-            if engine == "bare"
+            if engine in ("bare", "decode")
             else args.workers
         )
         for workers in (int(w) for w in counts.split(",")):
-            if engine == "bare":
-                rate = bare_loop(settings, total)
+            if engine in ("bare", "decode"):
+                rate = bare_loop(settings, total, validated=engine == "decode")
             else:
                 rate = run_workers(settings, workers, total, home, engine, args.py_spy)
             results.setdefault((records, engine, workers), []).append((rate, rate * per_record))

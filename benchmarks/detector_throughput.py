@@ -129,7 +129,7 @@ def backtest_rates(
     flags) over each file, and of a bare read + JSON parse of the same file (each parser of
     :data:`BARE_PARSERS`), all runs interleaved; and the last run's stats."""
     rates: dict[Path, dict[str, list[float]]] = {
-        path: {name: [] for name in ["backtest", *BARE_PARSERS]} for path in paths
+        path: {name: [] for name in ["backtest", "decode", *BARE_PARSERS]} for path in paths
     }
     stats = BacktestStats()
     for _ in range(runs):
@@ -145,7 +145,21 @@ def backtest_rates(
             rates[path]["backtest"].append(stats.messages / (time.process_time() - started))
             for name, loads in BARE_PARSERS.items():
                 rates[path][name].append(stats.messages / bare_read(path, loads))
+            rates[path]["decode"].append(stats.messages / validated_read(path))
     return rates, stats
+
+
+def validated_read(path: Path) -> float:
+    """CPU seconds of the backtest's own read and validated decode of ``path`` with no
+    detection: the floor of a backtest that validates what it reads."""
+    started = time.process_time()
+    try:
+        items = read_messages([path], BacktestStats(), rows=True)
+    except TypeError:  # a checkout before that (--against)
+        items = read_messages([path], BacktestStats())
+    for _ in items:
+        pass
+    return time.process_time() - started
 
 
 def against(other: str, messages: list, runs: int) -> None:
@@ -311,6 +325,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"{statistics.median(bare):>10,.0f} samples/s; backtest / bare "
                     f"{ratio:.2f}"
                 )
+            decode = e2e[file]["decode"]
+            print(
+                f"  read + validated decode of that file (the backtest's own, no detection): "
+                f"median {statistics.median(decode):>10,.0f} samples/s; backtest / that "
+                f"{statistics.median(b / r for b, r in zip(rates, decode, strict=True)):.2f}"
+            )
         if args.batched:  # what a free decode would leave: the core over decoded rows
             decoded = list(read_messages([files["batched records"]], BacktestStats(), rows=True))
             rates = core_only(decoded, len(messages), max(1, args.runs // 2))

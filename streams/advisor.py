@@ -21,6 +21,11 @@ re-plans, so advice is re-issued when the hot set changes. ``[fabric] steering``
 Observed slow connections (an inter-node connection whose averaged all-reduce transfer time
 is 1.5x the job's median) are appended to the advice's ``hot_links`` as ``observed
 <node>-><node> x<ratio>``, after the model's links: what the fabric does to the job today.
+
+A producer assigned partitions that hold a backlog plans nothing until it has read each of
+them up to where it ended at assignment (:class:`Backlog`): the topics are read at their own
+paces, and a plan made with one job's steps read and its collectives not yet would advise on
+half the job.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
 from guard.config import FabricSettings, Settings
 from guard.detectors.fabric import FabricHotSpotDetector
 from guard.detectors.findings import Finding
@@ -42,7 +49,7 @@ from guard.schemas.sample_decoder import decode_samples
 from guard.schemas.topics import TOPIC_BY_KIND
 from guard.schemas.topology import Topology, TopologyError
 
-__all__ = ["AdviceProducer", "Advisor", "AdvisorStats"]
+__all__ = ["AdviceProducer", "Advisor", "AdvisorStats", "Backlog"]
 
 log = logging.getLogger("guard.advise")
 
@@ -161,6 +168,36 @@ class Advisor:
         return True
 
 
+class Backlog:
+    """The partitions assigned with records unread, and the offset each ended at then.
+
+    ``assigned`` with (topic, partition) -> (first offset to read, end offset) at assignment;
+    :attr:`behind` while a partition's read position (the next offset to read) is below the
+    end it had then. Records produced after the assignment do not hold it back."""
+
+    def __init__(self) -> None:
+        self.ends: dict[tuple[str, int], int] = {}
+
+    def assigned(self, positions: dict[tuple[str, int], tuple[int, int]]) -> None:
+        for key, (start, end) in positions.items():
+            if start < end:
+                self.ends[key] = end
+
+    def revoked(self, keys: Iterable[tuple[str, int]]) -> None:
+        for key in keys:
+            self.ends.pop(key, None)
+
+    def read(self, positions: dict[tuple[str, int], int]) -> None:
+        """The next offset to read of partitions (a negative one: not known yet)."""
+        for key, position in positions.items():
+            if key in self.ends and position >= self.ends[key]:
+                del self.ends[key]
+
+    @property
+    def behind(self) -> bool:
+        return bool(self.ends)
+
+
 @dataclass
 class AdvisorStats:
     consumed: int = 0
@@ -176,9 +213,27 @@ class AdviceProducer:
         self.settings = settings
         self.advisor = Advisor(settings.fabric, settings.fabric.load())
         self.kinds = {settings.topic(TOPIC_BY_KIND[k]): k for k in ("step", "collective", "nic")}
-        self.consumer = make_consumer(settings, group_id, self.kinds)
+        self.backlog = Backlog()
+        self.consumer = make_consumer(
+            settings, group_id, self.kinds, on_assign=self._on_assign, on_revoke=self._on_revoke
+        )
         self.producer = make_producer(settings)
         self.stats = AdvisorStats()
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Where each partition assigned starts (its committed offset, or the first) and
+        ends: a backlog to read before the first plan."""
+        try:
+            positions = {}
+            for tp in consumer.committed(partitions, timeout=10):
+                low, high = consumer.get_watermark_offsets(tp, timeout=10)
+                positions[tp.topic, tp.partition] = (tp.offset if tp.offset >= 0 else low, high)
+            self.backlog.assigned(positions)
+        except KafkaException as exc:  # then it plans as the records come
+            log.warning("offsets of the assigned partitions unknown: %s", exc)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.backlog.revoked((tp.topic, tp.partition) for tp in partitions)
 
     def step(self, timeout_s: float = 1.0) -> list[Advice]:
         """One poll of up to 500 records; returns the advice published."""
@@ -197,7 +252,12 @@ class AdviceProducer:
                 continue
             for single in singles:
                 self.advisor.update(single)
-        sent = self.advisor.due(time.monotonic())
+        if self.backlog.behind:
+            pending = [TopicPartition(t, p) for t, p in self.backlog.ends]
+            self.backlog.read(
+                {(tp.topic, tp.partition): tp.offset for tp in self.consumer.position(pending)}
+            )
+        sent = [] if self.backlog.behind else self.advisor.due(time.monotonic())
         for advice in sent:
             produce(self.producer, self.settings, advice)
         if sent or self.stats.dead_letters:

@@ -148,18 +148,15 @@ def test_guard_advise_turns_live_collectives_into_advice_sent_only_when_it_chang
     try:
         total = publish(0, 200)
         _drain(advisor, total, sent)
-        first = {a.job: a for a in sent}  # the last advice of each job
-        assert set(first) == {"job-a", "job-b"} and advisor.stats.plans >= 1
+        # one plan, once the backlog there was at assignment had been read to its end (the
+        # topics are read at their own paces: a plan before would see half a job)
+        first = {a.job: a for a in sent}
+        assert len(sent) == 2 and set(first) == {"job-a", "job-b"} and advisor.stats.plans == 1
         assert all(a.flows == 8 * 8 and a.topology == "inferred" for a in first.values())
-        steady, plans = len(sent), advisor.stats.plans
+        steady = len(sent)
         total += publish(200, 400)  # the same patterns: nothing new to say
         _drain(advisor, total, sent)
-        # nothing re-sent. At most one more plan: the first may have come when a job's steps
-        # were read and its collectives not yet (its all-reduce size still the default; the
-        # topics are read at their own paces), and a plan is due again only after
-        # advise_every_s; re-planning on complete input gives the same advice, unsent
-        assert len(sent) == steady and plans <= advisor.stats.plans <= plans + 1
-        plans = advisor.stats.plans
+        assert len(sent) == steady
         total += publish(400, 600, slow=("node-05", "node-07"))
         _drain(advisor, total, sent)
         changed = sent[steady:]

@@ -126,3 +126,26 @@ def test_a_plan_made_before_a_jobs_collectives_were_read_is_redone_without_resen
             for m in _ring_step(job, ring, T0 + t, None):
                 advisor.update(m)
     assert advisor.due(wall=2.0) == [] and advisor.plans == 2  # planned again: same advice
+
+
+def test_a_backlog_at_assignment_is_read_to_its_end_before_the_first_plan() -> None:
+    """The partitions assigned with records unread hold planning back until each is read to
+    where it ended at assignment (the steps topic read to its end and the collectives one not
+    begun is half a job); records produced later do not hold it back; a revoked partition
+    no longer does."""
+    from guard.streams.advisor import Backlog
+
+    backlog = Backlog()
+    backlog.assigned(
+        {("steps", 0): (0, 100), ("collectives", 0): (20, 50), ("nic", 1): (5, 5)}
+    )  # the NIC partition holds nothing unread
+    assert backlog.behind and set(backlog.ends) == {("steps", 0), ("collectives", 0)}
+    backlog.read({("steps", 0): 100, ("collectives", 0): -1001})  # not read from yet
+    assert backlog.behind and set(backlog.ends) == {("collectives", 0)}
+    backlog.read({("collectives", 0): 49})
+    assert backlog.behind
+    backlog.read({("collectives", 0): 50})
+    assert not backlog.behind
+    backlog.assigned({("steps", 1): (0, 10)})  # a rebalance
+    backlog.revoked([("steps", 1)])
+    assert not backlog.behind

@@ -508,7 +508,7 @@ class DetectionCore:
                     record_kind, singles = _decode(value, kind)
                     self._route(singles, partition)
             except SchemaError as exc:
-                bad.append((n, exc))
+                bad.append((n, _detached(exc)))
                 continue
             self.counters.kinds[record_kind] += 1
         if self._rows["gpu"]:
@@ -733,7 +733,8 @@ class DetectionCore:
                 key = raw_key.decode()
                 decoded.append((_decode_fusion_record(value, key), key, partition))
             except (SchemaError, UnicodeDecodeError) as exc:
-                bad.append((n, exc if isinstance(exc, SchemaError) else SchemaError(str(exc))))
+                error = exc if isinstance(exc, SchemaError) else SchemaError(str(exc))
+                bad.append((n, _detached(error)))
         decoded.sort(key=lambda item: item[0].ts)
         flags: list[Flag] = []
         scored: list[Finding] = []
@@ -779,6 +780,17 @@ _COLUMN_DECODERS: dict[str | bytes, Callable[[bytes, str | None], Rows]] = {
     b"nic": decode_rows,
     b"nic_batch": decode_rows,
 }
+
+
+def _detached(error: SchemaError) -> SchemaError:
+    """``error`` without its traceback and context, to be kept in a batch's output. With them
+    it would hold the frames that raised it, and through them the batch and the list it is
+    in: a reference cycle per batch with a bad record, left to the cyclic collector (which the
+    workers run seldom: a flood of bad records held ~1 GB)."""
+    error.__traceback__ = None
+    error.__context__ = None
+    error.__cause__ = None
+    return error
 
 
 def _column_decoder(value: Any, kind: str | None) -> Callable[[bytes, str | None], Rows] | None:

@@ -291,6 +291,35 @@ def test_records_on_the_findings_topic_that_are_not_findings_are_dead_letters() 
     assert counters.dead_letters == 6
 
 
+def test_a_batch_of_bad_records_is_freed_as_soon_as_its_output_is() -> None:
+    """A bad record's error in the batch's output keeps no traceback. With one it held the
+    frames that raised it, and through them the batch: a reference cycle per batch that
+    only the cyclic collector frees, and the workers run it seldom (a flood of 800k bad
+    records held ~1 GB: ``benchmarks/chaos.py --scenarios hostile``)."""
+    import gc
+
+    bad = [
+        b'{"kind":"gpu","v":1,"ts":NaN,"node":"h","gpu":0}',
+        b'{"kind": "gpu", "ts": "soon", "node": "h", "gpu": "0"}',
+        b"[" * 3000,
+        b"\xff\xfe not json",
+    ]
+    telemetry = [(0, "gpu", value) for value in bad] + [(0, "nic", bad[1]), (0, "steps", bad[0])]
+    findings = [(0, b"n1", value) for value in bad]
+    core = DetectionCore()
+    core.step(telemetry, findings, wall=0.0)  # anything made once is made
+    gc.collect()
+    gc.disable()
+    try:
+        out = core.step(telemetry, findings, wall=1.0)
+        assert len(out.bad) == len(telemetry) and len(out.bad_findings) == len(findings)
+        assert all(error.__traceback__ is None for _, error in out.bad + out.bad_findings)
+        del out
+        assert gc.collect() == 0  # nothing was left for the cyclic collector
+    finally:
+        gc.enable()
+
+
 def test_keys_without_input_expire_with_their_checkpoints(monkeypatch: pytest.MonkeyPatch) -> None:
     from guard.streams import processing
 

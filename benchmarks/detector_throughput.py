@@ -54,6 +54,7 @@ import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -137,11 +138,7 @@ def backtest_rates(
             stats = BacktestStats()
             started = time.process_time()
             with tempfile.TemporaryFile() as out:
-                try:  # GPU and NIC lines as fields, as `guard backtest` reads them
-                    items = read_messages([path], stats, rows=True)
-                except TypeError:  # a checkout before that (--against)
-                    items = read_messages([path], stats)
-                run_backtest(items, out, make_detector("guard"), stats)
+                run_backtest(_read(path, stats), out, make_detector("guard"), stats)
             rates[path]["backtest"].append(stats.messages / (time.process_time() - started))
             for name, loads in BARE_PARSERS.items():
                 rates[path][name].append(stats.messages / bare_read(path, loads))
@@ -153,13 +150,17 @@ def validated_read(path: Path) -> float:
     """CPU seconds of the backtest's own read and validated decode of ``path`` with no
     detection: the floor of a backtest that validates what it reads."""
     started = time.process_time()
-    try:
-        items = read_messages([path], BacktestStats(), rows=True)
-    except TypeError:  # a checkout before that (--against)
-        items = read_messages([path], BacktestStats())
-    for _ in items:
+    for _ in _read(path, BacktestStats()):
         pass
     return time.process_time() - started
+
+
+def _read(path: Path, stats: BacktestStats) -> Any:
+    """The records of ``path`` as `guard backtest` reads them (GPU and NIC lines as fields)."""
+    try:
+        return read_messages([path], stats, rows=True)
+    except TypeError:  # a checkout before that (--against)
+        return read_messages([path], stats)
 
 
 def against(other: str, messages: list, runs: int) -> None:

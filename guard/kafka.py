@@ -45,6 +45,7 @@ __all__ = [
     "make_producer",
     "produce",
     "produce_raw",
+    "read_spans",
     "to_record",
     "topic_specs",
     "wait_for_broker",
@@ -241,6 +242,19 @@ def make_consumer(
         callbacks = {"on_assign": on_assign, "on_revoke": on_revoke}
         consumer.subscribe(list(topics), **{k: v for k, v in callbacks.items() if v is not None})
     return consumer
+
+
+def read_spans(
+    consumer: Consumer, partitions: list[Any], timeout_s: float = 10.0
+) -> dict[tuple[str, int], tuple[int, int]]:
+    """(topic, partition) -> where reading it starts (the group's committed offset, else the
+    partition's first) and where it ends now (its high watermark), for ``partitions`` just
+    assigned to ``consumer``; :class:`KafkaException` when the broker does not answer."""
+    spans: dict[tuple[str, int], tuple[int, int]] = {}
+    for tp in consumer.committed(partitions, timeout=timeout_s):
+        low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
+        spans[tp.topic, tp.partition] = (tp.offset if tp.offset >= 0 else low, high)
+    return spans
 
 
 def to_record(settings: Settings, message: GuardMessage) -> KafkaRecord:

@@ -42,7 +42,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from guard.config import FabricSettings, Settings
 from guard.detectors.fabric import FabricHotSpotDetector
 from guard.detectors.findings import Finding
-from guard.kafka import dead_letter, make_consumer, make_producer, produce
+from guard.kafka import dead_letter, make_consumer, make_producer, produce, read_spans
 from guard.planning.advice import JobPatterns, advise
 from guard.schemas import Advice, GuardMessage, NicSample, SchemaError
 from guard.schemas.sample_decoder import decode_samples
@@ -224,11 +224,7 @@ class AdviceProducer:
         """Where each partition assigned starts (its committed offset, or the first) and
         ends: a backlog to read before the first plan."""
         try:
-            positions = {}
-            for tp in consumer.committed(partitions, timeout=10):
-                low, high = consumer.get_watermark_offsets(tp, timeout=10)
-                positions[tp.topic, tp.partition] = (tp.offset if tp.offset >= 0 else low, high)
-            self.backlog.assigned(positions)
+            self.backlog.assigned(read_spans(consumer, partitions))
         except KafkaException as exc:  # then it plans as the records come
             log.warning("offsets of the assigned partitions unknown: %s", exc)
 

@@ -29,7 +29,14 @@ from confluent_kafka.cimpl import NewTopic  # where it lives: .admin re-exports 
 from guard.config import Settings, streams_state_key
 from guard.detectors.core import TABLES, DetectionCore, encode_finding, finding_key
 from guard.detectors.engine import EngineConfig
-from guard.kafka import dead_letter, make_consumer, make_producer, produce_raw, wait_for_broker
+from guard.kafka import (
+    dead_letter,
+    make_consumer,
+    make_producer,
+    produce_raw,
+    read_spans,
+    wait_for_broker,
+)
 from guard.metrics import Metrics, dead_letter_reason
 from guard.schemas import encode
 from guard.schemas.topics import NODE_KINDS
@@ -262,10 +269,8 @@ class NativeWorker:
         yet is behind them, not absent, while they hold records unread."""
         kinds = self.telemetry_topics
         try:
-            for tp in self.consumer.committed(partitions, timeout=10):
-                low, high = self.consumer.get_watermark_offsets(tp, timeout=10)
-                start = tp.offset if tp.offset >= 0 else low
-                self.core.reads.update({(kinds[tp.topic], tp.partition): (start, high)})
+            spans = read_spans(self.consumer, partitions)
+            self.core.reads.update({(kinds[t], p): span for (t, p), span in spans.items()})
         except KafkaException as exc:  # the positions then come with the first records read
             log.warning("start offsets of the assigned partitions unknown: %s", exc)
 
